@@ -1,0 +1,70 @@
+"""Settings shared by every family's config: data, training, mesh, distributed, logging."""
+from __future__ import annotations
+
+import ml_collections
+
+# Logical axis name -> mesh axis (or axes, or None). Order matters: an earlier rule claims its mesh
+# axis first, so activations shard `batch` over (data, fsdp) and leave `embed` whole, while parameters,
+# which have no `batch` axis, shard `embed` over fsdp (ZeRO-3 style) and heads/mlp/vocab over tensor.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("seq", None),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("norm", None),
+    ("classes", None),
+)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.model = ml_collections.ConfigDict()  # filled by the family's config file
+
+    c.data = ml_collections.ConfigDict()
+    c.data.tfds_name = "stdlib_py"    # the built-in corpus; any TFDS text dataset by name
+    c.data.data_dir = ""              # "" -> $TFDS_DATA_DIR or ~/tensorflow_datasets
+    c.data.text_feature = "text"
+    c.data.train_split = "train"
+    c.data.eval_split = "validation"
+    c.data.tokenizer = "bytes"        # bytes | sentencepiece
+    c.data.vocab_size = 1024          # sentencepiece only
+    c.data.seq_len = 256
+    c.data.shuffle_seed = 0
+    c.data.worker_count = 0           # grain worker processes (0: read in the main process)
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 1000
+    c.train.batch_size = 16           # global, across all processes
+    c.train.learning_rate = 1e-3
+    c.train.warmup_steps = 100
+    c.train.schedule = "cosine"       # cosine | linear | constant
+    c.train.final_lr_fraction = 0.1   # decay ends at this fraction of the peak
+    c.train.weight_decay = 0.1
+    c.train.b1 = 0.9
+    c.train.b2 = 0.95
+    c.train.eps = 1e-8
+    c.train.grad_clip = 1.0           # global norm; 0 disables
+    c.train.seed = 0
+    c.train.log_every = 10
+    c.train.eval_every = 200
+    c.train.eval_steps = 8
+    c.train.checkpoint_every = 200
+    c.train.keep_checkpoints = 3
+    c.train.compute_dtype = "float32"  # float32 | bfloat16; parameters stay float32
+    c.train.nonfinite = "stop"        # stop | skip: what a non-finite loss or gradient does
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1                  # -1: all remaining devices
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+    c.mesh.rules = DEFAULT_RULES
+
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.coordinator_address = ""
+    c.distributed.num_processes = 0   # 0: a single process, or what the cluster's environment says
+    c.distributed.process_id = -1
+    return c
