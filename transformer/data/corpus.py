@@ -1,0 +1,195 @@
+"""Text corpora as random-access data sources: the built-in `stdlib_py` corpus or any TFDS dataset.
+
+`stdlib_py` is the `.py` source of the running Python's standard library, built on first use as a
+TFDS dataset in ArrayRecord format (no TensorFlow needed). Files go to `train` or `validation` by a
+hash of their relative path, so the split never depends on the order files are found in. One
+builder config per Python minor version (`py3_11`, ...) keeps different standard libraries apart.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+from etils import epath
+import tensorflow_datasets as tfds
+
+from transformer.models.config import ConfigError
+
+BUILTIN_NAME = "stdlib_py"
+VALIDATION_PERCENT = 2  # of files, chosen by sha1 of the relative path
+_EXCLUDED_DIRS = ("site-packages", "dist-packages", "__pycache__")
+
+log = logging.getLogger(__name__)
+
+
+def stdlib_root() -> str:
+    """The running Python's standard-library directory."""
+    return sysconfig.get_paths()["stdlib"]
+
+
+def split_of(relative_path: str) -> str:
+    """`validation` for ~VALIDATION_PERCENT% of paths (by sha1 of the path), else `train`."""
+    digest = hashlib.sha1(relative_path.encode("utf-8")).digest()
+    return "validation" if int.from_bytes(digest[:8], "big") % 100 < VALIDATION_PERCENT else "train"
+
+
+def list_stdlib_files(root: str) -> list[str]:
+    """Relative paths of the `.py` files under `root`, sorted, skipping installed packages."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS)
+        for name in filenames:
+            if name.endswith(".py"):
+                found.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return sorted(found)
+
+
+def _config_name() -> str:
+    return f"py{sys.version_info.major}_{sys.version_info.minor}"
+
+
+class StdlibPy(tfds.core.GeneratorBasedBuilder):
+    """The `.py` files of the running Python's standard library, one example per file."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release: stdlib .py files, sha1-of-path train/validation split."}
+    BUILDER_CONFIGS = [
+        tfds.core.BuilderConfig(name=_config_name(), description=f"Python {sys.version.split()[0]} stdlib"),
+    ]
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls) -> epath.Path:
+        # TFDS's own lookup needs the `importlib_resources` package, which is not installed here.
+        return epath.Path(__file__)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description="Source code of the Python standard library (.py files).",
+            features=tfds.features.FeaturesDict({
+                "text": tfds.features.Text(),
+                "path": tfds.features.Text(),  # relative to the stdlib root
+            }),
+            metadata=tfds.core.MetadataDict(),
+        )
+
+    def _split_generators(self, dl_manager: Any) -> dict[str, Iterator[tuple[str, dict[str, str]]]]:
+        root = stdlib_root()
+        by_split: dict[str, list[str]] = {"train": [], "validation": []}
+        for rel in list_stdlib_files(root):
+            by_split[split_of(rel)].append(rel)
+        sizes = {s: sum(os.path.getsize(os.path.join(root, r)) for r in rels) for s, rels in by_split.items()}
+        self.info.metadata.update({
+            "python_version": sys.version.split()[0],
+            "stdlib_root": root,
+            "file_count": sum(len(r) for r in by_split.values()),
+            "total_bytes": sum(sizes.values()),
+            "split_file_counts": {s: len(r) for s, r in by_split.items()},
+            "split_bytes": sizes,
+            "validation_rule": f"sha1(relative_path)[:8] as big-endian int % 100 < {VALIDATION_PERCENT}",
+        })
+        return {s: self._generate_examples(root, rels) for s, rels in by_split.items()}
+
+    def _generate_examples(self, root: str, rels: Sequence[str]) -> Iterator[tuple[str, dict[str, str]]]:
+        for rel in rels:
+            with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+                yield rel, {"text": f.read(), "path": rel}
+
+
+def resolve_data_dir(data_cfg: ml_collections.ConfigDict) -> str:
+    """`data.data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+    d = data_cfg.data_dir or os.environ.get("TFDS_DATA_DIR") or os.path.join("~", "tensorflow_datasets")
+    return os.path.abspath(os.path.expanduser(d))
+
+
+def dataset_key(data_cfg: ml_collections.ConfigDict) -> str:
+    """A file-name-safe name of the configured dataset (the built-in one includes its Python version)."""
+    name = f"{BUILTIN_NAME}_{_config_name()}" if data_cfg.tfds_name == BUILTIN_NAME else data_cfg.tfds_name
+    return name.replace("/", "_").replace(":", "_")
+
+
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """Holds an exclusive `flock` on `path` (created if missing) for the duration of the block."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare_stdlib(data_dir: str) -> StdlibPy:
+    """Builds `stdlib_py` under `data_dir` unless already there; safe to call from several processes."""
+    builder = StdlibPy(data_dir=data_dir, file_format="array_record")
+    with file_lock(os.path.join(data_dir, BUILTIN_NAME, f"{_config_name()}.lock")):
+        if not builder.is_prepared():
+            print(f"Building the {BUILTIN_NAME}/{_config_name()} corpus in {data_dir} ...", flush=True)
+            start = time.perf_counter()
+            builder.download_and_prepare()
+            md = builder.info.metadata
+            print(f"Built {BUILTIN_NAME}: {md['file_count']} files, {md['total_bytes']} bytes "
+                  f"in {time.perf_counter() - start:.1f} s", flush=True)
+        builder = StdlibPy(data_dir=data_dir, file_format="array_record")  # reload info from disk
+    return builder
+
+
+class TextSource:
+    """A random-access source whose records are dicts with `text` as bytes (plus the other features)."""
+
+    def __init__(self, source: Sequence[Mapping[str, Any]], text_feature: str):
+        self._source = source
+        self._feature = text_feature
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        record = dict(self._source[index])
+        text = record.pop(self._feature)
+        record["text"] = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return record
+
+    def __repr__(self) -> str:
+        return f"TextSource({self._source!r}, text_feature={self._feature!r})"
+
+
+def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
+    """The records of `split` of `data.tfds_name`: `len(src)`, `src[i]["text"]` (bytes)."""
+    data_dir = resolve_data_dir(data_cfg)
+    if data_cfg.tfds_name == BUILTIN_NAME:
+        builder = prepare_stdlib(data_dir)
+        if split not in builder.info.splits:
+            raise ConfigError(f"split {split!r} is not in {BUILTIN_NAME}; choose one of "
+                              f"{', '.join(builder.info.splits)}")
+        return TextSource(builder.as_data_source(split=split), "text")
+    try:
+        source = tfds.data_source(data_cfg.tfds_name, data_dir=data_dir, split=split, download=False)
+    except Exception as e:  # tfds raises several types (not found, not prepared, bad split)
+        raise ConfigError(
+            f"cannot load TFDS dataset data.tfds_name={data_cfg.tfds_name!r} split={split!r} from "
+            f"data.data_dir={data_dir!r}: {e}. Prepare it first (`tfds build {data_cfg.tfds_name} "
+            f"--data_dir=...`) or use the built-in data.tfds_name={BUILTIN_NAME!r}.") from e
+    features = source.dataset_info.features
+    if data_cfg.text_feature not in features:
+        raise ConfigError(f"data.text_feature={data_cfg.text_feature!r} is not a feature of "
+                          f"{data_cfg.tfds_name}; choose one of {', '.join(features.keys())}")
+    return TextSource(source, data_cfg.text_feature)
+
+
+def corpus_metadata(data_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Provenance of the built-in corpus (Python version, file counts, bytes); {} for other datasets."""
+    if data_cfg.tfds_name != BUILTIN_NAME:
+        return {}
+    return dict(prepare_stdlib(resolve_data_dir(data_cfg)).info.metadata)
