@@ -1,0 +1,27 @@
+"""Train a model: python -m experiments.train --config=configs/lm.py[:PRESET] --workdir=DIR [--config.KEY=V].
+
+Rerunning the same command on the same DIR resumes from its latest checkpoint.
+"""
+from __future__ import annotations
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import common
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:llama_tiny.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics, checkpoints, summary.")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    common.setup_jax(_CONFIG.value)
+    from transformer.training.loop import train  # after JAX's distributed/compilation-cache set-up
+    summary = train(_CONFIG.value, _WORKDIR.value)
+    if summary["status"] != "ok":
+        raise SystemExit(3 if summary["status"] == "preempted" else 1)
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "workdir"])
+    common.run(main)

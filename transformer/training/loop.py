@@ -1,0 +1,241 @@
+"""The training loop: config → data → sharded state → jitted steps → metrics, checkpoints, summary.
+
+`train(config, workdir)` is the whole Train contract (design.md): rerunning it on the same workdir
+resumes from the latest checkpoint (model, optimizer, data position; the dropout RNG is derived from
+(seed, step)) and ends with the same result as an uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from transformer.data import get_tokenizer, make_lm_iterator
+from transformer.models import build_model
+from transformer.models.config import ConfigError
+from transformer.scaling.accounting import flops_per_token, param_counts
+from transformer.training import checkpointing, hardware, sharding, steps, validate
+from transformer.training.metrics import MetricsWriter
+from transformer.training.optimizer import make_optimizer, make_schedule
+from transformer.training.state import abstract_state, init_state
+
+
+class Preempted(Exception):
+    """Raised inside the loop when SIGTERM/SIGINT arrived; the loop checkpoints first."""
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _check_workdir_config(workdir: str, resolved: dict) -> None:
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        existing = json.load(f)
+    if existing != resolved:
+        diff = sorted(k for k in set(_flatten(existing)) | set(_flatten(resolved))
+                      if _flatten(existing).get(k) != _flatten(resolved).get(k))
+        raise ConfigError(f"workdir {workdir} holds a different run's config (differs in {', '.join(diff[:8])}); "
+                          f"use a new --workdir, or the same settings to resume")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class _Progress:
+    """One line per logged step: step, loss, tokens/s, ETA."""
+
+    def __init__(self, total_steps: int, enabled: bool):
+        self.total, self.enabled = total_steps, enabled
+
+    def __call__(self, step: int, loss: float, tps: float, seconds_per_step: float, extra: str = "") -> None:
+        if not self.enabled:
+            return
+        eta = (self.total - step) * seconds_per_step
+        print(f"step {step:>6}/{self.total} | loss {loss:7.4f} | {tps:9,.0f} tok/s | "
+              f"ETA {int(eta // 60):d}m{int(eta % 60):02d}s{extra}", flush=True)
+
+
+def _global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+    """Host-local rows (this process's shard) → one global array per key."""
+    return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local.items()}
+
+
+def evaluate(eval_fn: Callable, params: Any, config: Any, batch_sharding, process_index: int,
+             process_count: int) -> float:
+    """Token-mean loss over the first `train.eval_steps` batches of the eval split (the same every time)."""
+    it = make_lm_iterator(config.data, split=config.data.eval_split, global_batch_size=config.train.batch_size,
+                          seed=config.data.shuffle_seed, process_index=process_index,
+                          process_count=process_count, shuffle=False, repeat=True)
+    loss_sum = weight_sum = 0.0
+    for _ in range(config.train.eval_steps):
+        out = eval_fn(params, _global_batch(next(it), batch_sharding))
+        loss_sum += float(out["loss_sum"])
+        weight_sum += float(out["weight_sum"])
+    return loss_sum / max(weight_sum, 1.0)
+
+
+def train(config: Any, workdir: str, *, verbose: bool = True) -> dict:
+    """Runs (or resumes) training in `workdir`; returns the summary also written to summary.json."""
+    t_start = time.time()
+    pid, nproc = jax.process_index(), jax.process_count()
+    primary = pid == 0
+    tokenizer = get_tokenizer(config.data)
+    model_cfg = validate.model_config(config, tokenizer.vocab_size)
+    mesh_shape = validate.check_training(config, model_cfg, jax.device_count(), nproc)
+    resolved = config.to_dict()
+    resolved["model"]["vocab_size"] = model_cfg.vocab_size
+    os.makedirs(workdir, exist_ok=True)
+    _check_workdir_config(workdir, json.loads(json.dumps(resolved)))
+    summary_path = os.path.join(workdir, "summary.json")
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            previous_summary = json.load(f)
+        if previous_summary.get("status") == "ok":
+            if verbose and primary:
+                print(f"{workdir} already finished (status ok); nothing to do", flush=True)
+            return previous_summary
+    if primary:
+        _write_json(os.path.join(workdir, "config.json"), resolved)
+
+    t = config.train
+    model = build_model(model_cfg)
+    tx = make_optimizer(t)
+    schedule = make_schedule(t)
+    mesh = sharding.make_mesh(config.mesh)
+    rules = sharding.rules(config.mesh)
+    counts = param_counts(model_cfg)
+    fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
+    tokens_per_step = t.batch_size * config.data.seq_len
+
+    data_it = make_lm_iterator(config.data, split=config.data.train_split, global_batch_size=t.batch_size,
+                               seed=config.data.shuffle_seed + t.seed, process_index=pid, process_count=nproc)
+    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
+    abstract, shardings = abstract_state(model, tx, config.data.seq_len, mesh, rules)
+    restored = ckpt.restore(abstract, data_it)
+    if restored is None:
+        state, _ = init_state(model, tx, t.seed, config.data.seq_len, mesh, rules)
+        start_step = 0
+    else:
+        start_step, state = restored
+    if verbose and primary:
+        print(f"{model_cfg.family} model: {counts['total']:,} params ({counts['non_embedding']:,} non-embedding), "
+              f"{fpt / 1e6:.2f} MFLOP/token; mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}; "
+              f"{'resuming from step ' + str(start_step) if start_step else 'starting'} in {workdir}", flush=True)
+    writer = MetricsWriter(workdir, enabled=primary, resume_step=start_step)
+
+    batch_s = sharding.batch_sharding(mesh, rules)
+    train_step = steps.make_train_step(model, tx, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0)
+    train_fn, eval_fn = steps.jit_steps(train_step, steps.make_eval_step(model), shardings, mesh, rules)
+
+    stop = {"signal": None}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    for s in previous:
+        signal.signal(s, on_signal)
+
+    progress = _Progress(t.steps, verbose and primary)
+    status, error, eval_loss, train_loss = "ok", None, None, None
+    compile_seconds, timed_tokens, timed_seconds = 0.0, 0, 0.0
+    step = start_step
+    try:
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            t_compile = time.time()
+            batch = _global_batch(next(data_it), batch_s) if step < t.steps else None
+            if batch is not None:
+                train_fn = train_fn.lower(state, batch).compile()
+            compile_seconds = time.time() - t_compile
+            window_start, window_steps = time.time(), 0
+            while step < t.steps:
+                if stop["signal"] is not None:
+                    raise Preempted()
+                state, m = train_fn(state, batch)   # dispatched asynchronously
+                step += 1
+                window_steps += 1
+                is_log = step % t.log_every == 0 or step == t.steps
+                is_eval = step % t.eval_every == 0 or step == t.steps
+                if is_log or is_eval:
+                    m = jax.device_get(m)
+                    train_loss = float(m["loss"])
+                    if not bool(m["finite"]) and t.nonfinite == "stop":
+                        raise FloatingPointError(
+                            f"non-finite loss or gradient at step {step} (loss={train_loss}, "
+                            f"grad_norm={float(m['grad_norm'])}); set train.nonfinite='skip' to skip such updates")
+                    elapsed = time.time() - window_start
+                    timed_tokens += window_steps * tokens_per_step
+                    timed_seconds += elapsed
+                    tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
+                    row = {"train_loss": train_loss, "learning_rate": float(schedule(step - 1)),
+                           "grad_norm": float(m["grad_norm"]), "tokens": step * tokens_per_step,
+                           "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
+                    extra = ""
+                    if is_eval:
+                        eval_loss = evaluate(eval_fn, state.params, config, batch_s, pid, nproc)
+                        row["eval_loss"] = eval_loss
+                        extra = f" | eval {eval_loss:.4f}"
+                    writer.write(step, row)
+                    progress(step, train_loss, tps, elapsed / window_steps, extra)
+                    window_start, window_steps = time.time(), 0
+                if step % t.checkpoint_every == 0 or step == t.steps:
+                    ckpt.save(step, state, data_it, resolved, force=True)  # data_it is at batch `step`
+                if step < t.steps:
+                    batch = _global_batch(next(data_it), batch_s)   # overlaps with the device step
+    except Preempted:
+        status = "preempted"
+        ckpt.save(step, state, data_it, resolved, force=True)
+        if primary:
+            print(f"received signal {stop['signal']}: checkpointed step {step}, exiting", flush=True)
+    except Exception as e:
+        status, error = "failed", f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        ckpt.close()
+        writer.close()
+        tps = timed_tokens / timed_seconds if timed_seconds else None
+        peak = hardware.peak_flops(jax.devices()[0])
+        summary = {
+            "status": status, "error": error, "step": step, "steps": t.steps,
+            "params": counts["total"], "params_non_embedding": counts["non_embedding"],
+            "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
+            "eval_loss": eval_loss, "train_loss": train_loss,
+            "wall_seconds": time.time() - t_start, "compile_seconds": compile_seconds,
+            "tokens_per_second": tps,
+            "mfu": (tps * fpt / (peak["flops"] * jax.device_count())) if (tps and peak["flops"]) else None,
+            "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
+            "mesh": dict(zip(sharding.MESH_AXES, mesh_shape)),
+        }
+        summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+        if primary:
+            _write_json(summary_path, summary)
+        if nproc > 1:
+            multihost_utils.sync_global_devices("train_done")
+    if verbose and primary and status == "ok":
+        print(f"done: eval_loss {eval_loss:.4f}, {summary['wall_seconds']:.0f}s wall, "
+              f"{(tps or 0):,.0f} tok/s", flush=True)
+    return summary

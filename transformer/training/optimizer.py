@@ -1,0 +1,60 @@
+"""AdamW with warm-up and decay, global-norm clipping and a weight-decay mask (optax)."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from transformer.models.config import ConfigError
+
+SCHEDULES = ("cosine", "linear", "constant")
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+def make_schedule(train_cfg: Any) -> optax.Schedule:
+    """Linear warm-up from 0 to `learning_rate`, then decay to `final_lr_fraction` of it at `steps`.
+
+    cosine: half-cosine decay; linear: straight line; constant: flat after warm-up.
+    """
+    peak, steps, warmup = float(train_cfg.learning_rate), int(train_cfg.steps), int(train_cfg.warmup_steps)
+    if train_cfg.schedule not in SCHEDULES:
+        raise ConfigError(f"train.schedule={train_cfg.schedule!r} is not valid; choose one of {', '.join(SCHEDULES)}")
+    if not peak > 0:
+        raise ConfigError(f"train.learning_rate={peak!r} must be positive")
+    if not 0 <= warmup <= steps:
+        raise ConfigError(f"train.warmup_steps={warmup} must be between 0 and train.steps={steps}")
+    if not 0.0 <= train_cfg.final_lr_fraction <= 1.0:
+        raise ConfigError(f"train.final_lr_fraction={train_cfg.final_lr_fraction!r} must be in [0, 1]")
+    end = peak * float(train_cfg.final_lr_fraction)
+    warm = optax.linear_schedule(0.0, peak, max(warmup, 1))
+    decay_steps = max(steps - warmup, 1)
+    if train_cfg.schedule == "cosine":
+        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak)
+    elif train_cfg.schedule == "linear":
+        decay = optax.linear_schedule(peak, end, decay_steps)
+    else:
+        decay = optax.constant_schedule(peak)
+    return optax.join_schedules([warm, decay], [warmup])
+
+
+def decay_mask(params: Any) -> Any:
+    """Weight decay on matrices only: norm scales and biases (1-D) are excluded."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(train_cfg: Any) -> optax.GradientTransformation:
+    """clip(global norm) → AdamW(schedule, decay mask); `nonfinite="skip"` drops non-finite updates."""
+    if train_cfg.nonfinite not in NONFINITE_POLICIES:
+        raise ConfigError(f"train.nonfinite={train_cfg.nonfinite!r} is not valid; "
+                          f"choose one of {', '.join(NONFINITE_POLICIES)}")
+    if train_cfg.grad_clip < 0:
+        raise ConfigError(f"train.grad_clip={train_cfg.grad_clip!r} must be >= 0 (0 disables clipping)")
+    tx = optax.chain(
+        optax.clip_by_global_norm(train_cfg.grad_clip) if train_cfg.grad_clip > 0 else optax.identity(),
+        optax.adamw(make_schedule(train_cfg), b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
+                    weight_decay=train_cfg.weight_decay, mask=decay_mask),
+    )
+    if train_cfg.nonfinite == "skip":
+        tx = optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)
+    return tx

@@ -1,0 +1,51 @@
+"""Train state, created directly in its sharded layout.
+
+`jax.eval_shape` gives the abstract state with logical names on every parameter; the mesh rules turn
+those into NamedShardings; `jax.jit(init, out_shardings=...)` then materialises each parameter and
+optimizer moment already split across devices (no full copy on any one device).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from transformer.training import sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array      # int32 scalar: number of updates applied
+    params: Any          # float32 parameters (plain arrays, unboxed)
+    opt_state: Any       # optax state, sharded like the parameters it mirrors
+
+
+def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array, seq_len: int) -> TrainState:
+    tokens_BT = jnp.zeros((1, seq_len), jnp.int32)
+    params = model.init(rng, tokens_BT)["params"]   # nn.Partitioned boxes carry logical names
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def abstract_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: int, mesh: Mesh,
+                   mesh_rules: Any) -> tuple[TrainState, TrainState]:
+    """(abstract unboxed state with shardings attached, the shardings) — no arrays allocated."""
+    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, r, seq_len), jax.random.PRNGKey(0))
+    shardings = sharding.logical_shardings(boxed, mesh, mesh_rules)
+    unboxed = nn.unbox(boxed)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), unboxed, shardings)
+    return abstract, shardings
+
+
+def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, seq_len: int, mesh: Mesh,
+               mesh_rules: Any) -> tuple[TrainState, TrainState]:
+    """A freshly initialised state, sharded on `mesh`; returns (state, shardings)."""
+    _, shardings = abstract_state(model, tx, seq_len, mesh, mesh_rules)
+    init = jax.jit(lambda r: nn.unbox(_init_boxed(model, tx, r, seq_len)), out_shardings=shardings)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_rules):
+        state = init(jax.random.PRNGKey(seed))
+    return state, shardings

@@ -1,0 +1,64 @@
+"""Checks of a whole training config, run before any data is read or anything is compiled.
+
+Each failure raises ConfigError naming the setting and what would be valid.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from transformer.models.config import ConfigError, ModelConfig
+from transformer.training import optimizer, sharding
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive integer")
+
+
+def model_config(config: Any, vocab_size: int) -> ModelConfig:
+    """The validated ModelConfig: vocab from the tokenizer when model.vocab_size is 0, and the
+    compute dtype from train.compute_dtype."""
+    if config.train.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"train.compute_dtype={config.train.compute_dtype!r} is not valid; "
+                          f"choose one of {', '.join(COMPUTE_DTYPES)}")
+    d = config.model.to_dict()
+    if not d.get("vocab_size"):
+        d["vocab_size"] = vocab_size
+    elif d["vocab_size"] < vocab_size:
+        raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the tokenizer's vocabulary "
+                          f"({vocab_size}); use 0 (take the tokenizer's) or at least {vocab_size}")
+    d["dtype"] = config.train.compute_dtype
+    return ModelConfig.from_dict(d)
+
+
+def check_training(config: Any, model_cfg: ModelConfig, num_devices: int, process_count: int) -> tuple[int, ...]:
+    """Checks train/data/mesh settings against the model and the devices; returns the mesh shape."""
+    t = config.train
+    for name in ("steps", "batch_size", "log_every", "eval_every", "eval_steps", "checkpoint_every",
+                 "keep_checkpoints"):
+        _positive_int(f"train.{name}", t[name])
+    _positive_int("data.seq_len", config.data.seq_len)
+    optimizer.make_optimizer(t)  # validates schedule, learning rate, warm-up, clipping, nonfinite policy
+    shape = sharding.mesh_shape(config.mesh, num_devices)
+    rules = dict(sharding.rules(config.mesh))
+    batch_axes = rules.get("batch") or ()
+    batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+    dp = 1
+    for axis in batch_axes:
+        dp *= shape[sharding.MESH_AXES.index(axis)]
+    if t.batch_size % dp:
+        raise ConfigError(f"train.batch_size={t.batch_size} must be divisible by the data-parallel size {dp} "
+                          f"(mesh axes {batch_axes} of mesh {dict(zip(sharding.MESH_AXES, shape))})")
+    if t.batch_size % process_count:
+        raise ConfigError(f"train.batch_size={t.batch_size} must be divisible by the number of processes "
+                          f"({process_count})")
+    if model_cfg.positional in ("learned", "sinusoidal") and config.data.seq_len > model_cfg.max_len:
+        raise ConfigError(f"data.seq_len={config.data.seq_len} exceeds model.max_len={model_cfg.max_len} "
+                          f"(the {model_cfg.positional} position table); raise model.max_len or lower seq_len")
+    tensor = shape[2]
+    for name, size in (("model.num_heads", model_cfg.num_heads), ("model.d_ff", model_cfg.d_ff)):
+        if rules.get("heads") == "tensor" and size % tensor:
+            raise ConfigError(f"{name}={size} must be divisible by mesh.tensor={tensor}")
+    return shape
