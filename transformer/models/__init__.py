@@ -1,0 +1,16 @@
+"""Model families built from a ModelConfig: `build_model(cfg)` picks the family's module."""
+from __future__ import annotations
+
+import flax.linen as nn
+
+from transformer.models.config import FAMILIES, ConfigError, ModelConfig
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The Flax module for cfg.family."""
+    if cfg.family == "decoder":
+        from transformer.models.decoder import DecoderLM
+        return DecoderLM(cfg)
+    if cfg.family in FAMILIES:
+        raise ConfigError(f"model.family={cfg.family!r} is not built yet; available: decoder")
+    raise ConfigError(f"model.family={cfg.family!r} is not valid; choose one of {', '.join(FAMILIES)}")

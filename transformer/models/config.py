@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder")
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn")

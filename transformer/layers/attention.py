@@ -1,0 +1,216 @@
+"""Scaled dot-product attention: a readable einsum reference, fused kernels, and the Linen module.
+
+Legend: B batch, T query length, S key/value length, D model width, N query heads,
+K key/value heads (K divides N; K == N is multi-head, K == 1 multi-query), G = N // K query heads
+per key/value head, H head dimension.
+
+Masks are boolean, True = may attend, shaped (B, 1, T, S) and broadcast over heads. They combine
+  causal      key index s <= query index t (+ offset of the first query when decoding from a cache);
+  segments    packed documents: query and key must carry the same segment id (0 = padding, so
+              padding only ever sees padding and never leaks into a document);
+  window      sliding_window W > 0: t - s < W (causal) or |t - s| < W (bidirectional).
+Implementations: "einsum" is the reference below; "xla" and "cudnn" call jax.nn.dot_product_attention
+(is_causal, a segment mask, local_window_size), "cudnn" being the fused flash-attention kernel on
+NVIDIA GPUs (bfloat16/float16 only). Softmax is always float32.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.layers.dtypes import compute_dtypes
+from transformer.layers.positional import apply_rope
+from transformer.models.config import ATTENTION_IMPLS, ConfigError, ModelConfig
+
+
+def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,
+                        q_segment_ids_BT: jax.Array | None = None,
+                        kv_segment_ids_BS: jax.Array | None = None,
+                        sliding_window: int = 0,
+                        q_offset: jax.Array | int = 0) -> jax.Array | None:
+    """Boolean mask_B1TS (B is 1 without segment ids); None when nothing is masked."""
+    mask = None
+    t_T1 = jnp.arange(q_len)[:, None] + q_offset
+    s_1S = jnp.arange(kv_len)[None, :]
+    if causal:
+        mask = (s_1S <= t_T1)[None, None]
+    if sliding_window:
+        near = (t_T1 - s_1S < sliding_window) if causal else (jnp.abs(t_T1 - s_1S) < sliding_window)
+        mask = near[None, None] if mask is None else mask & near[None, None]
+    if q_segment_ids_BT is not None or kv_segment_ids_BS is not None:
+        if q_segment_ids_BT is None or kv_segment_ids_BS is None:
+            raise ValueError("segment ids must be given for both queries and keys, or for neither")
+        same = (q_segment_ids_BT[:, :, None] == kv_segment_ids_BS[:, None, :])[:, None]
+        mask = same if mask is None else mask & same
+    return mask
+
+
+def _large_negative(dtype: Any) -> jax.Array:
+    # The value jax.nn.dot_product_attention uses, so that fully masked rows agree (uniform weights).
+    return jnp.asarray(-0.7 * jnp.finfo(dtype).max, dtype)
+
+
+def dot_product_attention_einsum(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
+                                 mask_B1TS: jax.Array | None = None, bias_BNTS: jax.Array | None = None,
+                                 *, return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """softmax(q kᵀ / sqrt(H) + bias, masked) v with grouped-query heads.
+
+    Returns out_BTNH, or (out_BTNH, weights_BNTS float32) with return_weights.
+    """
+    B, T, N, H = q_BTNH.shape
+    K = k_BSKH.shape[2]
+    if N % K:
+        raise ValueError(f"{K} key/value heads do not divide {N} query heads")
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+    logits_BKGTS = logits_BKGTS * np.float32(1.0 / np.sqrt(H))
+    S = logits_BKGTS.shape[-1]
+    if bias_BNTS is not None:
+        logits_BKGTS = logits_BKGTS + jnp.broadcast_to(bias_BNTS, (B, N, T, S)).reshape(
+            B, K, N // K, T, S).astype(jnp.float32)
+    if mask_B1TS is not None:
+        logits_BKGTS = jnp.where(mask_B1TS[:, :, None], logits_BKGTS, _large_negative(jnp.float32))
+    probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1)
+    out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS.astype(v_BSKH.dtype), v_BSKH)
+    out_BTNH = out_BTKGH.reshape(B, T, N, H)
+    if return_weights:
+        return out_BTNH, probs_BKGTS.reshape(B, N, T, S)
+    return out_BTNH
+
+
+def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, *, causal: bool,
+                          q_segment_ids_BT: jax.Array | None = None,
+                          kv_segment_ids_BS: jax.Array | None = None,
+                          sliding_window: int = 0, implementation: str = "xla",
+                          return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Attention with the masks built from flags; query i and key i are the same position when causal.
+
+    return_weights forces the einsum reference and returns (out_BTNH, weights_BNTS).
+    """
+    if implementation not in ATTENTION_IMPLS:
+        raise ConfigError(f"model.attention_impl={implementation!r} is not valid; "
+                          f"choose one of {', '.join(ATTENTION_IMPLS)}")
+    T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+    if causal and T != S:
+        raise ValueError(f"causal attention needs as many queries as keys, got T={T}, S={S}")
+    if return_weights or implementation == "einsum":
+        mask_B1TS = make_attention_mask(T, S, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
+                                        kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
+        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, return_weights=return_weights)
+    segment_mask_B1TS = make_attention_mask(T, S, causal=False, q_segment_ids_BT=q_segment_ids_BT,
+                                            kv_segment_ids_BS=kv_segment_ids_BS)
+    window = None
+    if sliding_window:
+        window = (sliding_window - 1, 0) if causal else (sliding_window - 1, sliding_window - 1)
+    return jax.nn.dot_product_attention(
+        q_BTNH, k_BSKH, v_BSKH, mask=segment_mask_B1TS, is_causal=causal, local_window_size=window,
+        implementation="cudnn" if implementation == "cudnn" else None)
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention (context_BSD None) or cross-attention (keys/values from context_BSD).
+
+    q/k/v/out projections: ("embed","heads","head_dim"), ("embed","kv_heads","head_dim") ×2,
+    ("heads","head_dim","embed"); biases when cfg.use_bias. RoPE (cfg.positional == "rope") rotates
+    q and k of self-attention by their positions. `out_std` is the init std of the out projection.
+
+    decode=True: autoregressive decoding with a key/value cache in the "cache" collection
+    (cached_key, cached_value, cached_segment_ids, cache_index). `model.init(..., decode=True)` with
+    inputs of the full decoding length creates an empty cache of that length; each later call
+    appends its T new tokens (positions must be given) and attends causally to everything cached.
+    Writing past the cache's length is not detected. Cross-attention recomputes its keys/values.
+    sow_weights=True stores the attention weights_BNTS in the "intermediates" collection.
+    """
+
+    cfg: ModelConfig
+    causal: bool = False
+    out_std: float = 0.02
+    sow_weights: bool = False
+
+    @nn.compact
+    def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
+                 segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
+                 context_segment_ids_BS: jax.Array | None = None, *, decode: bool = False,
+                 return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+        cfg = self.cfg
+        dtype, param_dtype = compute_dtypes(cfg)
+        if cfg.attention_impl == "cudnn" and cfg.dtype == "float32":
+            raise ConfigError("model.attention_impl='cudnn' needs model.dtype bfloat16 or float16; "
+                              "use attention_impl='xla' for float32")
+        N, K, H = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+        cross = context_BSD is not None
+        kv_BSD = context_BSD if cross else x_BTD
+
+        def proj(heads: int, axis_name: str, name: str) -> nn.DenseGeneral:
+            return nn.DenseGeneral(
+                (heads, H), axis=-1, use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
+                kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", axis_name, "head_dim")),
+                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name, "head_dim")), name=name)
+
+        q_BTNH = proj(N, "heads", "query")(x_BTD)
+        k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
+        v_BSKH = proj(K, "kv_heads", "value")(kv_BSD)
+        if cfg.positional == "rope" and not cross:
+            if positions_BT is None:
+                raise ValueError("RoPE attention needs positions_BT")
+            q_BTNH = apply_rope(q_BTNH, positions_BT, cfg.rope_base)
+            k_BSKH = apply_rope(k_BSKH, positions_BT, cfg.rope_base)
+        q_BTNH = nn.with_logical_constraint(q_BTNH, ("batch", "seq", "heads", "head_dim"))
+        k_BSKH = nn.with_logical_constraint(k_BSKH, ("batch", "seq", "kv_heads", "head_dim"))
+        v_BSKH = nn.with_logical_constraint(v_BSKH, ("batch", "seq", "kv_heads", "head_dim"))
+
+        want_weights = return_weights or self.sow_weights
+        impl = "einsum" if want_weights else cfg.attention_impl
+        q_seg, kv_seg = segment_ids_BT, (context_segment_ids_BS if cross else segment_ids_BT)
+        if cross and (q_seg is None) != (kv_seg is None):
+            q_seg = jnp.ones(x_BTD.shape[:2], jnp.int32) if q_seg is None else q_seg
+            kv_seg = jnp.ones(kv_BSD.shape[:2], jnp.int32) if kv_seg is None else kv_seg
+
+        if decode and not cross and self.has_variable("cache", "cached_key"):
+            out = self._decode_step(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, impl, want_weights)
+        else:
+            if decode and not cross:  # initialisation: an empty cache as long as these inputs
+                self.variable("cache", "cached_key", jnp.zeros, k_BSKH.shape, k_BSKH.dtype)
+                self.variable("cache", "cached_value", jnp.zeros, v_BSKH.shape, v_BSKH.dtype)
+                self.variable("cache", "cached_segment_ids", jnp.zeros, k_BSKH.shape[:2], jnp.int32)
+                self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+            out = dot_product_attention(
+                q_BTNH, k_BSKH, v_BSKH, causal=self.causal and not cross, q_segment_ids_BT=q_seg,
+                kv_segment_ids_BS=kv_seg, sliding_window=cfg.sliding_window, implementation=impl,
+                return_weights=want_weights)
+        out_BTNH, weights_BNTS = out if want_weights else (out, None)
+        if self.sow_weights:
+            self.sow("intermediates", "attention_weights", weights_BNTS)
+
+        out_BTD = nn.DenseGeneral(
+            cfg.d_model, axis=(-2, -1), use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
+            kernel_init=nn.with_logical_partitioning(nn.initializers.normal(self.out_std), ("heads", "head_dim", "embed")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), name="out")(out_BTNH)
+        return (out_BTD, weights_BNTS) if return_weights else out_BTD
+
+    def _decode_step(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
+                     segment_ids_BT: jax.Array | None, impl: str, want_weights: bool):
+        """Append T new keys/values at cache_index and attend to the whole cache."""
+        cached_k = self.variable("cache", "cached_key", jnp.zeros, k_BTKH.shape, k_BTKH.dtype)
+        cached_v = self.variable("cache", "cached_value", jnp.zeros, v_BTKH.shape, v_BTKH.dtype)
+        cached_seg = self.variable("cache", "cached_segment_ids", jnp.zeros, k_BTKH.shape[:2], jnp.int32)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+        B, T = q_BTNH.shape[:2]
+        i = cache_index.value
+        seg_BT = jnp.ones((B, T), jnp.int32) if segment_ids_BT is None else segment_ids_BT.astype(jnp.int32)
+        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BTKH.astype(cached_k.value.dtype), (0, i, 0, 0))
+        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BTKH.astype(cached_v.value.dtype), (0, i, 0, 0))
+        cached_seg.value = jax.lax.dynamic_update_slice(cached_seg.value, seg_BT, (0, i))
+        cache_index.value = i + T
+        S = cached_k.value.shape[1]
+        mask_B1TS = make_attention_mask(T, S, causal=True, q_segment_ids_BT=seg_BT,
+                                        kv_segment_ids_BS=cached_seg.value,
+                                        sliding_window=self.cfg.sliding_window, q_offset=i)
+        if impl == "einsum":
+            return dot_product_attention_einsum(q_BTNH, cached_k.value, cached_v.value, mask_B1TS,
+                                                return_weights=want_weights)
+        return jax.nn.dot_product_attention(q_BTNH, cached_k.value, cached_v.value, mask=mask_B1TS)

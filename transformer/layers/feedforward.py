@@ -1,0 +1,56 @@
+"""Position-wise feed-forward layers: plain (ReLU, GELU) and gated (SwiGLU, GeGLU; Shazeer 2020).
+
+Legend: B batch, T sequence, D model width, F hidden width (cfg.d_ff).
+
+Activations: "relu"; "gelu" is the exact erf GELU; "gelu_tanh" is the tanh approximation that
+GPT-2 uses (HF "gelu_new"), needed for checkpoint parity; "swiglu" gates with SiLU and "geglu" with
+the exact GELU. Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.layers.dtypes import compute_dtypes
+from transformer.models.config import ModelConfig
+
+ACTIVATION_FNS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": nn.relu,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "swiglu": nn.silu,
+    "geglu": lambda x: nn.gelu(x, approximate=False),
+}
+
+
+class FeedForward(nn.Module):
+    """x_BTD -> x_BTD through a hidden layer of width cfg.d_ff. `out_std`: init std of wo."""
+
+    cfg: ModelConfig
+    out_std: float = 0.02
+
+    @nn.compact
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        if cfg.activation not in ACTIVATION_FNS:
+            raise ValueError(f"model.activation={cfg.activation!r} is not valid; "
+                             f"choose one of {', '.join(ACTIVATION_FNS)}")
+        dtype, param_dtype = compute_dtypes(cfg)
+
+        def dense(features: int, names: tuple[str, str], std: float, name: str) -> nn.Dense:
+            return nn.Dense(features, use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
+                            kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), names),
+                            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]),
+                            name=name)
+
+        act = ACTIVATION_FNS[cfg.activation]
+        if cfg.gated:
+            h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_gate")(x_BTD))
+            h_BTF = h_BTF * dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_up")(x_BTD)
+        else:
+            h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi")(x_BTD))
+        h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "seq", "mlp"))
+        return dense(cfg.d_model, ("mlp", "embed"), self.out_std, "wo")(h_BTF)

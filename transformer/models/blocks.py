@@ -1,0 +1,118 @@
+"""The Transformer block and the layer stack shared by every model family.
+
+Legend: B batch, T sequence, S context (encoder) sequence, D model width, L layers.
+
+A block is self-attention, optionally cross-attention, then the feed-forward layer; each sub-layer
+sits in a residual branch with its norm before it (pre-LN: x + f(norm(x))) or after the sum
+(post-LN: norm(x + f(x))) and dropout on its output. The decoder, the encoder and the
+encoder–decoder all stack this block with `BlockStack`; no family has its own attention or FFN.
+
+BlockStack options (from ModelConfig):
+  remat        "none" | "full" | "dots" | "dots_no_batch": nn.remat with no policy (recompute all),
+               jax.checkpoint_policies.checkpoint_dots, or ..._dots_with_no_batch_dims.
+  scan_layers  True: one block traced once and scanned L times (nn.scan); parameters are stacked
+               with a leading axis of logical name "layers" (shape L,...). Compiles in O(1) of L.
+               False: blocks "layers_0" ... "layers_{L-1}".
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+
+from transformer.layers.attention import MultiHeadAttention
+from transformer.layers.feedforward import FeedForward
+from transformer.layers.norms import make_norm
+from transformer.models.config import ModelConfig
+
+LAYERS_AXIS = "layers"  # logical name of the stacked-layer axis under scan_layers (maps to no mesh axis)
+
+REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def residual_out_std(cfg: ModelConfig) -> float:
+    """GPT-2 init of the projections that write into the residual stream: 0.02 / sqrt(2 L)."""
+    return 0.02 / math.sqrt(2 * cfg.num_layers)
+
+
+class TransformerBlock(nn.Module):
+    """x_BTD -> x_BTD. All call arguments are positional so that remat/scan can handle them."""
+
+    cfg: ModelConfig
+    causal: bool
+    cross_attention: bool = False
+    sow_weights: bool = False
+    scan_output: bool = False  # return (x_BTD, None), the (carry, output) pair nn.scan expects
+
+    @nn.compact
+    def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
+                 segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
+                 context_segment_ids_BS: jax.Array | None = None, deterministic: bool = True,
+                 decode: bool = False) -> jax.Array | tuple[jax.Array, None]:
+        cfg = self.cfg
+        out_std = residual_out_std(cfg)
+
+        def sublayer(x: jax.Array, fn, name: str) -> jax.Array:
+            norm = make_norm(cfg, f"{name}_norm")
+            drop = nn.Dropout(cfg.dropout_rate, name=f"{name}_dropout")
+            if cfg.norm_position == "pre":
+                x = x + drop(fn(norm(x)), deterministic=deterministic)
+            else:
+                x = norm(x + drop(fn(x), deterministic=deterministic))
+            return nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+
+        self_attn = MultiHeadAttention(cfg, causal=self.causal, out_std=out_std, sow_weights=self.sow_weights,
+                                       name="attention")
+        x_BTD = sublayer(x_BTD, lambda h: self_attn(h, positions_BT, segment_ids_BT, decode=decode), "attention")
+        if self.cross_attention:
+            if context_BSD is None:
+                raise ValueError("a cross-attention block needs context_BSD")
+            cross_attn = MultiHeadAttention(cfg, causal=False, out_std=out_std, sow_weights=self.sow_weights,
+                                            name="cross_attention")
+            x_BTD = sublayer(x_BTD, lambda h: cross_attn(h, positions_BT, segment_ids_BT, context_BSD,
+                                                         context_segment_ids_BS), "cross_attention")
+        mlp = FeedForward(cfg, out_std=out_std, name="mlp")
+        x_BTD = sublayer(x_BTD, mlp, "mlp")
+        return (x_BTD, None) if self.scan_output else x_BTD
+
+
+class BlockStack(nn.Module):
+    """cfg.num_layers (or `num_layers`) TransformerBlocks, with the config's remat and scan options."""
+
+    cfg: ModelConfig
+    causal: bool
+    cross_attention: bool = False
+    num_layers: int = 0  # 0: cfg.num_layers
+    sow_weights: bool = False
+
+    @nn.compact
+    def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
+                 segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
+                 context_segment_ids_BS: jax.Array | None = None, deterministic: bool = True,
+                 decode: bool = False) -> jax.Array:
+        cfg = self.cfg
+        num_layers = self.num_layers or cfg.num_layers
+        block_cls = TransformerBlock
+        if cfg.remat != "none":
+            # deterministic and decode (the last two arguments) are Python bools: static under remat.
+            block_cls = nn.remat(block_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
+                                 static_argnums=(-2, -1))
+        args = (positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS, deterministic, decode)
+        kwargs = dict(causal=self.causal, cross_attention=self.cross_attention, sow_weights=self.sow_weights,
+                      scan_output=cfg.scan_layers)
+        if cfg.scan_layers:
+            scanned = nn.scan(block_cls,
+                              variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                              split_rngs={"params": True, "dropout": True},
+                              in_axes=(nn.broadcast,) * len(args), length=num_layers,
+                              metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+            x_BTD, _ = scanned(cfg, name="layers", **kwargs)(x_BTD, *args)
+            return x_BTD
+        for i in range(num_layers):
+            x_BTD = block_cls(cfg, name=f"layers_{i}", **kwargs)(x_BTD, *args)
+        return x_BTD

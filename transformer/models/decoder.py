@@ -1,0 +1,85 @@
+"""A decoder-only Transformer language model (GPT-2 and LLaMA shapes are configs, not code).
+
+Legend: B batch, T sequence, D model width (d_model), V vocabulary, L layers.
+
+Reading top to bottom, as in nanoGPT:
+  1. tokens_BT -> token embedding x_BTD (table ("vocab", "embed"); × sqrt(D) if scale_embeddings)
+  2. + positions: learned table ("seq", "embed") | sinusoidal | nothing (RoPE rotates q and k
+     inside attention instead; "none" adds nothing)
+  3. optional embedding norm, dropout
+  4. L × TransformerBlock(causal=True) from transformer/models/blocks.py: causal self-attention and
+     a feed-forward layer, each in a residual branch, pre-LN or post-LN; packed documents are kept
+     apart by segment ids (0 = padding)
+  5. final norm (pre-LN only: post-LN blocks already end with a norm)
+  6. output head: the embedding table transposed (tied) or its own ("embed", "vocab") kernel
+     -> logits_BTV in float32.
+GPT-2 = learned positions, pre-LN LayerNorm, GELU, biases, tied head; LLaMA = RoPE, RMSNorm, SwiGLU,
+grouped-query attention, no biases, untied head (configs/lm.py). Parameter counts and FLOPs per token
+come from the config alone in transformer/scaling/accounting.py (`param_counts`, `flops_per_token`).
+Init: normal(0.02) everywhere, 0.02 / sqrt(2L) for projections into the residual stream.
+Decoding: `decode=True` uses each attention layer's key/value cache ("cache" collection; see
+transformer/layers/attention.py): init once with tokens of the full length, then feed new tokens
+with their positions.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.layers.dtypes import compute_dtypes
+from transformer.layers.embeddings import OutputHead, TokenEmbedding
+from transformer.layers.norms import make_norm
+from transformer.layers.positional import LearnedPositions, sinusoidal_table
+from transformer.models.blocks import BlockStack
+from transformer.models.config import ModelConfig
+
+
+def embed_inputs(cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Array, positions_BT: jax.Array,
+                 learned_positions: nn.Module | None) -> jax.Array:
+    """Steps 1–2: token embedding (scaled if asked) plus absolute positions, in the compute dtype."""
+    dtype, _ = compute_dtypes(cfg)
+    x_BTD = embedding(tokens_BT)
+    if cfg.scale_embeddings:
+        x_BTD = x_BTD * jnp.sqrt(jnp.asarray(cfg.d_model, dtype))
+    if cfg.positional == "learned":
+        x_BTD = x_BTD + learned_positions(positions_BT)
+    elif cfg.positional == "sinusoidal":
+        x_BTD = x_BTD + sinusoidal_table(positions_BT, cfg.d_model).astype(dtype)
+    return x_BTD.astype(dtype)
+
+
+class DecoderLM(nn.Module):
+    """tokens_BT -> logits_BTV (float32). sow_attention_weights: store every layer's weights_BNTS
+    in the "intermediates" collection (forces the einsum attention)."""
+
+    cfg: ModelConfig
+    sow_attention_weights: bool = False
+
+    @nn.compact
+    def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None,
+                 segment_ids_BT: jax.Array | None = None, *, deterministic: bool = True,
+                 decode: bool = False) -> jax.Array:
+        cfg = self.cfg
+        dtype, param_dtype = compute_dtypes(cfg)
+        B, T = tokens_BT.shape
+        if positions_BT is None:
+            if decode:
+                raise ValueError("decode=True needs positions_BT (the absolute positions of the new tokens)")
+            positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        embedding = TokenEmbedding(cfg, name="token_embedding")
+        learned = (LearnedPositions(cfg.max_len, cfg.d_model, dtype, param_dtype, name="position_embedding")
+                   if cfg.positional == "learned" else None)
+        x_BTD = embed_inputs(cfg, embedding, tokens_BT, positions_BT, learned)
+        if cfg.embedding_norm:
+            x_BTD = make_norm(cfg, "embedding_norm")(x_BTD)
+        x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
+        x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "seq", "embed"))
+
+        x_BTD = BlockStack(cfg, causal=True, sow_weights=self.sow_attention_weights, name="blocks")(
+            x_BTD, positions_BT, segment_ids_BT, None, None, deterministic, decode)
+
+        if cfg.norm_position == "pre":
+            x_BTD = make_norm(cfg, "final_norm")(x_BTD)
+        logits_BTV = embedding.attend(x_BTD) if cfg.tie_embeddings else OutputHead(cfg, name="head")(x_BTD)
+        return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "vocab"))
