@@ -82,6 +82,13 @@ def _global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sha
     return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local.items()}
 
 
+def _abstract_batch(batch_size: int, seq_len: int, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes of a global batch, to compile the train step before any data is read."""
+    shape = (batch_size, seq_len)
+    spec = {k: np.int32 for k in ("inputs", "targets", "segment_ids", "positions")} | {"weights": np.float32}
+    return {k: jax.ShapeDtypeStruct(shape, d, sharding=batch_sharding) for k, d in spec.items()}
+
+
 def evaluate(eval_fn: Callable, params: Any, config: Any, batch_sharding, process_index: int,
              process_count: int) -> float:
     """Token-mean loss over the first `train.eval_steps` batches of the eval split (the same every time)."""
@@ -96,8 +103,11 @@ def evaluate(eval_fn: Callable, params: Any, config: Any, batch_sharding, proces
     return loss_sum / max(weight_sum, 1.0)
 
 
-def train(config: Any, workdir: str, *, verbose: bool = True) -> dict:
-    """Runs (or resumes) training in `workdir`; returns the summary also written to summary.json."""
+def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | None = None) -> dict:
+    """Runs (or resumes) training in `workdir`; returns the summary also written to summary.json.
+
+    `stop_at`: behave as if preempted right after this step (checkpoint, status "preempted").
+    """
     t_start = time.time()
     pid, nproc = jax.process_index(), jax.process_count()
     primary = pid == 0
@@ -162,18 +172,18 @@ def train(config: Any, workdir: str, *, verbose: bool = True) -> dict:
     status, error, eval_loss, train_loss = "ok", None, None, None
     compile_seconds, timed_tokens, timed_seconds = 0.0, 0, 0.0
     step = start_step
+    last_saved = start_step
     try:
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             t_compile = time.time()
-            batch = _global_batch(next(data_it), batch_s) if step < t.steps else None
-            if batch is not None:
-                train_fn = train_fn.lower(state, batch).compile()
+            train_fn = train_fn.lower(state, _abstract_batch(t.batch_size, config.data.seq_len, batch_s)).compile()
             compile_seconds = time.time() - t_compile
             window_start, window_steps = time.time(), 0
             while step < t.steps:
-                if stop["signal"] is not None:
+                if stop["signal"] is not None or (stop_at is not None and step >= stop_at):
                     raise Preempted()
-                state, m = train_fn(state, batch)   # dispatched asynchronously
+                batch = _global_batch(next(data_it), batch_s)  # host work overlaps the previous step
+                state, m = train_fn(state, batch)               # dispatched asynchronously
                 step += 1
                 window_steps += 1
                 is_log = step % t.log_every == 0 or step == t.steps
@@ -201,14 +211,15 @@ def train(config: Any, workdir: str, *, verbose: bool = True) -> dict:
                     progress(step, train_loss, tps, elapsed / window_steps, extra)
                     window_start, window_steps = time.time(), 0
                 if step % t.checkpoint_every == 0 or step == t.steps:
-                    ckpt.save(step, state, data_it, resolved, force=True)  # data_it is at batch `step`
-                if step < t.steps:
-                    batch = _global_batch(next(data_it), batch_s)   # overlaps with the device step
+                    ckpt.save(step, state, data_it, resolved, force=True)  # data_it has yielded `step` batches
+                    last_saved = step
     except Preempted:
         status = "preempted"
-        ckpt.save(step, state, data_it, resolved, force=True)
+        if last_saved != step:
+            ckpt.save(step, state, data_it, resolved, force=True)
         if primary:
-            print(f"received signal {stop['signal']}: checkpointed step {step}, exiting", flush=True)
+            why = f"received signal {stop['signal']}" if stop["signal"] is not None else f"stop_at={stop_at}"
+            print(f"{why}: checkpointed step {step}, exiting", flush=True)
     except Exception as e:
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
