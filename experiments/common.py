@@ -12,8 +12,11 @@ from transformer.models.config import ConfigError
 
 def setup_jax(config: Any | None = None) -> None:
     """Persistent compilation cache, then `jax.distributed` when the config or cluster asks for it."""
+    import logging
+
     import jax
 
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU/GPU backend" notices
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/transformer/jax"))
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)

@@ -111,6 +111,34 @@ def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Arra
         implementation="cudnn" if implementation == "cudnn" else None)
 
 
+class Projection(nn.Module):
+    """An einsum with a multi-axis kernel, e.g. x_BTD · W_DNH → y_BTNH; optional bias on the output
+    axes (the kernel's last axes).
+
+    (Flax's DenseGeneral initialises a flattened kernel and reshapes it, which adds a sharding
+    constraint of the wrong rank under logical-axis rules; creating the kernel in its own shape
+    avoids that.)
+    """
+    equation: str
+    shape: tuple[int, ...]
+    names: tuple[str, ...]
+    bias_names: tuple[str, ...] | None
+    init_std: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.names),
+                            self.shape, self.param_dtype)
+        y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.bias_names is not None:
+            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_names),
+                              self.shape[-len(self.bias_names):], self.param_dtype)  # the output axes
+            y = y + bias.astype(self.dtype)
+        return y
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention (context_BSD None) or cross-attention (keys/values from context_BSD).
 
@@ -145,11 +173,10 @@ class MultiHeadAttention(nn.Module):
         cross = context_BSD is not None
         kv_BSD = context_BSD if cross else x_BTD
 
-        def proj(heads: int, axis_name: str, name: str) -> nn.DenseGeneral:
-            return nn.DenseGeneral(
-                (heads, H), axis=-1, use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
-                kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", axis_name, "head_dim")),
-                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name, "head_dim")), name=name)
+        def proj(heads: int, axis_name: str, name: str) -> "Projection":
+            return Projection("btd,dnh->btnh", (cfg.d_model, heads, H), ("embed", axis_name, "head_dim"),
+                              bias_names=(axis_name, "head_dim") if cfg.use_bias else None, init_std=0.02,
+                              dtype=dtype, param_dtype=param_dtype, name=name)
 
         q_BTNH = proj(N, "heads", "query")(x_BTD)
         k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
@@ -186,10 +213,9 @@ class MultiHeadAttention(nn.Module):
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights_BNTS)
 
-        out_BTD = nn.DenseGeneral(
-            cfg.d_model, axis=(-2, -1), use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
-            kernel_init=nn.with_logical_partitioning(nn.initializers.normal(self.out_std), ("heads", "head_dim", "embed")),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), name="out")(out_BTNH)
+        out_BTD = Projection("btnh,nhd->btd", (N, H, cfg.d_model), ("heads", "head_dim", "embed"),
+                             bias_names=("embed",) if cfg.use_bias else None, init_std=self.out_std,
+                             dtype=dtype, param_dtype=param_dtype, name="out")(out_BTNH)
         return (out_BTD, weights_BNTS) if return_weights else out_BTD
 
     def _decode_step(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,

@@ -45,7 +45,7 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, se
                mesh_rules: Any) -> tuple[TrainState, TrainState]:
     """A freshly initialised state, sharded on `mesh`; returns (state, shardings)."""
     _, shardings = abstract_state(model, tx, seq_len, mesh, mesh_rules)
+    # Traced outside any mesh/rules context: the out_shardings alone place every array, and flax's
+    # unboxing then adds no sharding constraints of its own to the (reshaped) initialisers.
     init = jax.jit(lambda r: nn.unbox(_init_boxed(model, tx, r, seq_len)), out_shardings=shardings)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_rules):
-        state = init(jax.random.PRNGKey(seed))
-    return state, shardings
+    return init(jax.random.PRNGKey(seed)), shardings
