@@ -1,0 +1,274 @@
+"""The data layer: the stdlib_py corpus, tokenizers and the grain LM pipeline."""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import platform
+
+import grain
+import ml_collections
+import numpy as np
+import pytest
+
+from configs.common import base_config
+from transformer.data import corpus, pipeline, tokenizers
+from transformer.models.config import ConfigError
+
+
+@pytest.fixture(scope="session")
+def data_cfg(tmp_path_factory: pytest.TempPathFactory) -> ml_collections.ConfigDict:
+    """The data config, with the full corpus built once (~1 s) in a temporary data dir."""
+    cfg = base_config().data
+    cfg.data_dir = str(tmp_path_factory.mktemp("tfds"))
+    corpus.load_split(cfg, "train")
+    return cfg
+
+
+def _cfg(data_cfg: ml_collections.ConfigDict, **overrides) -> ml_collections.ConfigDict:
+    cfg = ml_collections.ConfigDict(data_cfg.to_dict())
+    cfg.update(overrides)
+    return cfg
+
+
+def _paths(source) -> list[str]:
+    return [source[i]["path"].decode() for i in range(len(source))]
+
+
+# ---- corpus ----------------------------------------------------------------------------------
+
+def test_split_is_deterministic_and_disjoint(data_cfg, tmp_path):
+    train = _paths(corpus.load_split(data_cfg, "train"))
+    val = _paths(corpus.load_split(data_cfg, "validation"))
+    rebuilt = _paths(corpus.load_split(_cfg(data_cfg, data_dir=str(tmp_path)), "validation"))
+    assert sorted(val) == sorted(rebuilt)
+    assert not set(train) & set(val)
+    assert len(set(train)) == len(train)
+    assert all(corpus.split_of(p) == "validation" for p in val)
+    assert 0.005 < len(val) / (len(val) + len(train)) < 0.05
+    assert not any("site-packages" in p for p in train + val)
+
+
+def test_provenance_metadata(data_cfg):
+    md = corpus.corpus_metadata(data_cfg)
+    root = corpus.stdlib_root()
+    files = corpus.list_stdlib_files(root)
+    assert md["python_version"] == platform.python_version()
+    assert md["file_count"] == len(files) > 100
+    assert md["total_bytes"] == sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    for split in ("train", "validation"):
+        assert md["split_file_counts"][split] == len(corpus.load_split(data_cfg, split))
+    assert sum(md["split_bytes"].values()) == md["total_bytes"]
+
+
+def test_records_hold_the_file_text(data_cfg):
+    src = corpus.load_split(data_cfg, "validation")
+    rec = src[0]
+    with open(os.path.join(corpus.stdlib_root(), rec["path"].decode()), "rb") as f:
+        assert rec["text"] == f.read().decode("utf-8", errors="replace").encode()
+
+
+def test_missing_dataset_is_a_config_error(data_cfg):
+    with pytest.raises(ConfigError, match="data.tfds_name.*data.data_dir"):
+        corpus.load_split(_cfg(data_cfg, tfds_name="no_such_dataset_xyz"), "train")
+
+
+# ---- tokenizers ------------------------------------------------------------------------------
+
+TEXT = "def f(x):\n\treturn x  # héllo wörld ✓ 日本語 🙂\n\n"
+
+
+def test_byte_tokenizer_round_trip():
+    tok = tokenizers.ByteTokenizer()
+    ids = tok.encode(TEXT)
+    assert ids.dtype == np.int32 and tok.vocab_size == 259
+    assert len(ids) == len(TEXT.encode()) and ids.min() >= 3 and ids.max() < 259
+    assert tok.decode(ids) == TEXT
+    assert tok.decode(np.concatenate([[tok.bos_id], ids, [tok.eos_id, tok.pad_id]])) == TEXT
+    assert np.array_equal(tok.encode(TEXT.encode()), ids)
+
+
+def test_sentencepiece_trains_and_round_trips(data_cfg):
+    src = corpus.load_split(data_cfg, "train")
+    tok = tokenizers.train_sentencepiece((src[i]["text"] for i in range(20)), vocab_size=400)
+    assert tok.vocab_size == 400 and (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
+    ids = tok.encode(TEXT)
+    assert ids.dtype == np.int32 and ids.min() > 2 and ids.max() < 400
+    assert tok.decode(ids) == TEXT  # non-ASCII goes through byte fallback
+    for doc in (src[25]["text"].decode(), src[3]["text"].decode()):
+        assert tok.decode(tok.encode(doc)) == doc
+    sample = "".join(src[i]["text"].decode() for i in range(20))
+    assert len(tok.encode(sample)) < 0.8 * len(sample.encode())  # it learned merges
+    with pytest.raises(ConfigError, match="data.vocab_size"):
+        tokenizers.train_sentencepiece([TEXT] * 10, vocab_size=100)
+
+
+def test_get_tokenizer_caches_sentencepiece_and_rejects_unknown(data_cfg):
+    cfg = _cfg(data_cfg, tokenizer="sentencepiece", vocab_size=512)
+    first = tokenizers.get_tokenizer(cfg)
+    assert os.path.exists(tokenizers.sentencepiece_path(cfg))
+    again = tokenizers.get_tokenizer(cfg)
+    assert again.vocab_size == 512 and np.array_equal(first.encode(TEXT), again.encode(TEXT))
+    assert isinstance(tokenizers.get_tokenizer(data_cfg), tokenizers.ByteTokenizer)
+    with pytest.raises(ConfigError, match="bytes, sentencepiece"):
+        tokenizers.get_tokenizer(_cfg(data_cfg, tokenizer="chars"))
+
+
+# ---- pipeline --------------------------------------------------------------------------------
+
+def _rows(batches) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def _stream(rows: dict[str, np.ndarray]) -> np.ndarray:
+    """The packed token stream: each row's T inputs plus its last target, padding dropped."""
+    seg_NT = rows["segment_ids"]
+    full = np.concatenate([rows["inputs"], rows["targets"][:, -1:]], axis=1)
+    last_real_N1 = (seg_NT[:, -1:] > 0) & (rows["targets"][:, -1:] != 0)  # 0 = pad, never a real token
+    real = np.concatenate([seg_NT > 0, last_real_N1], axis=1)
+    return full[real]
+
+
+def _documents(stream: np.ndarray, bos: int) -> list[bytes]:
+    starts = np.flatnonzero(stream == bos)
+    return [stream[a:b].tobytes() for a, b in zip(starts, list(starts[1:]) + [len(stream)])]
+
+
+def _expected_documents(cfg, split, indices=None) -> list[bytes]:
+    tok = tokenizers.get_tokenizer(cfg)
+    src = corpus.load_split(cfg, split)
+    bos, eos = [tok.bos_id], [tok.eos_id]
+    return [np.concatenate([bos, tok.encode(src[i]["text"]), eos]).astype(np.int32).tobytes()
+            for i in (range(len(src)) if indices is None else indices)]
+
+
+def test_packing_reconstructs_documents_with_consistent_metadata(data_cfg):
+    cfg = _cfg(data_cfg, seq_len=64)
+    batches = list(pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=8, seed=0,
+                                             shuffle=False, repeat=False))
+    assert all(b["inputs"].shape == (8, 64) for b in batches)
+    assert {k: v.dtype for k, v in batches[0].items()} == {
+        "inputs": np.int32, "targets": np.int32, "segment_ids": np.int32, "positions": np.int32,
+        "weights": np.float32}
+    rows = _rows(batches)
+    seg, pos, w = rows["segment_ids"], rows["positions"], rows["weights"]
+    # only the very last rows may hold padding, and padding is at the end of its row
+    padded = np.flatnonzero((seg == 0).any(axis=1))
+    assert padded.size <= 8 and (padded.size == 0 or padded.min() >= len(seg) - 8)
+    for r in range(len(seg)):
+        s, p = seg[r], pos[r]
+        real = s > 0
+        assert real[: real.sum()].all()  # padding only after the real tokens
+        if not real.any():
+            continue  # an all-padding row filling up the last batch
+        assert s[0] == 1 and (np.diff(s[real]) >= 0).all() and (np.diff(s[real]) <= 1).all()
+        new_segment = np.concatenate([[True], s[1:] != s[:-1]])
+        expected_pos = np.arange(64) - np.maximum.accumulate(np.where(new_segment, np.arange(64), 0))
+        assert np.array_equal(p[real], expected_pos[real])
+    # weights: 1 exactly where the target continues the same document inside the row
+    assert (w[seg == 0] == 0).all()
+    assert (w[rows["targets"] == 1] == 0).all()        # never predict the next document's bos
+    assert (w[rows["inputs"] == 2] == 0).all()          # nothing after eos
+    same_next = np.concatenate([seg[:, 1:] == seg[:, :-1], np.ones((len(seg), 1), bool)], axis=1)
+    assert np.array_equal(w[:, :-1] > 0, ((seg > 0) & same_next)[:, :-1])
+    assert np.array_equal(rows["targets"][:, :-1], rows["inputs"][:, 1:])
+    # long documents continue across rows (a row starting mid-document), and nothing is lost
+    assert (rows["inputs"][:, 0] != 1).any()
+    assert _documents(_stream(rows), bos=1) == _expected_documents(cfg, "validation")
+
+
+def test_process_shards_are_disjoint_and_cover_the_split(data_cfg):
+    cfg = _cfg(data_cfg, seq_len=128)
+    shards = []
+    for index in range(2):
+        batches = list(pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=8, seed=0,
+                                                 process_index=index, process_count=2, shuffle=False,
+                                                 repeat=False))
+        assert batches[0]["inputs"].shape == (4, 128)
+        shards.append(collections.Counter(_documents(_stream(_rows(batches)), bos=1)))
+    assert shards[0] and shards[1]
+    assert shards[0] + shards[1] == collections.Counter(_expected_documents(cfg, "validation"))
+    with pytest.raises(ConfigError, match="train.batch_size=7.*process count"):
+        pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=7, seed=0, process_count=2)
+
+
+def test_eval_batches_identical_across_calls(data_cfg):
+    cfg = _cfg(data_cfg, seq_len=128)
+    make = lambda: list(pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=16, seed=1,
+                                                  shuffle=False, repeat=False))
+    first, second = make(), make()
+    assert len(first) == len(second) > 1
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(first, second) for k in a)
+
+
+def test_shuffle_is_seeded(data_cfg):
+    cfg = _cfg(data_cfg, seq_len=64)
+    first = lambda seed: next(pipeline.make_lm_iterator(cfg, split="train", global_batch_size=4, seed=seed))
+    assert np.array_equal(first(3)["inputs"], first(3)["inputs"])
+    assert not np.array_equal(first(3)["inputs"], first(4)["inputs"])
+
+
+def test_iterator_resume_gives_identical_batches(data_cfg, tmp_path):
+    import orbax.checkpoint as ocp
+    cfg = _cfg(data_cfg, seq_len=64)
+    make = lambda: pipeline.make_lm_iterator(cfg, split="train", global_batch_size=4, seed=0)
+    it = make()
+    for _ in range(7):
+        next(it)
+    state = it.get_state()
+    mngr = ocp.CheckpointManager(str(tmp_path / "ckpt"))
+    mngr.save(7, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+    mngr.wait_until_finished()
+    expected = [next(it) for _ in range(3)]
+    for restore in ("set_state", "orbax"):
+        fresh = make()
+        if restore == "set_state":
+            fresh.set_state(json.loads(json.dumps(state)))
+        else:
+            mngr.restore(7, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
+        got = [next(fresh) for _ in range(3)]
+        assert all(np.array_equal(a[k], b[k]) for a, b in zip(expected, got) for k in a), restore
+    mngr.close()
+
+
+def test_json_state_without_partial_document_resumes_exactly():
+    """grain's packer marks "no partial document" with a tuple that JSON turns into a list."""
+    def make():
+        docs = grain.MapDataset.range(50).map(
+            lambda i: {"tokens": np.arange(10 * i, 10 * i + 5 + (i % 3) * 5, dtype=np.int32)})
+        packed = grain.experimental.ConcatThenSplitIterDataset(docs.to_iter_dataset(),
+                                                               length_struct={"tokens": 5})
+        return iter(pipeline._RestoreSliceTuples(packed))
+    it = make()
+    next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    assert state["remainder_slices"]["tokens"] == [-1, -1]
+    expected = [next(it)["tokens"] for _ in range(4)]
+    fresh = make()
+    fresh.set_state(state)
+    assert all(np.array_equal(a, next(fresh)["tokens"]) for a in expected)
+
+
+def test_worker_processes_deliver_every_token_once(data_cfg):
+    """Each worker packs its own slice of documents, so compare token counts, not the row order."""
+    cfg = _cfg(data_cfg, seq_len=256, worker_count=2)
+    it = pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=8, seed=0, shuffle=False,
+                                   repeat=False)
+    try:
+        batches = list(it)
+    finally:
+        it.close()
+    assert all(b["inputs"].shape == (8, 256) for b in batches)
+    got = _stream(_rows(batches))  # interleaved workers' streams: right tokens, mixed order
+    expected = np.concatenate([np.frombuffer(d, np.int32) for d in _expected_documents(cfg, "validation")])
+    assert np.array_equal(np.bincount(got, minlength=259), np.bincount(expected, minlength=259))
+
+
+def test_unigram_entropy(data_cfg):
+    h = pipeline.unigram_entropy(data_cfg, "validation", max_tokens=200_000)
+    assert 2.0 < h < math.log(100)  # source code: far from uniform over bytes, far from constant
+    docs = _expected_documents(data_cfg, "validation")
+    stream = np.concatenate([np.frombuffer(d, np.int32)[1:] for d in docs])  # targets: no bos
+    p = np.bincount(stream[:200_000]) / 200_000
+    assert h == pytest.approx(-np.sum(p[p > 0] * np.log(p[p > 0])), rel=1e-9)
