@@ -18,8 +18,8 @@ grouped-query attention, no biases, untied head (configs/lm.py). Parameter count
 come from the config alone in transformer/scaling/accounting.py (`param_counts`, `flops_per_token`).
 Init: normal(0.02) everywhere, 0.02 / sqrt(2L) for projections into the residual stream.
 Decoding: `decode=True` uses each attention layer's key/value cache ("cache" collection; see
-transformer/layers/attention.py): init once with tokens of the full length, then feed new tokens
-with their positions.
+transformer/layers/attention.py): init once with tokens of the full length, then feed new tokens;
+their positions count on from the cached ones unless positions_BT is given (e.g. left padding).
 """
 from __future__ import annotations
 
@@ -63,10 +63,15 @@ class DecoderLM(nn.Module):
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
         B, T = tokens_BT.shape
+        start = 0
+        if decode:  # tokens continue the cached ones: default positions count on from there
+            initialized = self.has_variable("cache", "next_position")
+            next_position = self.variable("cache", "next_position", lambda: jnp.zeros((), jnp.int32))
+            if initialized:
+                start = next_position.value
+                next_position.value = start + T
         if positions_BT is None:
-            if decode:
-                raise ValueError("decode=True needs positions_BT (the absolute positions of the new tokens)")
-            positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+            positions_BT = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
         embedding = TokenEmbedding(cfg, name="token_embedding")
         learned = (LearnedPositions(cfg.max_len, cfg.d_model, dtype, param_dtype, name="position_embedding")
                    if cfg.positional == "learned" else None)

@@ -1,0 +1,195 @@
+"""DecoderLM: causality, packing, decoding cache, scan/remat equivalence, sharding names, dtypes."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import unfreeze
+
+from configs.common import DEFAULT_RULES
+from transformer.models import build_model
+from transformer.models.blocks import LAYERS_AXIS, TransformerBlock
+from transformer.models.config import ConfigError, ModelConfig
+from transformer.models.decoder import DecoderLM
+
+SMALL = dict(vocab_size=50, d_model=32, num_layers=2, num_heads=4, d_ff=64, max_len=32)
+GPT2 = ModelConfig(**SMALL)  # learned positions, pre-LN LayerNorm, GELU, biases, tied head
+LLAMA = ModelConfig(**SMALL, positional="rope", norm="rmsnorm", activation="swiglu", num_kv_heads=2,
+                    tie_embeddings=False, use_bias=False)
+T = 12
+
+
+def _tokens(seed: int = 0, shape=(2, T)) -> jax.Array:
+    return jax.random.randint(jax.random.PRNGKey(seed), shape, 1, 50)
+
+
+def _init(cfg: ModelConfig, tokens: jax.Array):
+    model = DecoderLM(cfg)
+    return model, nn.unbox(model.init(jax.random.PRNGKey(0), tokens))
+
+
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
+@pytest.mark.parametrize("base", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_causal(base, impl):
+    cfg = base.replace(attention_impl=impl)
+    tok = _tokens()
+    model, params = _init(cfg, tok)
+    logits = model.apply(params, tok)
+    assert logits.dtype == jnp.float32 and logits.shape == (2, T, 50)
+    t = 5
+    changed = tok.at[:, t + 1:].set((tok[:, t + 1:] + 7) % 50)
+    logits2 = model.apply(params, changed)
+    np.testing.assert_allclose(logits[:, :t + 1], logits2[:, :t + 1], atol=1e-5)
+    assert float(jnp.abs(logits[:, t + 1:] - logits2[:, t + 1:]).max()) > 1e-4
+
+
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
+@pytest.mark.parametrize("base", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_packed_segments_do_not_leak(base, impl):
+    cfg = base.replace(attention_impl=impl)
+    n1, n2 = 5, 5  # segment 1, segment 2, then 2 padding tokens
+    seg = jnp.array([[1] * n1 + [2] * n2 + [0] * (T - n1 - n2)])
+    pos = jnp.array([list(range(n1)) + list(range(n2)) + [0] * (T - n1 - n2)])
+    tok = _tokens(1, (1, T))
+    model, params = _init(cfg, tok)
+    logits = model.apply(params, tok, pos, seg)
+    changed = tok.at[:, n1:].set((tok[:, n1:] + 3) % 50)
+    logits2 = model.apply(params, changed, pos, seg)
+    np.testing.assert_allclose(logits[:, :n1], logits2[:, :n1], atol=1e-5)
+    alone = model.apply(params, tok[:, n1:n1 + n2])  # segment 2 as its own sequence, positions from 0
+    np.testing.assert_allclose(logits[:, n1:n1 + n2], alone, atol=1e-5)
+
+
+def test_sliding_window_limits_receptive_field():
+    cfg = LLAMA.replace(num_layers=1, sliding_window=3)
+    tok = _tokens(2)
+    model, params = _init(cfg, tok)
+    changed = tok.at[:, 0].set((tok[:, 0] + 1) % 50)
+    a, b = model.apply(params, tok), model.apply(params, changed)
+    np.testing.assert_allclose(a[:, 3:], b[:, 3:], atol=1e-5)  # position 3 sees 1..3 only
+    assert float(jnp.abs(a[:, :3] - b[:, :3]).max()) > 1e-4
+
+
+@pytest.mark.parametrize("base", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_kv_cache_decoding_matches_full_forward(base):
+    tok = _tokens(3, (2, T))
+    model, params = _init(base, tok)
+    full = model.apply(params, tok)
+    cache = model.init(jax.random.PRNGKey(0), tok, decode=True)["cache"]
+    pos = jnp.broadcast_to(jnp.arange(T), (2, T))
+    prefill = 4
+    logits, mut = model.apply({**params, "cache": cache}, tok[:, :prefill], pos[:, :prefill], decode=True,
+                              mutable=["cache"])
+    steps = [logits]
+    for t in range(prefill, T):  # even steps pass positions, odd ones rely on the cached count
+        step_pos = pos[:, t:t + 1] if t % 2 == 0 else None
+        logits, mut = model.apply({**params, "cache": mut["cache"]}, tok[:, t:t + 1], step_pos,
+                                  decode=True, mutable=["cache"])
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def _restack(unrolled: dict, num_layers: int) -> dict:
+    layers = [unrolled["blocks"].pop(f"layers_{i}") for i in range(num_layers)]
+    unrolled["blocks"]["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    return unrolled
+
+
+@pytest.mark.parametrize("base", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_scan_equals_unrolled(base):
+    tok = _tokens(4)
+    model, params = _init(base, tok)
+    scanned_cfg = base.replace(scan_layers=True)
+    scanned_model, scanned_params = _init(scanned_cfg, tok)
+    restacked = _restack(unfreeze(params["params"]), base.num_layers)
+    assert jax.tree.map(jnp.shape, restacked) == jax.tree.map(jnp.shape, scanned_params["params"])
+    np.testing.assert_allclose(scanned_model.apply({"params": restacked}, tok), model.apply(params, tok), atol=1e-5)
+
+
+@pytest.mark.parametrize("remat", ["full", "dots", "dots_no_batch"])
+def test_remat_gives_same_gradients(remat):
+    tok = _tokens(5)
+    model, params = _init(LLAMA, tok)
+    remat_model = DecoderLM(LLAMA.replace(remat=remat, scan_layers=remat == "dots"))
+    remat_params = params if remat != "dots" else {"params": _restack(unfreeze(params["params"]), 2)}
+
+    def loss(m, p):
+        return jnp.mean(jax.nn.log_softmax(m.apply(p, tok))[..., 0])
+
+    g = jax.grad(lambda p: loss(model, p))(params)
+    g_remat = jax.grad(lambda p: loss(remat_model, p))(remat_params)
+    if remat == "dots":
+        g = {"params": _restack(unfreeze(g["params"]), 2)}
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_remat)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [GPT2, LLAMA, LLAMA.replace(scan_layers=True)], ids=["gpt2", "llama", "scan"])
+def test_every_param_has_logical_axis_names(cfg):
+    tok = _tokens()
+    boxed = jax.eval_shape(DecoderLM(cfg).init, jax.random.PRNGKey(0), tok)
+    specs = nn.get_partition_spec(boxed)["params"]
+    shapes = jax.tree.map(jnp.shape, nn.unbox(boxed["params"]))
+    known = {name for name, _ in DEFAULT_RULES} | {LAYERS_AXIS, "seq"}
+    flat_specs = jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    flat_shapes = dict(jax.tree_util.tree_leaves_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple)))
+    assert len(flat_specs) == len(flat_shapes)
+    for path, spec in flat_specs:
+        assert isinstance(spec, jax.sharding.PartitionSpec), path
+        assert len(spec) == len(flat_shapes[path]), (path, spec)
+        assert all(name in known for name in spec), (path, spec)
+
+
+def test_bfloat16_compute_gives_float32_logits_close_to_float32():
+    tok = _tokens(6)
+    model, params = _init(LLAMA, tok)
+    bf16 = DecoderLM(LLAMA.replace(dtype="bfloat16"))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.unbox(bf16.init(jax.random.PRNGKey(0), tok))))
+    ref, low = model.apply(params, tok), bf16.apply(params, tok)
+    assert low.dtype == jnp.float32
+    assert float(jnp.abs(ref - low).max()) < 0.05 * float(jnp.abs(ref).max())
+    assert float(jnp.abs(ref - low).max()) > 0  # it really computed in bfloat16
+
+
+def test_post_ln_normalises_block_output_and_pre_ln_does_not():
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, T, 32)) * 4 + 2
+    outs = {}
+    for position in ("pre", "post"):
+        block = TransformerBlock(GPT2.replace(norm_position=position), causal=True)
+        p = block.init(jax.random.PRNGKey(1), x)
+        outs[position] = block.apply(p, x)
+    np.testing.assert_allclose(outs["post"].std(-1), 1.0, atol=1e-3)
+    np.testing.assert_allclose(outs["post"].mean(-1), 0.0, atol=1e-4)
+    assert float(jnp.abs(outs["pre"].std(-1) - 1.0).min()) > 0.5
+    tok = _tokens()
+    post_model, post_params = _init(GPT2.replace(norm_position="post"), tok)
+    assert "final_norm" not in post_params["params"]
+    pre_model, pre_params = _init(GPT2, tok)
+    shared = {k: v for k, v in pre_params["params"].items() if k != "final_norm"}
+    assert float(jnp.abs(post_model.apply({"params": shared}, tok) - pre_model.apply(pre_params, tok)).max()) > 1e-3
+
+
+def test_dropout_only_when_not_deterministic():
+    cfg = GPT2.replace(dropout_rate=0.5)
+    tok = _tokens()
+    model, params = _init(cfg, tok)
+    a = model.apply(params, tok, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})
+    b = model.apply(params, tok, deterministic=False, rngs={"dropout": jax.random.PRNGKey(2)})
+    assert float(jnp.abs(a - b).max()) > 1e-3
+    np.testing.assert_array_equal(model.apply(params, tok), model.apply(params, tok))
+
+
+def test_sown_attention_weights():
+    tok = _tokens()
+    params = _init(LLAMA, tok)[1]
+    logits, state = DecoderLM(LLAMA, sow_attention_weights=True).apply(params, tok, mutable=["intermediates"])
+    weights = [w for path, w in jax.tree_util.tree_leaves_with_path(state["intermediates"])]
+    assert len(weights) == LLAMA.num_layers and weights[0].shape == (2, 4, T, T)
+    np.testing.assert_allclose(logits, DecoderLM(LLAMA).apply(params, tok), atol=1e-5)
+    assert float(jnp.abs(jnp.triu(weights[0], 1)).max()) == 0.0
+
+
+def test_build_model_dispatch():
+    assert isinstance(build_model(GPT2), DecoderLM)
+    with pytest.raises(ConfigError, match="model.family='encoder'"):
+        build_model(GPT2.replace(family="encoder"))

@@ -1,0 +1,107 @@
+"""Parameter and FLOP accounting from a ModelConfig alone (no model is built).
+
+Legend: V vocabulary, D d_model, L layers (L_e encoder, L_d decoder layers), N query heads,
+K key/value heads, H head dimension, F d_ff, T sequence length, C classes.
+
+Parameters, per piece (b = 1 with cfg.use_bias, else 0):
+  attention       D·N·H + 2·D·K·H + N·H·D                 + b·(N·H + 2·K·H + D)
+  feed-forward    plain 2·D·F, gated 3·D·F                  + b·(F + D) plain, b·(2F + D) gated
+  norm            LayerNorm D + b·D (scale, bias); RMSNorm D
+  block           attention + FFN + 2 norms; a cross-attention block adds attention + 1 norm
+  embedding       V·D token table; + max_len·D learned position table
+  head            untied: D·V (no bias); tied: 0
+  final norm      one per stack with pre-LN; embedding_norm adds one per stack
+Families: decoder = embedding + L blocks + final norm + head. encoder = the same with bidirectional
+blocks, plus a classification head D·C + b·C when num_classes > 0. encoder_decoder = one shared
+token table (and one shared learned position table), L_e self-attention blocks and L_d blocks with
+cross-attention, a final norm per stack (pre-LN), one head.
+`non_embedding` = total − token table − learned position table (an untied head counts as non-embedding).
+
+FLOPs per token of training (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
+  six_n           6 · N_matmul, N_matmul = matmul weights of the blocks (attention and FFN kernels,
+                  no biases or norms) + V·D for the output head, tied or not (it is a matmul either way)
+  with_attention  six_n + 12 · L · T · N · H   (QKᵀ and AV: 2·T·N·H each per token forward, ×3; the
+                  full T, not halved for causal masks — Hoffmann et al. 2022, App. F). encoder_decoder:
+                  L counts encoder self-, decoder self- and cross-attention layers, each with T keys.
+The classification head's FLOPs (once per sequence) are left out.
+"""
+from __future__ import annotations
+
+from transformer.models.config import ModelConfig
+
+
+def _attention_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, biases) of one attention layer."""
+    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+    weights = D * N * H + 2 * D * K * H + N * H * D
+    return weights, (N * H + 2 * K * H + D) if cfg.use_bias else 0
+
+
+def _ffn_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, biases) of one feed-forward layer."""
+    D, F = cfg.d_model, cfg.d_ff
+    if cfg.gated:
+        return 3 * D * F, (2 * F + D) if cfg.use_bias else 0
+    return 2 * D * F, (F + D) if cfg.use_bias else 0
+
+
+def _norm_params(cfg: ModelConfig) -> int:
+    D = cfg.d_model
+    return 2 * D if (cfg.norm == "layernorm" and cfg.use_bias) else D
+
+
+def _stacks(cfg: ModelConfig) -> list[tuple[int, bool]]:
+    """(layers, has cross-attention) for each block stack of the family."""
+    if cfg.family == "encoder_decoder":
+        return [(cfg.encoder_layers, False), (cfg.num_layers, True)]
+    return [(cfg.num_layers, False)]
+
+
+def _matmul_and_other(cfg: ModelConfig) -> tuple[int, int]:
+    """(matmul weights, other non-embedding params) of the blocks, final norms and embedding norms."""
+    attn_w, attn_b = _attention_params(cfg)
+    ffn_w, ffn_b = _ffn_params(cfg)
+    norm = _norm_params(cfg)
+    matmul = other = 0
+    for layers, cross in _stacks(cfg):
+        n_attn = 2 if cross else 1
+        matmul += layers * (n_attn * attn_w + ffn_w)
+        other += layers * (n_attn * attn_b + ffn_b + (n_attn + 1) * norm)
+        other += norm * (int(cfg.norm_position == "pre") + int(cfg.embedding_norm))
+    return matmul, other
+
+
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """{"total", "non_embedding", "embedding"} parameter counts of the model cfg builds."""
+    V, D = cfg.vocab_size, cfg.d_model
+    embedding = V * D + (cfg.max_len * D if cfg.positional == "learned" else 0)
+    matmul, other = _matmul_and_other(cfg)
+    non_embedding = matmul + other + (0 if cfg.tie_embeddings else D * V)
+    if cfg.family == "encoder" and cfg.num_classes:
+        non_embedding += D * cfg.num_classes + (cfg.num_classes if cfg.use_bias else 0)
+    return {"total": embedding + non_embedding, "non_embedding": non_embedding, "embedding": embedding}
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """N_matmul: the blocks' matmul weights plus the output head's V·D (tied or not)."""
+    return _matmul_and_other(cfg)[0] + cfg.vocab_size * cfg.d_model
+
+
+def attention_layers(cfg: ModelConfig) -> int:
+    """Attention layers each token goes through (self- and cross-attention alike)."""
+    return sum(layers * (2 if cross else 1) for layers, cross in _stacks(cfg))
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+    """Training FLOPs per token: {"six_n": 6·N_matmul, "with_attention": six_n + 12·L·T·N·H}."""
+    if seq_len <= 0:
+        raise ValueError(f"seq_len={seq_len} must be positive")
+    six_n = 6.0 * matmul_params(cfg)
+    attention = 12.0 * attention_layers(cfg) * seq_len * cfg.num_heads * cfg.dim_per_head
+    return {"six_n": six_n, "with_attention": six_n + attention}
+
+
+def train_flops(cfg: ModelConfig, seq_len: int, tokens: float, include_attention: bool = True) -> float:
+    """FLOPs of training on `tokens` tokens: tokens × flops_per_token (with_attention, or six_n)."""
+    per_token = flops_per_token(cfg, seq_len)
+    return float(tokens) * per_token["with_attention" if include_attention else "six_n"]
