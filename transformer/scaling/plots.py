@@ -1,0 +1,184 @@
+"""PNG figures of a scaling-law fit, drawn from the fit.json content (`fits.fit_all`'s dict).
+
+Legend: G = points on a drawn line or grid axis.
+
+Figures: IsoFLOP curves with their parabolas and minima; N_opt and D_opt against compute with the
+three approaches' power laws (and bootstrap bands); the loss frontier against compute; Approach 3's
+loss contours in (N, D) with the IsoFLOP lines and the compute-optimal line.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from matplotlib import colors, figure
+from matplotlib.cm import ScalarMappable
+
+LABEL_C = "compute C (FLOPs)"
+LABEL_N = "parameters N"
+LABEL_D = "tokens D"
+LABEL_LOSS = "validation loss (nats/token)"
+APPROACH_STYLE = {
+    "approach1": ("C0", ":", "1: loss envelope"),
+    "approach2": ("C1", "--", "2: IsoFLOP minima"),
+    "approach3": ("C2", "-", "3: parametric L(N, D)"),
+}
+
+
+def _points(fit: dict[str, Any]) -> dict[str, np.ndarray]:
+    recs = fit["points"]
+    return {k: np.array([r[k] for r in recs], dtype=float) for k in ("params", "tokens", "flops", "loss")}
+
+
+def _flops_norm(fit: dict[str, Any]) -> colors.LogNorm:
+    flops = _points(fit)["flops"]
+    return colors.LogNorm(vmin=flops.min(), vmax=max(flops.max(), flops.min() * 1.01))
+
+
+def _colorbar(fig: figure.Figure, ax: Any, norm: colors.Normalize, cmap: str = "viridis") -> None:
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=LABEL_C)
+
+
+def _save(fig: figure.Figure, path: str) -> str:
+    fig.savefig(path, dpi=130)
+    return path
+
+
+def plot_isoflops(fit: dict[str, Any], path: str) -> str:
+    """Loss against N per IsoFLOP budget, the fitted parabolas and their minima (stars)."""
+    fig = figure.Figure(figsize=(7.5, 5), layout="constrained")
+    ax = fig.add_subplot()
+    norm, cmap = _flops_norm(fit), "viridis"
+    pts = _points(fit)
+    ax.scatter(pts["params"], pts["loss"], s=10, c="0.8", label="all points", zorder=1)
+    a2 = fit["approach2"]
+    for budget in a2.get("budgets", []):
+        colour = colors.to_hex(ScalarMappable(norm=norm, cmap=cmap).to_rgba(budget["flops"]))
+        ax.scatter(budget["params"], budget["loss"], s=16, color=colour, zorder=2)
+        c2, c1, c0 = budget["parabola"]
+        x_G = np.linspace(*np.log(budget["fit_range"]), 100)
+        ax.plot(np.exp(x_G), c2 * x_G**2 + c1 * x_G + c0, color=colour, lw=1.2, zorder=2)
+        ax.scatter([budget["N_opt"]], [budget["loss_opt"]], marker="*", s=120, color=colour,
+                   edgecolor="k", linewidth=0.6, zorder=3)
+    for budget in a2.get("budgets_excluded", []):
+        ax.scatter(budget["params"], budget["loss"], s=22, marker="x", color="C3", lw=0.8, zorder=2)
+    if a2.get("budgets_excluded"):
+        ax.scatter([], [], s=22, marker="x", color="C3", label="budgets left out (approach 2)")
+    ax.scatter([], [], marker="*", s=120, color="w", edgecolor="k", label="parabola minimum")
+    ax.set(xscale="log", xlabel=LABEL_N, ylabel=LABEL_LOSS, title="IsoFLOP curves")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(True, which="major", alpha=0.3)
+    _colorbar(fig, ax, norm, cmap)
+    return _save(fig, path)
+
+
+def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    exps = np.array(draws["a" if kind == "N" else "b"])
+    coefs = np.array(draws[f"{kind}_coef"])
+    pred_KG = coefs[:, None] * flops_G[None, :] ** exps[:, None]
+    return np.percentile(pred_KG, 2.5, axis=0), np.percentile(pred_KG, 97.5, axis=0)
+
+
+def plot_optimal(fit: dict[str, Any], path: str) -> str:
+    """N_opt and D_opt against C: each approach's power law, its data, bootstrap 95% bands."""
+    fig = figure.Figure(figsize=(11, 4.6), layout="constrained")
+    axes = fig.subplots(1, 2)
+    flops = _points(fit)["flops"]
+    flops_G = np.geomspace(flops.min() / 2, flops.max() * 2, 100)
+    for ax, kind, key, label in ((axes[0], "N", "params", LABEL_N), (axes[1], "D", "tokens", LABEL_D)):
+        env = fit["approach1"].get("envelope")
+        if env:
+            ax.scatter(env["flops"], env[key], s=6, color="C0", alpha=0.5, zorder=1)
+        for budget in fit["approach2"].get("budgets", []):
+            ax.scatter([budget["flops"]], [budget[f"{kind}_opt"]], s=30, color="C1", edgecolor="k",
+                       linewidth=0.5, zorder=3)
+        for name, (colour, style, text) in APPROACH_STYLE.items():
+            res = fit[name]
+            if res.get("a") is None:
+                continue
+            exponent = res["a" if kind == "N" else "b"]
+            interval = res.get("a_ci95" if kind == "N" else "b_ci95")
+            ci = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+            ax.plot(flops_G, res[f"{kind}_coef"] * flops_G**exponent, color=colour, ls=style, lw=1.6,
+                    label=f"{text}: {'a' if kind == 'N' else 'b'} = {exponent:.3f}{ci}", zorder=2)
+            draws = res.get("bootstrap", {}).get("draws")
+            if draws and len(draws.get("a", [])) >= 2:
+                lo_G, hi_G = _power_law_band(draws, kind, flops_G)
+                ax.fill_between(flops_G, lo_G, hi_G, color=colour, alpha=0.15, lw=0)
+        ax.set(xscale="log", yscale="log", xlabel=LABEL_C, ylabel=f"optimal {label}",
+               title=f"compute-optimal {label}")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    return _save(fig, path)
+
+
+def plot_frontier(fit: dict[str, Any], path: str) -> str:
+    """Loss against compute: all points, the envelope, approach 2 minima, approach 3's optimum."""
+    fig = figure.Figure(figsize=(7.5, 5), layout="constrained")
+    ax = fig.add_subplot()
+    pts = _points(fit)
+    ax.scatter(pts["flops"], pts["loss"], s=10, c="0.75", label="runs (final loss)", zorder=1)
+    env = fit["approach1"].get("envelope")
+    if env:
+        order = np.argsort(env["flops"])
+        ax.plot(np.array(env["flops"])[order], np.array(env["loss"])[order], color="C0", lw=1.5,
+                drawstyle="steps-post", label=f"envelope ({fit['approach1']['envelope_from']})", zorder=2)
+    budgets = fit["approach2"].get("budgets", [])
+    if budgets:
+        ax.scatter([b["flops"] for b in budgets], [b["loss_opt"] for b in budgets], marker="*", s=90,
+                   color="C1", edgecolor="k", linewidth=0.5, label="IsoFLOP minima (approach 2)", zorder=3)
+    a3 = fit["approach3"]
+    if a3.get("a") is not None:
+        flops_G = np.geomspace(pts["flops"].min() / 2, pts["flops"].max() * 2, 200)
+        n_G, d_G = a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"]
+        loss_G = a3["E"] + a3["A"] / n_G ** a3["alpha"] + a3["B"] / d_G ** a3["beta"]
+        ax.plot(flops_G, loss_G, color="C2", lw=1.6, label="approach 3: L(N_opt(C), D_opt(C))", zorder=2)
+        ax.axhline(a3["E"], color="C2", ls=":", lw=1, label=f"approach 3: E = {a3['E']:.3f}")
+    ax.set(xscale="log", xlabel=LABEL_C, ylabel=LABEL_LOSS, title="loss frontier")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_contours(fit: dict[str, Any], path: str) -> str | None:
+    """Approach 3's L(N, D) contours with the IsoFLOP lines and the compute-optimal line."""
+    a3 = fit["approach3"]
+    if a3.get("a") is None:
+        return None
+    pts = _points(fit)
+    n_G = np.geomspace(pts["params"].min() / 3, pts["params"].max() * 3, 200)
+    d_G = np.geomspace(pts["tokens"].min() / 3, pts["tokens"].max() * 3, 200)
+    loss_GG = a3["E"] + a3["A"] / n_G[None, :] ** a3["alpha"] + a3["B"] / d_G[:, None] ** a3["beta"]
+    fig = figure.Figure(figsize=(7.5, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    levels = np.quantile(loss_GG, np.linspace(0.0, 0.97, 16))
+    filled = ax.contourf(n_G, d_G, loss_GG, levels=levels, cmap="magma_r", extend="max")
+    ax.contour(n_G, d_G, loss_GG, levels=levels, colors="k", linewidths=0.3)
+    fig.colorbar(filled, ax=ax, label=f"predicted {LABEL_LOSS}")
+    budgets = sorted({b["flops"] for b in fit["approach2"].get("budgets", [])})
+    if not budgets:
+        budgets = list(np.geomspace(pts["flops"].min(), pts["flops"].max(), 5))
+    for c in budgets:
+        ax.plot(n_G, c / (6 * n_G), color="w", ls="--", lw=0.8)
+    ax.plot([], [], color="w", ls="--", lw=0.8, label="IsoFLOP lines C = 6ND")
+    flops_G = np.geomspace(6 * n_G[0] * d_G[0], 6 * n_G[-1] * d_G[-1], 200)
+    ax.plot(a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"], color="C2", lw=2,
+            label=f"compute-optimal: N ∝ C^{a3['a']:.3f}")
+    ax.scatter(pts["params"], pts["tokens"], s=8, color="C0", edgecolor="w", linewidth=0.3, label="runs")
+    ax.set(xscale="log", yscale="log", xlabel=LABEL_N, ylabel=LABEL_D,
+           xlim=(n_G[0], n_G[-1]), ylim=(d_G[0], d_G[-1]), title="approach 3: L(N, D) contours")
+    leg = ax.legend(fontsize=8, loc="upper right", facecolor="0.3", labelcolor="w", framealpha=0.8)
+    leg.get_frame().set_edgecolor("w")
+    return _save(fig, path)
+
+
+def write_all(fit: dict[str, Any], out_dir: str) -> list[str]:
+    """Write every figure under `out_dir`; returns the paths written."""
+    written = [
+        plot_isoflops(fit, os.path.join(out_dir, "isoflops.png")),
+        plot_optimal(fit, os.path.join(out_dir, "optimal_scaling.png")),
+        plot_frontier(fit, os.path.join(out_dir, "loss_frontier.png")),
+        plot_contours(fit, os.path.join(out_dir, "loss_contours.png")),
+    ]
+    return [p for p in written if p is not None]

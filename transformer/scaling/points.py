@@ -1,0 +1,255 @@
+"""Scaling-law data points: (N, D, C, loss) per run, from a CSV or a sweep directory.
+
+Legend: P = number of points (finished runs), S = number of logged evaluations in one run's curve.
+
+A CSV names at least `params`, `tokens`, `loss` in its header (optional `flops`; when absent,
+C = 6·N·D). A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object
+per finished run and `DIR/runs/RUN_ID/metrics.jsonl` its logged metrics; the loss is `eval_loss`.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+N_KINDS = ("params", "params_non_embedding")
+CSV_REQUIRED = ("params", "tokens", "loss")
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """One run's loss curve: evaluations at increasing compute. Arrays are (S,)."""
+
+    run_id: str
+    params: float
+    tokens_S: np.ndarray
+    flops_S: np.ndarray
+    loss_S: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Points:
+    """Final (N, D, C, loss) of each kept run, arrays (P,), plus curves and exclusions.
+
+    `excluded` lists `{"id": ..., "reason": ...}` for runs left out while loading.
+    """
+
+    params_P: np.ndarray
+    tokens_P: np.ndarray
+    flops_P: np.ndarray
+    loss_P: np.ndarray
+    ids: tuple[str, ...]
+    curves: tuple[Curve, ...] = ()
+    excluded: tuple[dict[str, str], ...] = ()
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.loss_P)
+
+    def subset(self, keep_P: np.ndarray, reason: str = "") -> "Points":
+        """The points where `keep_P` (bool, (P,)) is true; the others are recorded as excluded."""
+        keep_P = np.asarray(keep_P, dtype=bool)
+        kept_ids = {i for i, k in zip(self.ids, keep_P) if k}
+        dropped = tuple({"id": i, "reason": reason} for i, k in zip(self.ids, keep_P) if not k)
+        return dataclasses.replace(
+            self,
+            params_P=self.params_P[keep_P],
+            tokens_P=self.tokens_P[keep_P],
+            flops_P=self.flops_P[keep_P],
+            loss_P=self.loss_P[keep_P],
+            ids=tuple(i for i, k in zip(self.ids, keep_P) if k),
+            curves=tuple(c for c in self.curves if c.run_id in kept_ids),
+            excluded=self.excluded + dropped,
+        )
+
+    def take(self, index_K: np.ndarray) -> "Points":
+        """Points at `index_K` (repeats allowed, for bootstrap resampling); curves are dropped."""
+        return dataclasses.replace(
+            self,
+            params_P=self.params_P[index_K],
+            tokens_P=self.tokens_P[index_K],
+            flops_P=self.flops_P[index_K],
+            loss_P=self.loss_P[index_K],
+            ids=tuple(self.ids[i] for i in index_K),
+            curves=(),
+        )
+
+    def as_records(self) -> list[dict[str, Any]]:
+        """The points as JSON-ready dicts."""
+        return [
+            {"id": i, "params": float(n), "tokens": float(d), "flops": float(c), "loss": float(l)}
+            for i, n, d, c, l in zip(self.ids, self.params_P, self.tokens_P, self.flops_P, self.loss_P)
+        ]
+
+
+def from_arrays(
+    params: Sequence[float],
+    tokens: Sequence[float],
+    loss: Sequence[float],
+    flops: Sequence[float] | None = None,
+    ids: Sequence[str] | None = None,
+    source: str = "arrays",
+) -> Points:
+    """Points from arrays; flops default to 6·N·D. Values must be positive and finite."""
+    params_P = np.asarray(params, dtype=float)
+    tokens_P = np.asarray(tokens, dtype=float)
+    loss_P = np.asarray(loss, dtype=float)
+    flops_P = 6.0 * params_P * tokens_P if flops is None else np.asarray(flops, dtype=float)
+    for name, x in (("params", params_P), ("tokens", tokens_P), ("flops", flops_P), ("loss", loss_P)):
+        if x.shape != params_P.shape or x.ndim != 1:
+            raise ValueError(f"{source}: {name} has shape {x.shape}; expected {params_P.shape}")
+        if not np.all(np.isfinite(x) & (x > 0)):
+            raise ValueError(f"{source}: {name} must be positive finite numbers")
+    ids = tuple(ids) if ids is not None else tuple(f"p{i}" for i in range(len(params_P)))
+    return Points(params_P, tokens_P, flops_P, loss_P, ids, source=source)
+
+
+def _positive_number(path: str, line: int, column: str, text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+        problem = "is not a number"
+    else:
+        problem = "is not a positive finite number"
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{path}: row {line}, column '{column}' = {text!r} {problem}; "
+            "params, tokens, flops and loss must be positive finite numbers"
+        )
+    return value
+
+
+def read_csv(path: str) -> Points:
+    """Points from a CSV whose header names params, tokens, loss (and optionally flops).
+
+    Row ids are `row<L>` with L the file's line number (the header is line 1).
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such points file (expected a CSV with columns params,tokens,loss)")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in CSV_REQUIRED if c not in header]
+        if missing:
+            raise ValueError(
+                f"{path}: column '{missing[0]}' is missing; the header must name "
+                f"params, tokens, loss (optional flops), found: {', '.join(header) or 'no header'}"
+            )
+        reader.fieldnames = header
+        has_flops = "flops" in header
+        columns: dict[str, list[float]] = {c: [] for c in (*CSV_REQUIRED, "flops")}
+        ids = []
+        for row in reader:
+            line = reader.line_num
+            if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
+                continue  # a blank line
+            for c in CSV_REQUIRED + (("flops",) if has_flops else ()):
+                columns[c].append(_positive_number(path, line, c, (row.get(c) or "").strip()))
+            ids.append(f"row{line}")
+    if not ids:
+        raise ValueError(f"{path}: no data rows after the header")
+    return from_arrays(
+        columns["params"], columns["tokens"], columns["loss"],
+        flops=columns["flops"] if has_flops else None, ids=ids, source=path,
+    )
+
+
+def _read_jsonl(path: str) -> Iterable[tuple[int, dict[str, Any]]]:
+    with open(path) as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {line_no} is not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: line {line_no} is not a JSON object")
+            yield line_no, record
+
+
+def _finite_positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _read_curve(path: str, run_id: str, params: float) -> Curve | None:
+    """The run's evaluation curve (rows with a finite eval_loss), or None without metrics."""
+    if not os.path.isfile(path):
+        return None
+    rows = [
+        r for _, r in _read_jsonl(path)
+        if all(_finite_positive(r.get(k)) for k in ("eval_loss", "tokens", "flops"))
+    ]
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r["flops"])
+    flops_S = np.array([r["flops"] for r in rows], dtype=float)
+    keep_S = np.concatenate([[True], np.diff(flops_S) > 0])  # one row per compute value
+    return Curve(
+        run_id=run_id,
+        params=params,
+        tokens_S=np.array([r["tokens"] for r in rows], dtype=float)[keep_S],
+        flops_S=flops_S[keep_S],
+        loss_S=np.array([r["eval_loss"] for r in rows], dtype=float)[keep_S],
+    )
+
+
+def read_sweep(directory: str, n_kind: str = "params") -> Points:
+    """Points from a sweep directory's results.jsonl (+ each run's metrics.jsonl curve).
+
+    Runs whose status is not "ok" or whose eval_loss is missing or non-finite are excluded with a
+    reason; a run listed twice keeps its last line. `n_kind` picks N: "params" (total) or
+    "params_non_embedding".
+    """
+    if n_kind not in N_KINDS:
+        raise ValueError(f"n_kind={n_kind!r} is not valid; choose one of {', '.join(N_KINDS)}")
+    results = os.path.join(directory, "results.jsonl")
+    if not os.path.isfile(results):
+        raise FileNotFoundError(f"{results}: no such file; --sweep must be a sweep directory with results.jsonl")
+    by_id: dict[str, tuple[int, dict[str, Any]]] = {}
+    excluded: list[dict[str, str]] = []
+    for line_no, record in _read_jsonl(results):
+        run_id = str(record.get("run_id", f"line{line_no}"))
+        if run_id in by_id:
+            excluded.append({"id": run_id, "reason": f"line {by_id[run_id][0]} superseded by line {line_no}"})
+        by_id[run_id] = (line_no, record)
+    params, tokens, flops, loss, ids, curves = [], [], [], [], [], []
+    for run_id, (line_no, record) in by_id.items():
+        status = record.get("status")
+        if status != "ok":
+            excluded.append({"id": run_id, "reason": f"status={status!r} (not 'ok')"})
+            continue
+        if not _finite_positive(record.get("eval_loss")):
+            excluded.append({"id": run_id, "reason": f"eval_loss={record.get('eval_loss')!r} is not finite"})
+            continue
+        for key in (n_kind, "tokens", "flops"):
+            if not _finite_positive(record.get(key)):
+                raise ValueError(
+                    f"{results}: line {line_no} (run {run_id}), key '{key}' = {record.get(key)!r} "
+                    "must be a positive finite number"
+                )
+        ids.append(run_id)
+        params.append(float(record[n_kind]))
+        tokens.append(float(record["tokens"]))
+        flops.append(float(record["flops"]))
+        loss.append(float(record["eval_loss"]))
+        curve = _read_curve(os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1])
+        if curve is not None:
+            curves.append(curve)
+    if not ids:
+        raise ValueError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
+    points = from_arrays(params, tokens, loss, flops=flops, ids=ids, source=directory)
+    return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded))
+
+
+def load(source: str, n_kind: str = "params") -> Points:
+    """Points from a sweep directory (a directory) or a CSV file (anything else)."""
+    if os.path.isdir(source):
+        return read_sweep(source, n_kind=n_kind)
+    return read_csv(source)
