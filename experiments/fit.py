@@ -2,6 +2,7 @@
 
   python -m experiments.fit (--sweep=DIR | --points=FILE.csv) --out=OUT \
       [--drop_highest=K] [--bootstrap=K] [--seed=S] [--n_kind=params|params_non_embedding]
+      [--isoflop_window=W]
 
 Writes OUT/fit.json and OUT/*.png and prints a short summary.
 """
@@ -41,8 +42,12 @@ def main(argv: list[str]) -> None:
     if not _OUT.value:
         _fail("--out=DIR is required")
     try:
+        if _SWEEP.value is not None:
+            points = points_lib.read_sweep(_SWEEP.value, n_kind=_N_KIND.value)
+        else:
+            points = points_lib.read_csv(_POINTS.value)
         fit = report.run_fit(
-            _SWEEP.value or _POINTS.value, _OUT.value, n_kind=_N_KIND.value,
+            points, _OUT.value, n_kind=_N_KIND.value,
             drop_highest=_DROP_HIGHEST.value, bootstrap=_BOOTSTRAP.value, seed=_SEED.value,
             isoflop_window=_ISOFLOP_WINDOW.value,
         )

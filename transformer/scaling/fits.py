@@ -66,18 +66,28 @@ def envelope(points: Points) -> dict[str, np.ndarray]:
 
 
 def approach1(points: Points) -> dict[str, Any]:
-    """Power laws N_opt ∝ C^a, D_opt ∝ C^b fitted to the loss envelope (curves or final points)."""
+    """Power laws N_opt ∝ C^a, D_opt ∝ C^b fitted to the loss envelope (curves or final points).
+
+    Envelope points reached by the smallest or largest model size are left out of the fit: there
+    the optimum may lie beyond the sampled sizes.
+    """
     env = envelope(points)
-    if len(np.unique(env["params"])) < 2:
-        return _unfitted("the loss envelope holds fewer than 2 model sizes; approach 1 needs more", points)
-    a, n_coef = power_law(env["flops"], env["params"])
-    b, d_coef = power_law(env["flops"], env["tokens"])
-    return {
-        "a": a, "b": b, "N_coef": n_coef, "D_coef": d_coef,
+    sizes = [c.params for c in points.curves] if points.curves else list(points.params_P)
+    at_edge_G = (env["params"] <= min(sizes)) | (env["params"] >= max(sizes))
+    inner = {k: v[~at_edge_G] for k, v in env.items()}
+    record = {
         "envelope_from": "loss curves" if points.curves else "final points",
-        "envelope": {k: v.tolist() for k, v in env.items()},
+        "envelope": {**{k: v.tolist() for k, v in env.items()}, "at_edge": at_edge_G.tolist()},
+        "envelope_left_out": f"{int(at_edge_G.sum())} of {len(at_edge_G)} envelope points reached by "
+                             "the smallest or largest model size",
         "points_used": list(points.ids), "points_excluded": list(points.excluded),
     }
+    if len(np.unique(inner["params"])) < 2:
+        return {**record, "a": None, "b": None,
+                "note": "the loss envelope holds fewer than 2 inner model sizes; approach 1 needs more"}
+    a, n_coef = power_law(inner["flops"], inner["params"])
+    b, d_coef = power_law(inner["flops"], inner["tokens"])
+    return {"a": a, "b": b, "N_coef": n_coef, "D_coef": d_coef, **record}
 
 
 # ---------------------------------------------------------------- Approach 2

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import numpy as np
-from matplotlib import colors, figure
+from matplotlib import colors, figure, ticker
 from matplotlib.cm import ScalarMappable
 
 LABEL_C = "compute C (FLOPs)"
@@ -29,6 +29,12 @@ APPROACH_STYLE = {
 def _points(fit: dict[str, Any]) -> dict[str, np.ndarray]:
     recs = fit["points"]
     return {k: np.array([r[k] for r in recs], dtype=float) for k in ("params", "tokens", "flops", "loss")}
+
+
+def _flops_range(fit: dict[str, Any]) -> np.ndarray:
+    """Compute values spanning the points and the envelope, a factor 2 beyond each end, (G,)."""
+    flops = list(_points(fit)["flops"]) + list(fit["approach1"].get("envelope", {}).get("flops", []))
+    return np.geomspace(min(flops) / 2, max(flops) * 2, 200)
 
 
 def _flops_norm(fit: dict[str, Any]) -> colors.LogNorm:
@@ -50,8 +56,6 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
     fig = figure.Figure(figsize=(7.5, 5), layout="constrained")
     ax = fig.add_subplot()
     norm, cmap = _flops_norm(fit), "viridis"
-    pts = _points(fit)
-    ax.scatter(pts["params"], pts["loss"], s=10, c="0.8", label="all points", zorder=1)
     a2 = fit["approach2"]
     for budget in a2.get("budgets", []):
         colour = colors.to_hex(ScalarMappable(norm=norm, cmap=cmap).to_rgba(budget["flops"]))
@@ -84,15 +88,17 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
     """N_opt and D_opt against C: each approach's power law, its data, bootstrap 95% bands."""
     fig = figure.Figure(figsize=(11, 4.6), layout="constrained")
     axes = fig.subplots(1, 2)
-    flops = _points(fit)["flops"]
-    flops_G = np.geomspace(flops.min() / 2, flops.max() * 2, 100)
+    flops_G = _flops_range(fit)
     for ax, kind, key, label in ((axes[0], "N", "params", LABEL_N), (axes[1], "D", "tokens", LABEL_D)):
         env = fit["approach1"].get("envelope")
         if env:
-            ax.scatter(env["flops"], env[key], s=6, color="C0", alpha=0.5, zorder=1)
-        for budget in fit["approach2"].get("budgets", []):
-            ax.scatter([budget["flops"]], [budget[f"{kind}_opt"]], s=30, color="C1", edgecolor="k",
-                       linewidth=0.5, zorder=3)
+            inner = ~np.array(env["at_edge"])
+            ax.scatter(np.array(env["flops"])[inner], np.array(env[key])[inner], s=6, color="C0", alpha=0.5,
+                       zorder=1, label="envelope points (approach 1)")
+        budgets = fit["approach2"].get("budgets", [])
+        if budgets:
+            ax.scatter([b["flops"] for b in budgets], [b[f"{kind}_opt"] for b in budgets], s=30, color="C1",
+                       edgecolor="k", linewidth=0.5, zorder=3, label="IsoFLOP minima")
         for name, (colour, style, text) in APPROACH_STYLE.items():
             res = fit[name]
             if res.get("a") is None:
@@ -123,14 +129,15 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
     if env:
         order = np.argsort(env["flops"])
         ax.plot(np.array(env["flops"])[order], np.array(env["loss"])[order], color="C0", lw=1.5,
-                drawstyle="steps-post", label=f"envelope ({fit['approach1']['envelope_from']})", zorder=2)
+                drawstyle="default" if fit["approach1"]["envelope_from"] == "loss curves" else "steps-post",
+                label=f"envelope ({fit['approach1']['envelope_from']})", zorder=2)
     budgets = fit["approach2"].get("budgets", [])
     if budgets:
         ax.scatter([b["flops"] for b in budgets], [b["loss_opt"] for b in budgets], marker="*", s=90,
                    color="C1", edgecolor="k", linewidth=0.5, label="IsoFLOP minima (approach 2)", zorder=3)
     a3 = fit["approach3"]
     if a3.get("a") is not None:
-        flops_G = np.geomspace(pts["flops"].min() / 2, pts["flops"].max() * 2, 200)
+        flops_G = _flops_range(fit)
         n_G, d_G = a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"]
         loss_G = a3["E"] + a3["A"] / n_G ** a3["alpha"] + a3["B"] / d_G ** a3["beta"]
         ax.plot(flops_G, loss_G, color="C2", lw=1.6, label="approach 3: L(N_opt(C), D_opt(C))", zorder=2)
@@ -152,7 +159,7 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     loss_GG = a3["E"] + a3["A"] / n_G[None, :] ** a3["alpha"] + a3["B"] / d_G[:, None] ** a3["beta"]
     fig = figure.Figure(figsize=(7.5, 5.5), layout="constrained")
     ax = fig.add_subplot()
-    levels = np.quantile(loss_GG, np.linspace(0.0, 0.97, 16))
+    levels = ticker.MaxNLocator(16).tick_values(loss_GG.min(), np.quantile(loss_GG, 0.97))
     filled = ax.contourf(n_G, d_G, loss_GG, levels=levels, cmap="magma_r", extend="max")
     ax.contour(n_G, d_G, loss_GG, levels=levels, colors="k", linewidths=0.3)
     fig.colorbar(filled, ax=ax, label=f"predicted {LABEL_LOSS}")
@@ -164,7 +171,7 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     ax.plot([], [], color="w", ls="--", lw=0.8, label="IsoFLOP lines C = 6ND")
     flops_G = np.geomspace(6 * n_G[0] * d_G[0], 6 * n_G[-1] * d_G[-1], 200)
     ax.plot(a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"], color="C2", lw=2,
-            label=f"compute-optimal: N ∝ C^{a3['a']:.3f}")
+            label=f"compute-optimal: $N_{{opt}} \\propto C^{{{a3['a']:.3f}}}$")
     ax.scatter(pts["params"], pts["tokens"], s=8, color="C0", edgecolor="w", linewidth=0.3, label="runs")
     ax.set(xscale="log", yscale="log", xlabel=LABEL_N, ylabel=LABEL_D,
            xlim=(n_G[0], n_G[-1]), ylim=(d_G[0], d_G[-1]), title="approach 3: L(N, D) contours")

@@ -131,7 +131,8 @@ def read_csv(path: str) -> Points:
     Row ids are `row<L>` with L the file's line number (the header is line 1).
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such points file (expected a CSV with columns params,tokens,loss)")
+        problem = "is a directory, not a points file" if os.path.isdir(path) else "no such points file"
+        raise FileNotFoundError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header = [h.strip() for h in (reader.fieldnames or [])]
