@@ -153,11 +153,14 @@ def test_sweep_excludes_failed_and_nonfinite_runs(tmp_path):
          "eval_loss": float("nan"), "status": "ok"},
     ]
     write_sweep(str(tmp_path), [1e7, 1e8], [1e9, 1e9], extra=bad)
+    with open(tmp_path / "results.jsonl", "a") as f:
+        f.write('{"run_id": "torn", "params": 1e8, "tok')  # a writer killed mid-line
     pts = points_lib.read_sweep(str(tmp_path), n_kind="params_non_embedding")
     assert pts.ids == ("run00", "run01")
     np.testing.assert_allclose(pts.params_P, [8e6, 8e7])
     reasons = {e["id"]: e["reason"] for e in pts.excluded}
     assert "status='failed'" in reasons["failed"] and "not finite" in reasons["diverged"]
+    assert "torn" in reasons["line5"]
     with pytest.raises(ValueError, match="n_kind"):
         points_lib.read_sweep(str(tmp_path), n_kind="embedding")
 

@@ -161,18 +161,25 @@ def read_csv(path: str) -> Points:
     )
 
 
-def _read_jsonl(path: str) -> Iterable[tuple[int, dict[str, Any]]]:
+def _read_jsonl(path: str) -> tuple[list[tuple[int, dict[str, Any]]], list[int]]:
+    """(line number, object) for each JSON-object line, and the numbers of lines that are not one.
+
+    A line can be torn when a writer is killed mid-write; such lines are reported, not fatal.
+    """
+    records, bad = [], []
     with open(path) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {line_no} is not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}: line {line_no} is not a JSON object")
-            yield line_no, record
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                records.append((line_no, record))
+            else:
+                bad.append(line_no)
+    return records, bad
 
 
 def _finite_positive(x: Any) -> bool:
@@ -184,7 +191,7 @@ def _read_curve(path: str, run_id: str, params: float) -> Curve | None:
     if not os.path.isfile(path):
         return None
     rows = [
-        r for _, r in _read_jsonl(path)
+        r for _, r in _read_jsonl(path)[0]
         if all(_finite_positive(r.get(k)) for k in ("eval_loss", "tokens", "flops"))
     ]
     if not rows:
@@ -205,7 +212,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
     """Points from a sweep directory's results.jsonl (+ each run's metrics.jsonl curve).
 
     Runs whose status is not "ok" or whose eval_loss is missing or non-finite are excluded with a
-    reason; a run listed twice keeps its last line. `n_kind` picks N: "params" (total) or
+    reason, as are lines that are not JSON (torn writes); a run listed twice keeps its last line. `n_kind` picks N: "params" (total) or
     "params_non_embedding".
     """
     if n_kind not in N_KINDS:
@@ -214,8 +221,9 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
     if not os.path.isfile(results):
         raise FileNotFoundError(f"{results}: no such file; --sweep must be a sweep directory with results.jsonl")
     by_id: dict[str, tuple[int, dict[str, Any]]] = {}
-    excluded: list[dict[str, str]] = []
-    for line_no, record in _read_jsonl(results):
+    records, bad_lines = _read_jsonl(results)
+    excluded = [{"id": f"line{n}", "reason": "not a JSON object (a torn write?)"} for n in bad_lines]
+    for line_no, record in records:
         run_id = str(record.get("run_id", f"line{line_no}"))
         if run_id in by_id:
             excluded.append({"id": run_id, "reason": f"line {by_id[run_id][0]} superseded by line {line_no}"})
