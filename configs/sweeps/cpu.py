@@ -1,0 +1,24 @@
+"""The CPU IsoFLOP sweep: 4 budgets × 6 models (N ≈ 3e4–1.5e6), about an hour on 2 CPU cores.
+
+python -m experiments.sweep --config=configs/sweeps/cpu.py --workdir=DIR [--dry_run]
+Byte tokenizer, seq_len 128, batch 32 (4,096 tokens per step), GPT-2-shaped models, head_dim 16.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from configs.sweeps import common
+
+
+def get_config() -> ml_collections.ConfigDict:
+    return common.make(dict(
+        name="cpu",
+        budgets=(1e12, 2.5e12, 6e12, 1.5e13),
+        d_models=(32, 48, 64, 80, 96, 128, 160, 192, 256),
+        head_dim=16, aspect_ratio=32.0,
+        sizes_per_budget=6, size_span=16.0,
+        lr_coefficient=0.05, lr_exponent=-0.25, lr_max=1e-2,
+        warmup_fraction=0.05, warmup_min=10,
+        evals_per_run=4, checkpoints_per_run=4, logs_per_run=10,
+        estimate_flops_per_second=5e10, estimate_step_overhead_s=0.01, estimate_run_overhead_s=10.0,
+    ), common.tiny_lm_base(seq_len=128, batch_size=32))

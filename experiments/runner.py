@@ -1,0 +1,316 @@
+"""The sweep execution engine: runs a sweep's runs (in this process, in worker processes, or as one
+worker for one run) and records each finished run in DIR/results.jsonl exactly once.
+
+DIR/sweep.json holds the resolved sweep and every run's design numbers and full training config, so
+a worker (`python -m experiments.sweep --workdir=DIR --run_index=I`, the unit of --parallel and of a
+SLURM array task) needs nothing but DIR. Each run trains in DIR/runs/RUN_ID/; train() resumes an
+interrupted run from its checkpoints and returns at once for a finished one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Sequence
+
+import ml_collections
+
+from transformer.models.config import ConfigError
+from transformer.scaling import results
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def sweep_document(config: ml_collections.ConfigDict, runs: Sequence[Any], notes: Sequence[str],
+                   estimates: Sequence[float]) -> dict[str, Any]:
+    """What DIR/sweep.json holds: the resolved sweep section and base, notes, and the run list."""
+    return {"name": config.sweep.name, "mode": config.sweep.mode,
+            "sweep": json.loads(json.dumps(config.sweep.to_dict())),
+            "base": json.loads(json.dumps(config.base.to_dict())), "notes": list(notes),
+            "estimated_seconds": float(sum(estimates)),
+            "runs": [{**r.describe(), "estimated_seconds": e, "config": json.loads(json.dumps(r.config.to_dict()))}
+                     for r, e in zip(runs, estimates)]}
+
+
+def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
+    """Writes DIR/sweep.json; a DIR holding a sweep with other runs is an error (use a new DIR)."""
+    os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
+    path = os.path.join(workdir, "sweep.json")
+    if os.path.exists(path):
+        old_ids = {r["run_id"] for r in load_sweep(workdir)["runs"]}
+        new_ids = {r["run_id"] for r in doc["runs"]}
+        if old_ids != new_ids:
+            raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(old_ids ^ new_ids)} runs differ, "
+                              f"e.g. {sorted(old_ids ^ new_ids)[0]}); use a new --workdir, or the same settings to resume")
+    _write_json(path, doc)
+
+
+def load_sweep(workdir: str) -> dict[str, Any]:
+    path = os.path.join(workdir, "sweep.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file; run the sweep with --config first")
+    with open(path) as f:
+        return json.load(f)
+
+
+def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str, error: str | None,
+               wall_seconds: float, mode: str) -> dict[str, Any]:
+    """One results.jsonl row: the run's design numbers and shape, overlaid with what training measured."""
+    s = summary or {}
+    row = {k: run[k] for k in ("run_id", "budget", "params", "params_non_embedding", "size", "tokens", "flops",
+                               "flops_per_token", "steps", "batch_size", "seq_len", "learning_rate",
+                               "warmup_steps", *SHAPE_KEYS)}
+    row.update(mode=mode, status=status, error=error, eval_loss=s.get("eval_loss"),
+               train_loss=s.get("train_loss"), wall_seconds=wall_seconds,
+               tokens_per_second=s.get("tokens_per_second"), mfu=s.get("mfu"),
+               compile_seconds=s.get("compile_seconds"), device=s.get("device"))
+    if status == "ok":  # measured values (equal to the design's when the run reached its last step)
+        row.update({k: s[k] for k in ("params", "params_non_embedding", "tokens", "flops") if k in s})
+    return row
+
+
+def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False) -> tuple[dict[str, Any] | None, int]:
+    """Trains (or resumes) one run in this process and records it.
+
+    Returns (the row, or None when the run was preempted or another process recorded it first; and an
+    exit code: 0 ok, 1 failed, 3 preempted).
+    """
+    from transformer.training.loop import train  # imported late: the caller sets up JAX first
+
+    t0 = time.time()
+    config = ml_collections.ConfigDict(run["config"])
+    try:
+        summary = train(config, os.path.join(workdir, "runs", run["run_id"]), verbose=verbose)
+    except Exception as e:  # a failing run is recorded and the sweep goes on
+        if verbose:
+            traceback.print_exc()
+        row = result_row(run, None, "failed", f"{type(e).__name__}: {e}", time.time() - t0, mode)
+        return (row if results.append_result(workdir, row) else None), 1
+    if summary["status"] == "preempted":
+        return None, 3
+    status = "ok" if summary["status"] == "ok" else "failed"
+    row = result_row(run, summary, status, summary.get("error"), summary.get("wall_seconds", time.time() - t0), mode)
+    return (row if results.append_result(workdir, row) else None), (0 if status == "ok" else 1)
+
+
+class Progress:
+    """One line per event: done/running/failed/total, what happened, and an ETA."""
+
+    def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict]):
+        self.runs = {r["run_id"]: r for r in runs}
+        self.status = {rid: row.get("status") for rid, row in recorded.items() if rid in self.runs}
+        self.running: set[str] = set()
+        self.t0 = time.time()
+        self.estimate_done = 0.0  # estimated seconds of the runs finished in this session
+
+    def _eta(self) -> str:
+        """The remaining runs' estimates (FLOPs and steps at the configured speed, plus overhead),
+        rescaled by how the runs finished so far compared with their estimates."""
+        left = [r for rid, r in self.runs.items() if rid not in self.status]
+        if not left:
+            return "0s"
+        seconds = sum(r["estimated_seconds"] for r in left)
+        if self.estimate_done > 0:
+            seconds *= (time.time() - self.t0) / self.estimate_done
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
+            f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+    def event(self, message: str) -> None:
+        done = sum(1 for s in self.status.values() if s == "ok")
+        failed = sum(1 for s in self.status.values() if s != "ok")
+        print(f"[sweep {done + failed}/{len(self.runs)} done, {len(self.running)} running, {failed} failed, "
+              f"ETA {self._eta()}] {message}", flush=True)
+
+    def started(self, run: dict[str, Any]) -> None:
+        self.running.add(run["run_id"])
+        self.event(f"start {run['run_id']}: N={run['params']:,}, {run['steps']} steps, lr {run['learning_rate']:.3g}")
+
+    def finished(self, run: dict[str, Any], row: dict[str, Any] | None, note: str = "") -> None:
+        self.running.discard(run["run_id"])
+        if row is None:
+            self.event(f"stopped {run['run_id']} {note}".rstrip())
+            return
+        self.status[run["run_id"]] = row["status"]
+        self.estimate_done += run["estimated_seconds"]
+        if row["status"] == "ok":
+            self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s")
+        else:
+            self.event(f"FAILED {run['run_id']}: {row['error']}")
+
+
+def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
+    """(runs without a results row, {run_id: row} of those with one)."""
+    recorded = {r["run_id"]: r for r in results.read_results(workdir)}
+    return [r for r in runs if r["run_id"] not in recorded], recorded
+
+
+def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False) -> int:
+    """Runs the pending runs one after another in this process (compiled programs and caches reused)."""
+    todo, recorded = pending_runs(workdir, doc["runs"])
+    progress = Progress(doc["runs"], recorded)
+    progress.event(f"{len(todo)} runs to go in {workdir}")
+    for run in todo:
+        progress.started(run)
+        row, code = train_run(workdir, run, doc["mode"], verbose)
+        progress.finished(run, row, "(preempted: rerun the command to resume)" if code == 3 else "")
+        if code == 3:
+            return 3
+    return 0
+
+
+def _gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")]) if out.returncode == 0 else 0
+
+
+def worker_env(slot: int, parallel: int) -> tuple[dict[str, str], list[int] | None]:
+    """(environment, CPU affinity) of worker `slot` of `parallel`: one GPU each where there are GPUs,
+    else an equal share of the CPU cores (XLA sizes its thread pool from the affinity)."""
+    env = dict(os.environ)
+    gpus = _gpu_count()
+    if gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
+        env["CUDA_VISIBLE_DEVICES"] = visible[slot % gpus].strip()
+        if parallel > gpus:  # several workers share a GPU: no up-front memory grab
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        return env, None
+    cpus = sorted(os.sched_getaffinity(0))
+    if parallel > len(cpus):
+        return env, None
+    share = len(cpus) // parallel
+    mine = cpus[slot * share:(slot + 1) * share]
+    env["OMP_NUM_THREADS"] = str(len(mine))
+    return env, mine
+
+
+def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
+    """Runs the pending runs in `parallel` worker processes; each records its own result."""
+    todo, recorded = pending_runs(workdir, doc["runs"])
+    index = {r["run_id"]: i for i, r in enumerate(doc["runs"])}
+    progress = Progress(doc["runs"], recorded)
+    progress.event(f"{len(todo)} runs to go in {workdir}, {parallel} workers")
+    procs: dict[int, tuple[subprocess.Popen, dict[str, Any]]] = {}  # slot -> (process, run)
+    stop = {"signal": None}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+        for p, _ in procs.values():
+            p.send_signal(signal.SIGTERM)  # workers checkpoint and exit with code 3
+
+    for s in previous:
+        signal.signal(s, on_signal)
+    try:
+        while (todo and stop["signal"] is None) or procs:
+            for slot in range(parallel):
+                if slot in procs or not todo or stop["signal"] is not None:
+                    continue
+                run = todo.pop(0)
+                run_dir = os.path.join(workdir, "runs", run["run_id"])
+                os.makedirs(run_dir, exist_ok=True)
+                env, cpus = worker_env(slot, parallel)
+                log = open(os.path.join(run_dir, "worker.log"), "a")
+                cmd = [sys.executable, "-m", "experiments.sweep", f"--workdir={workdir}",
+                       f"--run_index={index[run['run_id']]}"]
+                procs[slot] = (subprocess.Popen(
+                    cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None), run)
+                log.close()
+                progress.started(run)
+            time.sleep(0.2)
+            for slot, (p, run) in list(procs.items()):
+                if p.poll() is None:
+                    continue
+                del procs[slot]
+                rows = {r["run_id"]: r for r in results.read_results(workdir)}
+                row = rows.get(run["run_id"])
+                if row is None and p.returncode != 3:  # the worker died before recording anything
+                    row = result_row(run, None, "failed", f"worker exited with code {p.returncode}; see "
+                                     f"{os.path.join(workdir, 'runs', run['run_id'], 'worker.log')}", 0.0, doc["mode"])
+                    if not results.append_result(workdir, row):  # recorded meanwhile after all
+                        row = {r["run_id"]: r for r in results.read_results(workdir)}[run["run_id"]]
+                progress.finished(run, row, "(preempted: rerun the command to resume)" if p.returncode == 3 else "")
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 3 if stop["signal"] is not None else 0
+
+
+def all_recorded(workdir: str, doc: dict[str, Any]) -> bool:
+    return not pending_runs(workdir, doc["runs"])[0]
+
+
+def slurm_script(workdir: str, doc: dict[str, Any]) -> str:
+    """DIR/sweep.sbatch: a job array, one task per run index, each running the worker into DIR."""
+    s = doc["sweep"]["slurm"]
+    n = len(doc["runs"])
+    workdir = os.path.abspath(workdir)
+    array = f"0-{n - 1}" + (f"%{s['max_parallel']}" if s["max_parallel"] else "")
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=sweep-{doc['name']}", f"#SBATCH --array={array}",
+             f"#SBATCH --time={s['time']}", "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={s['cpus_per_task']}"]
+    if s["gpus_per_task"]:
+        lines.append(f"#SBATCH --gpus-per-task={s['gpus_per_task']}")
+    for key in ("mem", "partition", "account"):
+        if s[key]:
+            lines.append(f"#SBATCH --{key}={s[key]}")
+    lines += [f"#SBATCH --output={workdir}/slurm/%A_%a.out",
+              "#SBATCH --signal=TERM@120  # the worker checkpoints on SIGTERM; resubmitting resumes",
+              "set -euo pipefail", f"cd {REPO_ROOT}"]
+    if s["setup"]:
+        lines.append(s["setup"])
+    lines.append(f"srun {sys.executable} -m experiments.sweep --workdir={workdir} "
+                 "--run_index=$SLURM_ARRAY_TASK_ID --fit_when_done")
+    return "\n".join(lines) + "\n"
+
+
+def submit_slurm(workdir: str, doc: dict[str, Any]) -> str:
+    """Writes DIR/sweep.sbatch and submits it; returns sbatch's output."""
+    if not shutil.which("sbatch"):
+        raise ConfigError("--launcher=slurm: `sbatch` is not on PATH (no SLURM here); use --dry_run to print "
+                          "the job script, or --launcher=local")
+    os.makedirs(os.path.join(workdir, "slurm"), exist_ok=True)
+    path = os.path.join(workdir, "sweep.sbatch")
+    with open(path, "w") as f:
+        f.write(slurm_script(workdir, doc))
+    out = subprocess.run(["sbatch", path], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"sbatch {path} failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def finish(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """After the last run: the fit into DIR/fit/ (IsoFLOP sweeps) or DIR/lr_fit.json (LR scans)."""
+    rows = results.read_results(workdir)
+    if doc["mode"] == "lr_scan":
+        from transformer.scaling import lr_scan
+        return lr_scan.write_lr_fit(workdir, rows, doc["sweep"]["param_count"])
+    from transformer.scaling.report import run_fit
+    n_kind = "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
+    return run_fit(workdir, os.path.join(workdir, "fit"), n_kind=n_kind)
+
+
+def finish_once(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """finish() by the first worker to find every run recorded and no fit yet (under DIR/fit.lock)."""
+    marker = os.path.join(workdir, "lr_fit.json" if doc["mode"] == "lr_scan" else os.path.join("fit", "fit.json"))
+    with results.locked(os.path.join(workdir, "fit.lock")):
+        if all_recorded(workdir, doc) and not os.path.exists(marker):
+            return finish(workdir, doc)
+    return None

@@ -1,0 +1,164 @@
+"""Run a sweep: python -m experiments.sweep --config=configs/sweeps/NAME.py --workdir=DIR
+    [--parallel=K] [--launcher=local|slurm] [--dry_run] [--retry_failed] [--verbose] [--config.KEY=V ...]
+
+Expands the sweep config into runs (transformer/scaling/grid.py), writes DIR/sweep.json, trains every
+run not yet in DIR/results.jsonl (in this process by default; --parallel=K worker processes; or a SLURM
+job array with --launcher=slurm), then fits: DIR/fit/ for IsoFLOP sweeps, DIR/lr_fit.json for LR scans.
+Rerunning the command skips finished runs and resumes interrupted ones. --dry_run prints the runs and
+the estimated time (or, with --launcher=slurm, the job script) and writes nothing.
+
+Worker mode (what --parallel and SLURM array tasks run): --workdir=DIR --run_index=I trains run I of
+DIR/sweep.json and records it; --fit_when_done also fits when it was the last one.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from experiments import common, runner
+from transformer.models.config import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory: sweep.json, results.jsonl, runs/, fit/.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once (worker processes); 1: all in this process.")
+_LAUNCHER = flags.DEFINE_enum("launcher", "local", ["local", "slurm"], "Where the runs execute.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and the time estimate (or the sbatch script); "
+                             "write nothing.")
+_RETRY = flags.DEFINE_bool("retry_failed", False, "Run the runs recorded as failed again.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show each run's own training progress.")
+_RUN_INDEX = flags.DEFINE_integer("run_index", -1, "Worker mode: train run I of DIR/sweep.json.")
+_FIT_WHEN_DONE = flags.DEFINE_bool("fit_when_done", False, "Worker mode: fit when every run is recorded.")
+
+_state = {"in_main": False}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def print_table(doc: dict) -> None:
+    """The dry run's table of runs and the time estimate."""
+    from transformer.scaling.grid import format_flops
+
+    print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
+    print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'steps':>7} {'batch':>5} {'lr':>9} "
+          f"{'C (FLOPs)':>10} {'est.':>8}")
+    for i, r in enumerate(doc["runs"]):
+        print(f"{i:>3}  {r['run_id']:<34} {r['params']:>11,} {r['tokens']:>13,} {r['steps']:>7} "
+              f"{r['batch_size']:>5} {r['learning_rate']:>9.3g} {format_flops(r['flops']):>10} "
+              f"{_duration(r['estimated_seconds']):>8}")
+    for note in doc["notes"]:
+        print(f"note: {note}")
+    s = doc["sweep"]
+    total_flops = sum(r["flops"] for r in doc["runs"])
+    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(doc['estimated_seconds'])} in one process "
+          f"at {s['estimate_flops_per_second']:.3g} FLOP/s sustained + {s['estimate_step_overhead_s'] * 1e3:.0f} ms "
+          f"per step + {s['estimate_run_overhead_s']:.0f} s per run (sweep.estimate_*)")
+
+
+def _worker(workdir: str, index: int) -> None:
+    doc = runner.load_sweep(workdir)
+    if not 0 <= index < len(doc["runs"]):
+        raise ConfigError(f"--run_index={index} is out of range: {workdir}/sweep.json has {len(doc['runs'])} runs")
+    run = doc["runs"][index]
+    code = 0
+    if run["run_id"] in {r["run_id"] for r in runner.results.read_results(workdir)}:
+        print(f"{run['run_id']} is already recorded; nothing to do", flush=True)
+    else:
+        import ml_collections
+        common.setup_jax(ml_collections.ConfigDict(run["config"]))
+        row, code = runner.train_run(workdir, run, doc["mode"], verbose=True)
+        print(f"{run['run_id']}: {row['status'] if row else 'preempted'}", flush=True)
+    if _FIT_WHEN_DONE.value and code != 3:
+        runner.finish_once(workdir, doc)
+    if code:
+        raise SystemExit(code)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    _state["in_main"] = True
+    if not _VERBOSE.value:
+        logging.set_verbosity(logging.WARNING)  # checkpointing and dataset INFO lines drown the progress
+    workdir = os.path.abspath(_WORKDIR.value)
+    if _RUN_INDEX.value >= 0:
+        return _worker(workdir, _RUN_INDEX.value)
+    if _CONFIG.value is None:
+        raise ConfigError("--config is required (e.g. --config=configs/sweeps/quick.py), except with --run_index")
+    if _PARALLEL.value < 1:
+        raise ConfigError(f"--parallel={_PARALLEL.value} must be at least 1")
+    from transformer.scaling import grid
+
+    config = _CONFIG.value
+    runs, notes = grid.design(config)
+    doc = runner.sweep_document(config, runs, notes, [grid.estimate_seconds([r], config.sweep) for r in runs])
+    if _DRY_RUN.value:
+        print(runner.slurm_script(workdir, doc) if _LAUNCHER.value == "slurm" else "", end="")
+        if _LAUNCHER.value == "local":
+            print_table(doc)
+        return
+    if _LAUNCHER.value == "slurm":
+        runner.write_sweep(workdir, doc)
+        print(runner.submit_slurm(workdir, doc))
+        return
+    runner.write_sweep(workdir, doc)
+    if _RETRY.value:
+        retried = runner.results.drop_failed(workdir)
+        print(f"retrying {len(retried)} failed runs", flush=True)
+    for note in notes:
+        print(f"note: {note}", flush=True)
+    if _PARALLEL.value > 1:
+        code = runner.run_parallel(workdir, doc, _PARALLEL.value)
+    else:
+        common.setup_jax(config.base)
+        code = runner.run_in_process(workdir, doc, _VERBOSE.value)
+    if code:
+        raise SystemExit(code)
+    rows = runner.results.read_results(workdir)
+    failed = [r["run_id"] for r in rows if r["status"] != "ok"]
+    try:
+        fit = runner.finish(workdir, doc)
+    except Exception as e:  # the runs are safe in results.jsonl; the fit can be redone on its own
+        again = ("python -m experiments.fit --sweep=" + workdir + " --out=" + os.path.join(workdir, "fit")
+                 if doc["mode"] == "isoflop" else "this command")
+        print(f"error: the fit failed ({type(e).__name__}: {e}); all runs are recorded in {workdir}/results.jsonl; "
+              f"fit again with {again}", file=sys.stderr)
+        raise SystemExit(1)
+    _report_fit(doc["mode"], fit, workdir)
+    if failed:
+        print(f"{len(failed)} runs failed ({', '.join(failed)}); see their rows in {workdir}/results.jsonl; "
+              f"--retry_failed runs them again", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def _report_fit(mode: str, fit: dict, workdir: str) -> None:
+    if mode == "lr_scan":
+        print(f"lr_opt = {fit['coefficient']:.4g} · N^{fit['exponent']:.3f} -> {workdir}/lr_fit.json")
+        for w in fit["warnings"]:
+            print(f"warning: {w}")
+        return
+    from transformer.scaling.report import summary
+    print(summary(fit))
+    print(f"fit -> {workdir}/fit/ (N_opt ∝ C^a, D_opt ∝ C^b)")
+
+
+def _unknown_override(error: Exception) -> str:
+    """The --config.… argument an AttributeError/KeyError from config_flags' parsing points at."""
+    key = str(error).strip("\"' ")
+    hits = [a.split("=")[0] for a in sys.argv[1:] if a.startswith("--config.") and a.split("=")[0].split(".")[-1] == key]
+    return hits[0] if hits else f"--config.…{key}"
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["workdir"])
+    try:
+        common.run(main)
+    except (AttributeError, KeyError) as e:  # config_flags rejects an unknown --config.KEY while parsing
+        if _state["in_main"]:
+            raise
+        print(f"error: {_unknown_override(e)} is not a setting of this config (see configs/sweeps/common.py "
+              f"for the sweep settings)", file=sys.stderr)
+        raise SystemExit(2)

@@ -1,0 +1,103 @@
+"""Analysis of a learning-rate scan: each size's optimal peak LR, then lr_opt = c · N^k across sizes.
+
+Per size, the optimum is the vertex of the parabola in log(lr) through the best point and its two
+neighbours (clipped to that bracket). When the best point is the scan's lowest or highest learning
+rate the optimum is not bracketed: it is reported at that edge with `at_edge` set, and left out of the
+power-law fit when at least two bracketed optima remain. DIR/lr_fit.json is what an IsoFLOP sweep reads
+through --config.sweep.lr_fit=DIR/lr_fit.json.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
+    """{lr_opt, loss_opt, at_edge, edge ("low" | "high" | None), method} from one size's scan."""
+    pts = sorted((float(lr), float(loss)) for lr, loss in zip(lrs, losses)
+                 if loss is not None and math.isfinite(loss))
+    if len(pts) < 3:
+        raise ValueError(f"an LR scan needs at least 3 finished points per size, got {len(pts)}")
+    x = np.log([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    i = int(np.argmin(y))
+    if i in (0, len(pts) - 1):
+        return {"lr_opt": pts[i][0], "loss_opt": pts[i][1], "at_edge": True,
+                "edge": "low" if i == 0 else "high", "method": "edge"}
+    a, b, c = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
+    if a <= 0:  # three points cannot be convex with the middle one lowest; guard against ties
+        return {"lr_opt": pts[i][0], "loss_opt": pts[i][1], "at_edge": False, "edge": None, "method": "best"}
+    x_opt = float(np.clip(-b / (2 * a), x[i - 1], x[i + 1]))
+    return {"lr_opt": math.exp(x_opt), "loss_opt": float(np.polyval([a, b, c], x_opt)), "at_edge": False,
+            "edge": None, "method": "parabola"}
+
+
+def fit_power_law(sizes: Sequence[float], lr_opts: Sequence[float]) -> tuple[float, float]:
+    """(c, k) of lr_opt = c · N^k, least squares in log–log."""
+    if len(sizes) < 2:
+        raise ValueError("fitting lr_opt = c·N^k needs optima at 2 or more sizes")
+    k, log_c = np.polyfit(np.log(sizes), np.log(lr_opts), 1)
+    return float(math.exp(log_c)), float(k)
+
+
+def analyze(rows: Sequence[dict[str, Any]], param_count: str = "total") -> dict[str, Any]:
+    """The lr_fit.json object from results rows (run_id, params, params_non_embedding, learning_rate, eval_loss)."""
+    key = "params" if param_count == "total" else "params_non_embedding"
+    groups: dict[int, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("eval_loss") is not None:
+            groups.setdefault(int(r[key]), []).append(r)
+    sizes, warnings = [], []
+    for n, group in sorted(groups.items()):
+        opt = optimum([r["learning_rate"] for r in group], [r["eval_loss"] for r in group])
+        shape = f"d{group[0].get('d_model')}-L{group[0].get('num_layers')}"
+        if opt["at_edge"]:
+            warnings.append(f"{shape} (N={n:,}): the best learning rate {opt['lr_opt']:.3g} is at the "
+                            f"{opt['edge']} edge of the scan; extend sweep.lr_scan.lr_{'min' if opt['edge'] == 'low' else 'max'}")
+        sizes.append({"size": n, "shape": shape, **opt,
+                      "points": [{"learning_rate": r["learning_rate"], "eval_loss": r["eval_loss"]}
+                                 for r in sorted(group, key=lambda r: r["learning_rate"])]})
+    inside = [s for s in sizes if not s["at_edge"]]
+    used = inside if len(inside) >= 2 else sizes
+    if len(used) < len(sizes):
+        warnings.append(f"fit uses the {len(used)} sizes whose optimum is bracketed by the scan")
+    c, k = fit_power_law([s["size"] for s in used], [s["lr_opt"] for s in used])
+    return {"coefficient": c, "exponent": k, "param_count": param_count, "formula": "lr_opt = coefficient * N**exponent",
+            "sizes": sizes, "fit_sizes": [s["size"] for s in used], "warnings": warnings}
+
+
+def plot(fit: dict[str, Any], path: str) -> None:
+    """Eval loss against peak learning rate per size, with each optimum marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in fit["sizes"]:
+        lrs = [p["learning_rate"] for p in s["points"]]
+        line, = ax.plot(lrs, [p["eval_loss"] for p in s["points"]], "o-", label=f"{s['shape']} (N={s['size']:,})")
+        ax.plot([s["lr_opt"]], [s["loss_opt"]], "*", ms=12, color=line.get_color(),
+                mfc="none" if s["at_edge"] else line.get_color())
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("eval loss")
+    ax.set_title(f"LR scan: lr_opt = {fit['coefficient']:.3g}·N^{fit['exponent']:.3f}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_lr_fit(sweep_dir: str, rows: Sequence[dict[str, Any]], param_count: str = "total") -> dict[str, Any]:
+    """Analyses the scan's rows; writes DIR/lr_fit.json and DIR/lr_scan.png; returns the fit."""
+    fit = analyze(rows, param_count)
+    tmp = os.path.join(sweep_dir, "lr_fit.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(fit, f, indent=2)
+    os.replace(tmp, os.path.join(sweep_dir, "lr_fit.json"))
+    plot(fit, os.path.join(sweep_dir, "lr_scan.png"))
+    return fit

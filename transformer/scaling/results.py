@@ -1,0 +1,89 @@
+"""A sweep's results file, DIR/results.jsonl: one JSON line per finished run, never two for one run.
+
+Appends happen under an exclusive fcntl lock on DIR/results.lock: read the file, skip if the run is
+already there, else append the line with a single write and fsync. Several processes (local workers,
+SLURM array tasks on a shared file system with working locks) may append at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from typing import Any, Iterator
+
+RESULTS = "results.jsonl"
+LOCK = "results.lock"
+
+
+@contextlib.contextmanager
+def locked(path: str, blocking: bool = True) -> Iterator[bool]:
+    """Holds an exclusive flock on `path` (created if missing); yields False when non-blocking and busy."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def read_results(sweep_dir: str) -> list[dict[str, Any]]:
+    """The rows of DIR/results.jsonl; a torn last line (a writer killed mid-write) is skipped."""
+    path = os.path.join(sweep_dir, RESULTS)
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def append_result(sweep_dir: str, row: dict[str, Any]) -> bool:
+    """Appends `row` unless a row with its run_id is already there; True when it was written."""
+    path = os.path.join(sweep_dir, RESULTS)
+    with locked(os.path.join(sweep_dir, LOCK)):
+        if any(r.get("run_id") == row["run_id"] for r in read_results(sweep_dir)):
+            return False
+        data = json.dumps(row, sort_keys=True) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            if os.fstat(fd).st_size and not _ends_with_newline(path):
+                data = "\n" + data  # close a torn line so this row stays whole
+            os.write(fd, data.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+
+def drop_failed(sweep_dir: str) -> list[str]:
+    """Removes the failed rows (atomically, under the lock) so those runs run again; returns their ids."""
+    path = os.path.join(sweep_dir, RESULTS)
+    with locked(os.path.join(sweep_dir, LOCK)):
+        rows = read_results(sweep_dir)
+        failed = [r["run_id"] for r in rows if r.get("status") != "ok"]
+        if failed:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows if r.get("status") == "ok")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        return failed
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
