@@ -1,4 +1,6 @@
 """DecoderLM: causality, packing, decoding cache, scan/remat equivalence, sharding names, dtypes."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -23,17 +25,23 @@ def _tokens(seed: int = 0, shape=(2, T)) -> jax.Array:
     return jax.random.randint(jax.random.PRNGKey(seed), shape, 1, 50)
 
 
-def _init(cfg: ModelConfig, tokens: jax.Array):
+@functools.lru_cache(maxsize=None)
+def _init_shaped(cfg: ModelConfig, shape: tuple[int, int]):
     model = DecoderLM(cfg)
-    return model, nn.unbox(model.init(jax.random.PRNGKey(0), tokens))
+    return model, nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones(shape, jnp.int32)))
+
+
+def _init(cfg: ModelConfig, tokens: jax.Array):
+    """(model, variables), cached per config: tests share the parameters of the same config."""
+    return _init_shaped(cfg, tuple(tokens.shape))
 
 
 @pytest.mark.parametrize("impl", ["einsum", "xla"])
 @pytest.mark.parametrize("base", [GPT2, LLAMA], ids=["gpt2", "llama"])
 def test_causal(base, impl):
-    cfg = base.replace(attention_impl=impl)
     tok = _tokens()
-    model, params = _init(cfg, tok)
+    params = _init(base, tok)[1]
+    model = DecoderLM(base.replace(attention_impl=impl))
     logits = model.apply(params, tok)
     assert logits.dtype == jnp.float32 and logits.shape == (2, T, 50)
     t = 5
@@ -51,7 +59,8 @@ def test_packed_segments_do_not_leak(base, impl):
     seg = jnp.array([[1] * n1 + [2] * n2 + [0] * (T - n1 - n2)])
     pos = jnp.array([list(range(n1)) + list(range(n2)) + [0] * (T - n1 - n2)])
     tok = _tokens(1, (1, T))
-    model, params = _init(cfg, tok)
+    params = _init(base, tok)[1]
+    model = DecoderLM(cfg)
     logits = model.apply(params, tok, pos, seg)
     changed = tok.at[:, n1:].set((tok[:, n1:] + 3) % 50)
     logits2 = model.apply(params, changed, pos, seg)
@@ -70,21 +79,21 @@ def test_sliding_window_limits_receptive_field():
     assert float(jnp.abs(a[:, :3] - b[:, :3]).max()) > 1e-4
 
 
-@pytest.mark.parametrize("base", [GPT2, LLAMA], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("base", [GPT2, LLAMA.replace(scan_layers=True, sliding_window=5)],
+                         ids=["gpt2", "llama_scan_window"])
 def test_kv_cache_decoding_matches_full_forward(base):
     tok = _tokens(3, (2, T))
     model, params = _init(base, tok)
     full = model.apply(params, tok)
-    cache = model.init(jax.random.PRNGKey(0), tok, decode=True)["cache"]
+    cache = jax.jit(functools.partial(model.init, decode=True))(jax.random.PRNGKey(0), tok)["cache"]
     pos = jnp.broadcast_to(jnp.arange(T), (2, T))
     prefill = 4
-    logits, mut = model.apply({**params, "cache": cache}, tok[:, :prefill], pos[:, :prefill], decode=True,
-                              mutable=["cache"])
+    step = jax.jit(functools.partial(model.apply, decode=True, mutable=["cache"]))
+    logits, mut = step({**params, "cache": cache}, tok[:, :prefill], pos[:, :prefill])
     steps = [logits]
     for t in range(prefill, T):  # even steps pass positions, odd ones rely on the cached count
         step_pos = pos[:, t:t + 1] if t % 2 == 0 else None
-        logits, mut = model.apply({**params, "cache": mut["cache"]}, tok[:, t:t + 1], step_pos,
-                                  decode=True, mutable=["cache"])
+        logits, mut = step({**params, "cache": mut["cache"]}, tok[:, t:t + 1], step_pos)
         steps.append(logits)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -103,7 +112,8 @@ def test_scan_equals_unrolled(base):
     scanned_model, scanned_params = _init(scanned_cfg, tok)
     restacked = _restack(unfreeze(params["params"]), base.num_layers)
     assert jax.tree.map(jnp.shape, restacked) == jax.tree.map(jnp.shape, scanned_params["params"])
-    np.testing.assert_allclose(scanned_model.apply({"params": restacked}, tok), model.apply(params, tok), atol=1e-5)
+    np.testing.assert_allclose(jax.jit(scanned_model.apply)({"params": restacked}, tok),
+                               jax.jit(model.apply)(params, tok), atol=1e-5)
 
 
 @pytest.mark.parametrize("remat", ["full", "dots", "dots_no_batch"])
@@ -116,8 +126,8 @@ def test_remat_gives_same_gradients(remat):
     def loss(m, p):
         return jnp.mean(jax.nn.log_softmax(m.apply(p, tok))[..., 0])
 
-    g = jax.grad(lambda p: loss(model, p))(params)
-    g_remat = jax.grad(lambda p: loss(remat_model, p))(remat_params)
+    g = jax.jit(jax.grad(lambda p: loss(model, p)))(params)
+    g_remat = jax.jit(jax.grad(lambda p: loss(remat_model, p)))(remat_params)
     if remat == "dots":
         g = {"params": _restack(unfreeze(g["params"]), 2)}
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_remat)):
@@ -144,7 +154,7 @@ def test_bfloat16_compute_gives_float32_logits_close_to_float32():
     tok = _tokens(6)
     model, params = _init(LLAMA, tok)
     bf16 = DecoderLM(LLAMA.replace(dtype="bfloat16"))
-    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.unbox(bf16.init(jax.random.PRNGKey(0), tok))))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(jax.eval_shape(bf16.init, jax.random.PRNGKey(0), tok)))
     ref, low = model.apply(params, tok), bf16.apply(params, tok)
     assert low.dtype == jnp.float32
     assert float(jnp.abs(ref - low).max()) < 0.05 * float(jnp.abs(ref).max())
