@@ -12,7 +12,6 @@ from typing import Callable
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from transformer.layers.dtypes import compute_dtypes
 from transformer.models.config import ModelConfig
