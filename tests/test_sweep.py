@@ -1,0 +1,233 @@
+"""Sweeps: stable run ids, the IsoFLOP grid, LR-scan analysis, the results store, the CLI end to end
+(killed and resumed), bad configs, the SLURM dry run."""
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from configs.sweeps import lr_scan as lr_scan_config
+from configs.sweeps import quick
+from experiments import runner
+from transformer.models.config import ConfigError
+from transformer.scaling import grid, lr_scan, results
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A 2-budget × 3-size sweep of the tiniest models, a few dozen steps each (command-line overrides).
+TINY = ["--config.sweep.budgets=1e9,3e9", "--config.sweep.sizes_per_budget=3", "--config.sweep.min_steps=5",
+        "--config.sweep.size_span=8.0", "--config.sweep.prior_tokens_per_param=2.0",
+        "--config.sweep.evals_per_run=4", "--config.sweep.checkpoints_per_run=4",
+        "--config.base.data.seq_len=32", "--config.base.train.batch_size=8", "--config.base.train.eval_steps=1"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _sweep_cmd(workdir: str, *extra: str, config: str = "configs/sweeps/quick.py") -> list[str]:
+    return [sys.executable, "-m", "experiments.sweep", f"--config={config}", f"--workdir={workdir}", *extra]
+
+
+def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_ids_are_stable_and_content_derived():
+    ids = [r.run_id for r in grid.design(quick.get_config())[0]]
+    assert ids == [r.run_id for r in grid.design(quick.get_config())[0]]
+    assert len(set(ids)) == len(ids)
+    assert all(i.startswith("d") and "-C" in i and len(i.rsplit("-", 1)[1]) == 8 for i in ids)
+    moved = quick.get_config()
+    moved.base.data.data_dir = "/somewhere/else"  # where the data lives is not what a run computes
+    assert ids == [r.run_id for r in grid.design(moved)[0]]
+    changed = quick.get_config()
+    changed.sweep.lr_coefficient *= 1.5
+    new_ids = [r.run_id for r in grid.design(changed)[0]]
+    assert all(a != b and a.rsplit("-", 1)[0] == b.rsplit("-", 1)[0] for a, b in zip(ids, new_ids))
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_grid_straddles_prior_with_equal_flops(dense):
+    c = quick.get_config()
+    if dense:  # one layer, widths every 4: N grows smoothly, so the sizes can follow their targets
+        c.sweep.update(dict(d_models=tuple(range(8, 400, 4)), head_dim=4, aspect_ratio=1e4, budgets=(1e12, 1e13)))
+    runs, _ = grid.design(c)
+    s = c.sweep
+    for budget in s.budgets:
+        group = sorted((r for r in runs if r.budget == budget), key=lambda r: r.size)
+        assert len(group) == s.sizes_per_budget
+        sizes = np.array([r.size for r in group], dtype=float)
+        assert sizes[0] < grid.prior_optimum(s, budget) < sizes[-1]
+        for r in group:  # logged FLOPs (the loop's accounting) equal the budget up to rounding of steps
+            assert r.flops == r.steps * r.batch_size * r.seq_len * r.flops_per_token
+            assert abs(r.flops - budget) <= 0.5 * r.batch_size * r.seq_len * r.flops_per_token
+            assert r.config.train.steps == r.steps and r.config.train.learning_rate == r.learning_rate
+            assert r.warmup_steps == min(max(s.warmup_min, round(s.warmup_fraction * r.steps)), r.steps // 2)
+        gaps = np.diff(np.log(sizes))
+        if dense:
+            np.testing.assert_allclose(gaps, math.log(s.size_span) / (s.sizes_per_budget - 1), rtol=0.15)
+        assert gaps.max() / gaps.min() < 3.5
+
+
+def test_grid_lr_rule_from_lr_fit(tmp_path):
+    path = tmp_path / "lr_fit.json"
+    path.write_text(json.dumps({"coefficient": 0.2, "exponent": -0.3, "param_count": "total"}))
+    c = quick.get_config()
+    c.sweep.lr_fit = str(path)
+    c.sweep.lr_max = 1.0
+    for r in grid.design(c)[0]:
+        assert r.learning_rate == pytest.approx(0.2 * r.params ** -0.3)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(budgets=(1e7, 1e11)), r"budget 1e7 is too small for its smallest model d8-L1 .*smallest budget that works is"),
+    (dict(sizes_per_budget=2), r"sweep.sizes_per_budget=2"),
+    (dict(min_steps=2000), r"budget 1e11 has only \d sizes .*sweep.min_sizes=3"),
+    (dict(bogus=1), r"unknown sweep setting\(s\) sweep.bogus"),
+    (dict(d_models=(8, 16, 20)), r"d_model=20 is not a multiple of sweep.head_dim=8"),
+    (dict(mode="grid"), r"sweep.mode='grid'"),
+])
+def test_bad_sweep_configs_name_the_setting(change, message):
+    c = quick.get_config()
+    c.sweep.update(change)
+    with pytest.raises(ConfigError, match=message):
+        grid.design(c)
+
+
+def test_lr_scan_needs_three_points_and_designs_runs():
+    c = lr_scan_config.get_config()
+    runs, _ = grid.design(c)
+    scan = c.sweep.lr_scan
+    assert len(runs) == len(scan.d_models) * scan.num_lrs
+    for d in scan.d_models:  # one token count per size, the learning rates a log grid
+        group = [r for r in runs if r.shape.d_model == d]
+        assert len({r.tokens for r in group}) == 1
+        np.testing.assert_allclose(np.diff(np.log([r.learning_rate for r in group])),
+                                   math.log(scan.lr_max / scan.lr_min) / (scan.num_lrs - 1), rtol=1e-3)
+    c.sweep.lr_scan.num_lrs = 1
+    with pytest.raises(ConfigError, match=r"sweep.lr_scan.num_lrs=1"):
+        grid.design(c)
+
+
+def test_lr_scan_analysis_finds_optimum_and_flags_edges(tmp_path):
+    lrs = np.geomspace(1e-3, 3e-2, 6)
+    true_opt = {1e4: 1.2e-2, 1e5: 6e-3, 1e6: 3e-3}  # = c·N^k with k = -0.301
+    rows = []
+    for n, opt in true_opt.items():
+        for lr in lrs:  # an exact parabola in log lr: the vertex is recovered exactly
+            rows.append({"run_id": f"{n}-{lr}", "status": "ok", "params": int(n), "params_non_embedding": int(n),
+                         "learning_rate": float(lr), "eval_loss": 2.0 + 0.3 * math.log(lr / opt) ** 2,
+                         "d_model": 8, "num_layers": 1})
+    fit = lr_scan.write_lr_fit(str(tmp_path), rows)
+    for s in fit["sizes"]:
+        assert s["lr_opt"] == pytest.approx(true_opt[s["size"]], rel=1e-6) and not s["at_edge"]
+    k_true = math.log(3e-3 / 1.2e-2) / math.log(100)
+    assert fit["exponent"] == pytest.approx(k_true, rel=1e-6)
+    assert fit["coefficient"] * 1e5 ** fit["exponent"] == pytest.approx(6e-3, rel=1e-6)
+    assert json.loads((tmp_path / "lr_fit.json").read_text())["exponent"] == fit["exponent"]
+    assert (tmp_path / "lr_scan.png").stat().st_size > 0
+
+    edge = lr_scan.optimum(lrs, [3.0 - 0.1 * i for i in range(len(lrs))])  # still falling at lr_max
+    assert edge["at_edge"] and edge["edge"] == "high" and edge["lr_opt"] == pytest.approx(lrs[-1])
+    rows = [r for r in rows if r["params"] != 1e6 or r["learning_rate"] > 2e-3]
+    for r in rows:
+        if r["params"] == 1e6:
+            r["eval_loss"] = 2.0 + r["learning_rate"]  # best at the lowest learning rate scanned
+    fit = lr_scan.analyze(rows)
+    assert any("low edge" in w and "lr_min" in w for w in fit["warnings"])
+    assert fit["fit_sizes"] == [10000, 100000]  # the unbracketed optimum stays out of the power law
+
+
+def _append_many(args):
+    sweep_dir, worker = args
+    return [results.append_result(sweep_dir, {"run_id": f"r{i}", "worker": worker}) for i in range(20)]
+
+
+def test_results_append_each_run_once_across_processes(tmp_path):
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        written = pool.map(_append_many, [(str(tmp_path), w) for w in range(4)])
+    assert sum(map(sum, written)) == 20
+    rows = results.read_results(str(tmp_path))
+    assert sorted(r["run_id"] for r in rows) == sorted(f"r{i}" for i in range(20))
+    with open(tmp_path / results.RESULTS, "a") as f:
+        f.write('{"run_id": "torn')  # a writer killed mid-line
+    assert results.append_result(str(tmp_path), {"run_id": "r20"})
+    assert [r["run_id"] for r in results.read_results(str(tmp_path))][-1] == "r20"
+
+
+def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    c = quick.get_config()
+    runs, notes = grid.design(c)
+    doc = runner.sweep_document(c, runs[:2], notes, [1.0, 1.0])
+    for r in doc["runs"]:
+        r["config"]["model"]["activation"] = "bogus"  # fails before any training
+    runner.write_sweep(str(tmp_path), doc)
+    assert runner.run_in_process(str(tmp_path), doc) == 0
+    rows = results.read_results(str(tmp_path))
+    assert [r["run_id"] for r in rows] == [r["run_id"] for r in doc["runs"]]
+    assert all(r["status"] == "failed" and "model.activation='bogus'" in r["error"] for r in rows)
+    assert runner.run_in_process(str(tmp_path), doc) == 0  # a rerun writes nothing twice
+    assert len(results.read_results(str(tmp_path))) == 2
+
+
+def test_sweep_cli_killed_then_resumed_records_each_run_once(tmp_path, corpus_dir):
+    workdir = str(tmp_path / "sweep")
+    cmd = _sweep_cmd(workdir, *TINY, f"--config.base.data.data_dir={corpus_dir}")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while not results.read_results(workdir) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_rows = results.read_results(workdir)
+    assert 1 <= len(killed_rows) < 6, proc.stderr.read()[-2000:]
+
+    out = _run(cmd + ["--parallel=2"])  # the rest in two worker processes, each resuming its run
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = results.read_results(workdir)
+    design = json.load(open(os.path.join(workdir, "sweep.json")))
+    assert sorted(r["run_id"] for r in rows) == sorted(r["run_id"] for r in design["runs"])
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    for r in rows:
+        for key in ("params", "params_non_embedding", "tokens", "flops", "eval_loss", "train_loss", "budget",
+                    "learning_rate", "steps", "batch_size", "seq_len", "wall_seconds", "d_model", "num_layers",
+                    "num_heads", "d_ff"):
+            assert r[key] is not None, key
+        summary = json.load(open(os.path.join(workdir, "runs", r["run_id"], "summary.json")))
+        assert summary["flops"] == pytest.approx(r["flops"]) and summary["status"] == "ok"
+    fit = json.load(open(os.path.join(workdir, "fit", "fit.json")))
+    assert {"approach1", "approach2", "approach3"} <= set(fit)
+    assert [f for f in os.listdir(os.path.join(workdir, "fit")) if f.endswith(".png")]
+
+    again = _run(cmd)  # everything recorded: nothing retrained, nothing appended
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "0 runs to go" in again.stdout
+    assert len(results.read_results(workdir)) == 6
+
+
+def test_cli_errors_and_slurm_dry_run(tmp_path):
+    workdir = str(tmp_path / "s")
+    out = _run(_sweep_cmd(workdir, "--dry_run", "--config.sweep.bogus=3"))
+    assert out.returncode == 2 and "--config.sweep.bogus" in out.stderr, out.stderr[-2000:]
+    out = _run(_sweep_cmd(workdir, "--dry_run", "--config.sweep.budgets=1e7,1e11"))
+    assert out.returncode == 2 and "budget 1e7 is too small" in out.stderr, out.stderr[-2000:]
+    out = _run(_sweep_cmd(workdir, "--dry_run", "--launcher=slurm", "--config.sweep.slurm.time=02:00:00"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    n = len(grid.design(quick.get_config())[0])
+    assert out.stdout.startswith("#!/bin/bash")
+    assert f"#SBATCH --array=0-{n - 1}\n" in out.stdout and "#SBATCH --time=02:00:00" in out.stdout
+    assert "--run_index=$SLURM_ARRAY_TASK_ID" in out.stdout and f"--workdir={workdir}" in out.stdout
+    out = _run(_sweep_cmd(workdir, "--dry_run"))
+    assert out.returncode == 0 and "estimated" in out.stdout and out.stdout.count("-C") == n
+    assert not os.path.exists(workdir)  # a dry run writes nothing
