@@ -272,7 +272,8 @@ def slurm_script(workdir: str, doc: dict[str, Any]) -> str:
         if s[key]:
             lines.append(f"#SBATCH --{key}={s[key]}")
     lines += [f"#SBATCH --output={workdir}/slurm/%A_%a.out",
-              "#SBATCH --signal=TERM@120  # the worker checkpoints on SIGTERM; resubmitting resumes",
+              "#SBATCH --signal=TERM@120",
+              "# Each task trains one run into the shared DIR; on SIGTERM it checkpoints, and resubmitting resumes.",
               "set -euo pipefail", f"cd {REPO_ROOT}"]
     if s["setup"]:
         lines.append(s["setup"])
@@ -281,11 +282,15 @@ def slurm_script(workdir: str, doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def submit_slurm(workdir: str, doc: dict[str, Any]) -> str:
-    """Writes DIR/sweep.sbatch and submits it; returns sbatch's output."""
+def require_sbatch() -> None:
     if not shutil.which("sbatch"):
         raise ConfigError("--launcher=slurm: `sbatch` is not on PATH (no SLURM here); use --dry_run to print "
                           "the job script, or --launcher=local")
+
+
+def submit_slurm(workdir: str, doc: dict[str, Any]) -> str:
+    """Writes DIR/sweep.sbatch and submits it; returns sbatch's output."""
+    require_sbatch()
     os.makedirs(os.path.join(workdir, "slurm"), exist_ok=True)
     path = os.path.join(workdir, "sweep.sbatch")
     with open(path, "w") as f:

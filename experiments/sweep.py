@@ -101,6 +101,7 @@ def main(argv: list[str]) -> None:
             print_table(doc)
         return
     if _LAUNCHER.value == "slurm":
+        runner.require_sbatch()
         runner.write_sweep(workdir, doc)
         print(runner.submit_slurm(workdir, doc))
         return

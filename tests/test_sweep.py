@@ -231,3 +231,20 @@ def test_cli_errors_and_slurm_dry_run(tmp_path):
     out = _run(_sweep_cmd(workdir, "--dry_run"))
     assert out.returncode == 0 and "estimated" in out.stdout and out.stdout.count("-C") == n
     assert not os.path.exists(workdir)  # a dry run writes nothing
+
+
+def test_lr_scan_cli_writes_lr_fit_that_an_isoflop_sweep_uses(tmp_path, corpus_dir):
+    workdir = str(tmp_path / "scan")
+    out = _run(_sweep_cmd(workdir, "--config.sweep.lr_scan.d_models=8,16", "--config.sweep.lr_scan.tokens=20000",
+                          "--config.sweep.lr_scan.num_lrs=3", "--config.sweep.head_dim=8",
+                          "--config.base.data.seq_len=32", "--config.base.train.batch_size=8",
+                          "--config.base.train.eval_steps=1", f"--config.base.data.data_dir={corpus_dir}",
+                          config="configs/sweeps/lr_scan.py"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(results.read_results(workdir)) == 6
+    fit = json.load(open(os.path.join(workdir, "lr_fit.json")))
+    assert [s["size"] for s in fit["sizes"]] == sorted(r["params"] for r in results.read_results(workdir))[::3]
+    c = quick.get_config()
+    c.sweep.update(dict(lr_fit=os.path.join(workdir, "lr_fit.json"), lr_max=10.0))
+    for r in grid.design(c)[0]:
+        assert r.learning_rate == pytest.approx(fit["coefficient"] * r.size ** fit["exponent"])

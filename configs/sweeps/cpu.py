@@ -1,7 +1,9 @@
-"""The CPU IsoFLOP sweep: 4 budgets × 6 models (N ≈ 3e4–1.5e6), about an hour on 2 CPU cores.
+"""The CPU IsoFLOP sweep: 4 budgets × 6 models (N ≈ 2e4–1e6), about an hour on 2 CPU cores.
 
 python -m experiments.sweep --config=configs/sweeps/cpu.py --workdir=DIR [--dry_run]
 Byte tokenizer, seq_len 128, batch 32 (4,096 tokens per step), GPT-2-shaped models, head_dim 16.
+The prior centres each budget on 50 tokens per parameter: the quick sweep's IsoFLOP minima sat near
+300 tokens per parameter at 1e11–6e11 FLOPs, far above Chinchilla's 20 at these tiny, byte-level sizes.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
         budgets=(1e12, 2.5e12, 6e12, 1.5e13),
         d_models=(32, 48, 64, 80, 96, 128, 160, 192, 256),
         head_dim=16, aspect_ratio=32.0,
-        sizes_per_budget=6, size_span=16.0,
+        sizes_per_budget=6, size_span=16.0, prior_tokens_per_param=50.0,
         lr_coefficient=0.05, lr_exponent=-0.25, lr_max=1e-2,
         warmup_fraction=0.05, warmup_min=10,
         evals_per_run=4, checkpoints_per_run=4, logs_per_run=10,
