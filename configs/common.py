@@ -17,6 +17,7 @@ DEFAULT_RULES = (
     ("vocab", "tensor"),
     ("norm", None),
     ("classes", None),
+    ("layers", None),   # the stacked axis of scanned layers (model.scan_layers)
 )
 
 

@@ -23,7 +23,7 @@ PRESETS = {
     "gpt2_medium": dict(GPT2, d_model=1024, num_layers=24, num_heads=16, d_ff=4096),
     "llama_tiny": dict(LLAMA, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=192),
     "llama_small": dict(LLAMA, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, d_ff=1408),
-    # ~1.2B parameters with a 32k vocabulary: the GPU MFU benchmark shape.
+    # ~0.89B parameters with a 32k vocabulary (--config.model.vocab_size=32768): the GPU MFU benchmark shape.
     "llama_1b": dict(LLAMA, d_model=2048, num_layers=16, num_heads=16, num_kv_heads=8, d_ff=5632,
                      max_len=2048),
 }

@@ -5,7 +5,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from absl import app
+from absl import app, logging as absl_logging
 
 from transformer.models.config import ConfigError
 
@@ -35,4 +35,5 @@ def run(main: Callable[[list[str]], None]) -> None:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2)
 
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax/grain INFO lines would drown the progress
     app.run(guarded)

@@ -38,9 +38,13 @@ def make_schedule(train_cfg: Any) -> optax.Schedule:
     return optax.join_schedules([warm, decay], [warmup])
 
 
+DECAYED = ("kernel", "embedding")
+
+
 def decay_mask(params: Any) -> Any:
-    """Weight decay on matrices only: norm scales and biases (1-D) are excluded."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """Weight decay on weight matrices and embeddings (leaves named "kernel"/"embedding") only; norm
+    scales and biases are excluded, whatever their rank (an attention bias is (heads, head_dim))."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) in DECAYED, params)
 
 
 def make_optimizer(train_cfg: Any) -> optax.GradientTransformation:

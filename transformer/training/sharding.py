@@ -58,6 +58,19 @@ def logical_shardings(abstract_boxed: Any, mesh: Mesh, mesh_rules: Sequence[tupl
     return nn.logical_to_mesh_sharding(specs, mesh, mesh_rules)
 
 
+def check_divisible(abstract: Any, shardings: Any) -> None:
+    """Every sharded array dimension must split evenly over its mesh axes; names the first that doesn't."""
+    for (path, leaf), s in zip(jax.tree_util.tree_leaves_with_path(abstract), jax.tree.leaves(shardings)):
+        for dim, (size, axes) in enumerate(zip(leaf.shape, tuple(s.spec) + (None,) * leaf.ndim)):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            ways = int(np.prod([s.mesh.shape[a] for a in axes])) if axes else 1
+            if size % ways:
+                raise ConfigError(
+                    f"parameter {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)} cannot be split: "
+                    f"dimension {dim} ({size}) over mesh axes {axes} ({ways} ways); choose mesh sizes that divide "
+                    f"it, or change the mapping in mesh.rules")
+
+
 def batch_sharding(mesh: Mesh, mesh_rules: Sequence[tuple[str, Any]]) -> NamedSharding:
     """Sharding of a [batch, seq] input array: batch over the axes the `batch` rule names."""
     spec = nn.logical_to_mesh_axes(("batch", "seq"), mesh_rules)

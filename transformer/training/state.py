@@ -37,6 +37,7 @@ def abstract_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: 
     boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, r, seq_len), jax.random.PRNGKey(0))
     shardings = sharding.logical_shardings(boxed, mesh, mesh_rules)
     unboxed = nn.unbox(boxed)
+    sharding.check_divisible(unboxed, shardings)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), unboxed, shardings)
     return abstract, shardings
 

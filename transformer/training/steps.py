@@ -38,7 +38,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *, seed:
             return loss_sum / jnp.maximum(weight_sum, 1.0), weight_sum
 
         (loss, weight_sum), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": grad_norm, "tokens": weight_sum,

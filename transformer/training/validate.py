@@ -17,15 +17,24 @@ def _positive_int(name: str, value: Any) -> None:
         raise ConfigError(f"{name}={value!r} must be a positive integer")
 
 
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """The tokenizer's vocabulary rounded up to a multiple of 128, so the embedding and head split evenly
+    over any power-of-two tensor axis and map well onto matmul units (as nanoGPT and MaxText do)."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
 def model_config(config: Any, vocab_size: int) -> ModelConfig:
-    """The validated ModelConfig: vocab from the tokenizer when model.vocab_size is 0, and the
-    compute dtype from train.compute_dtype."""
+    """The validated ModelConfig: when model.vocab_size is 0, the tokenizer's vocabulary padded to a
+    multiple of 128 (an explicit size is used as is); the compute dtype from train.compute_dtype."""
     if config.train.compute_dtype not in COMPUTE_DTYPES:
         raise ConfigError(f"train.compute_dtype={config.train.compute_dtype!r} is not valid; "
                           f"choose one of {', '.join(COMPUTE_DTYPES)}")
     d = config.model.to_dict()
     if not d.get("vocab_size"):
-        d["vocab_size"] = vocab_size
+        d["vocab_size"] = padded_vocab_size(vocab_size)
     elif d["vocab_size"] < vocab_size:
         raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the tokenizer's vocabulary "
                           f"({vocab_size}); use 0 (take the tokenizer's) or at least {vocab_size}")
