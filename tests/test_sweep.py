@@ -39,7 +39,7 @@ def _sweep_cmd(workdir: str, *extra: str, config: str = "configs/sweeps/quick.py
     return [sys.executable, "-m", "experiments.sweep", f"--config={config}", f"--workdir={workdir}", *extra]
 
 
-def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], timeout: float = 420) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
