@@ -38,6 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.worker_count = 0           # grain worker processes (0: read in the main process)
 
     c.train = ml_collections.ConfigDict()
+    c.train.task = ""                 # "" = the model family's default (decoder: lm); see transformer/tasks
     c.train.steps = 1000
     c.train.batch_size = 16           # global, across all processes
     c.train.learning_rate = 1e-3

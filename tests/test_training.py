@@ -15,6 +15,7 @@ from configs import lm
 from transformer.data import make_lm_iterator, unigram_entropy
 from transformer.models import build_model
 from transformer.models.config import ConfigError
+from transformer.tasks import get_task
 from transformer.training import checkpointing, sharding, steps, validate
 from transformer.training.loop import train
 from transformer.training.optimizer import make_optimizer, make_schedule
@@ -51,10 +52,11 @@ def _run_steps(preset: str, mesh_shape: tuple[int, int, int], devices, n_steps: 
     tx = make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh, devices)
     rules = sharding.rules(c.mesh)
-    state, shardings = init_state(model, tx, 0, 32, mesh, rules)
+    task = get_task(c)
+    state, shardings = init_state(model, tx, 0, (np.zeros((1, 32), np.int32),), mesh, rules)
     init_params = jax.device_get(state.params)
-    train_fn, _ = steps.jit_steps(steps.make_train_step(model, tx, seed=0, use_dropout=False),
-                                  steps.make_eval_step(model), shardings, mesh, rules)
+    train_fn, _ = steps.jit_steps(steps.make_train_step(model, task, tx, seed=0, use_dropout=False),
+                                  steps.make_eval_step(model, task), shardings, mesh, rules)
     rng = np.random.default_rng(0)
     losses = []
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -105,7 +107,7 @@ def test_weight_decay_skips_norms_and_biases():
     model = build_model(validate.model_config(c, 259))
     tx = make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-    state, _ = init_state(model, tx, 0, 8, mesh, sharding.rules(c.mesh))
+    state, _ = init_state(model, tx, 0, (np.zeros((1, 8), np.int32),), mesh, sharding.rules(c.mesh))
     zero_grads = jax.tree.map(np.zeros_like, state.params)
     updates, _ = tx.update(zero_grads, state.opt_state, state.params)
     for path, u in jax.tree_util.tree_leaves_with_path(updates):
@@ -154,7 +156,7 @@ def test_resume_equals_uninterrupted(tmp_path, corpus_dir):
         model_cfg = validate.model_config(c, 259)
         model, tx = build_model(model_cfg), make_optimizer(c.train)
         mesh = sharding.make_mesh(c.mesh)
-        abstract, _ = abstract_state(model, tx, c.data.seq_len, mesh, sharding.rules(c.mesh))
+        abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
         it = make_lm_iterator(c.data, split="train", global_batch_size=8, seed=0)
         ck = checkpointing.Checkpointer(str(tmp_path / d / "checkpoints"))
         step, state = ck.restore(abstract, it)
@@ -175,7 +177,7 @@ def test_restore_onto_another_mesh(tmp_path, corpus_dir):
     for shape in ((8, 1, 1), (2, 2, 2)):
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
         mesh = sharding.make_mesh(c.mesh)
-        abstract, _ = abstract_state(model, tx, c.data.seq_len, mesh, sharding.rules(c.mesh))
+        abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
         ck = checkpointing.Checkpointer(str(tmp_path / "run" / "checkpoints"))
         _, state = ck.restore(abstract, make_lm_iterator(c.data, split="train", global_batch_size=8, seed=0))
         ck.close()

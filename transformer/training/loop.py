@@ -19,10 +19,11 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from transformer.data import get_tokenizer, make_lm_iterator
+from transformer.data import get_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
+from transformer.tasks import get_task
 from transformer.training import checkpointing, hardware, sharding, steps, validate
 from transformer.training.metrics import MetricsWriter
 from transformer.training.optimizer import make_optimizer, make_schedule
@@ -82,25 +83,26 @@ def _global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sha
     return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local.items()}
 
 
-def _abstract_batch(batch_size: int, seq_len: int, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+def _abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes of a global batch, to compile the train step before any data is read."""
-    shape = (batch_size, seq_len)
-    spec = {k: np.int32 for k in ("inputs", "targets", "segment_ids", "positions")} | {"weights": np.float32}
-    return {k: jax.ShapeDtypeStruct(shape, d, sharding=batch_sharding) for k, d in spec.items()}
+    return {k: jax.ShapeDtypeStruct(shape, d, sharding=batch_sharding)
+            for k, (shape, d) in task.batch_spec(config).items()}
 
 
-def evaluate(eval_fn: Callable, params: Any, config: Any, batch_sharding, process_index: int,
-             process_count: int) -> float:
-    """Token-mean loss over the first `train.eval_steps` batches of the eval split (the same every time)."""
-    it = make_lm_iterator(config.data, split=config.data.eval_split, global_batch_size=config.train.batch_size,
-                          seed=config.data.shuffle_seed, process_index=process_index,
-                          process_count=process_count, shuffle=False, repeat=True)
-    loss_sum = weight_sum = 0.0
+def evaluate(eval_fn: Callable, params: Any, task, config: Any, batch_sharding, process_index: int,
+             process_count: int) -> dict[str, float]:
+    """Token-mean loss and accuracy over the first `train.eval_steps` batches of the eval split (the same
+    batches every time)."""
+    it = task.make_iterator(config, split=config.data.eval_split, global_batch_size=config.train.batch_size,
+                            seed=config.data.shuffle_seed, process_index=process_index,
+                            process_count=process_count, shuffle=False, repeat=True)
+    sums = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
     for _ in range(config.train.eval_steps):
-        out = eval_fn(params, _global_batch(next(it), batch_sharding))
-        loss_sum += float(out["loss_sum"])
-        weight_sum += float(out["weight_sum"])
-    return loss_sum / max(weight_sum, 1.0)
+        out = jax.device_get(eval_fn(params, _global_batch(next(it), batch_sharding)))
+        for k in sums:
+            sums[k] += float(out[k])
+    n = max(sums["weight_sum"], 1.0)
+    return {"eval_loss": sums["loss_sum"] / n, "eval_accuracy": sums["correct_sum"] / n}
 
 
 def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | None = None) -> dict:
@@ -130,6 +132,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
         _write_json(os.path.join(workdir, "config.json"), resolved)
 
     t = config.train
+    task = get_task(config)
     model = build_model(model_cfg)
     tx = make_optimizer(t)
     schedule = make_schedule(t)
@@ -139,13 +142,14 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
     tokens_per_step = t.batch_size * config.data.seq_len
 
-    data_it = make_lm_iterator(config.data, split=config.data.train_split, global_batch_size=t.batch_size,
-                               seed=config.data.shuffle_seed + t.seed, process_index=pid, process_count=nproc)
+    data_it = task.make_iterator(config, split=config.data.train_split, global_batch_size=t.batch_size,
+                                 seed=config.data.shuffle_seed + t.seed, process_index=pid, process_count=nproc,
+                                 shuffle=True, repeat=True)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
-    abstract, shardings = abstract_state(model, tx, config.data.seq_len, mesh, rules)
+    abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
     restored = ckpt.restore(abstract, data_it)
     if restored is None:
-        state, _ = init_state(model, tx, t.seed, config.data.seq_len, mesh, rules)
+        state, _ = init_state(model, tx, t.seed, task.init_inputs(config), mesh, rules)
         start_step = 0
     else:
         start_step, state = restored
@@ -156,8 +160,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     writer = MetricsWriter(workdir, enabled=primary, resume_step=start_step)
 
     batch_s = sharding.batch_sharding(mesh, rules)
-    train_step = steps.make_train_step(model, tx, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0)
-    train_fn, eval_fn = steps.jit_steps(train_step, steps.make_eval_step(model), shardings, mesh, rules)
+    train_step = steps.make_train_step(model, task, tx, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0)
+    train_fn, eval_fn = steps.jit_steps(train_step, steps.make_eval_step(model, task), shardings, mesh, rules)
 
     stop = {"signal": None}
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -169,14 +173,14 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
         signal.signal(s, on_signal)
 
     progress = _Progress(t.steps, verbose and primary)
-    status, error, eval_loss, train_loss = "ok", None, None, None
+    status, error, eval_loss, eval_accuracy, train_loss = "ok", None, None, None, None
     compile_seconds, timed_tokens, timed_seconds = 0.0, 0, 0.0
     step = start_step
     last_saved = start_step
     try:
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             t_compile = time.time()
-            train_fn = train_fn.lower(state, _abstract_batch(t.batch_size, config.data.seq_len, batch_s)).compile()
+            train_fn = train_fn.lower(state, _abstract_batch(task, config, batch_s)).compile()
             compile_seconds = time.time() - t_compile
             window_start, window_steps = time.time(), 0
             while step < t.steps:
@@ -204,8 +208,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                            "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
                     extra = ""
                     if is_eval:
-                        eval_loss = evaluate(eval_fn, state.params, config, batch_s, pid, nproc)
-                        row["eval_loss"] = eval_loss
+                        row.update(evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc))
+                        eval_loss, eval_accuracy = row["eval_loss"], row["eval_accuracy"]
                         extra = f" | eval {eval_loss:.4f}"
                     writer.write(step, row)
                     progress(step, train_loss, tps, elapsed / window_steps, extra)
@@ -234,7 +238,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
             "status": status, "error": error, "step": step, "steps": t.steps,
             "params": counts["total"], "params_non_embedding": counts["non_embedding"],
             "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
-            "eval_loss": eval_loss, "train_loss": train_loss,
+            "eval_loss": eval_loss, "eval_accuracy": eval_accuracy, "train_loss": train_loss, "task": task.name,
             "wall_seconds": time.time() - t_start, "compile_seconds": compile_seconds,
             "tokens_per_second": tps,
             "mfu": (tps * fpt / (peak["flops"] * jax.device_count())) if (tps and peak["flops"]) else None,

@@ -25,16 +25,19 @@ class TrainState:
     opt_state: Any       # optax state, sharded like the parameters it mirrors
 
 
-def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array, seq_len: int) -> TrainState:
-    tokens_BT = jnp.zeros((1, seq_len), jnp.int32)
-    params = model.init(rng, tokens_BT)["params"]   # nn.Partitioned boxes carry logical names
+def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array,
+                init_inputs: tuple) -> TrainState:
+    params = model.init(rng, *init_inputs)["params"]   # nn.Partitioned boxes carry logical names
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def abstract_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: int, mesh: Mesh,
+def abstract_state(model: nn.Module, tx: optax.GradientTransformation, init_inputs: tuple, mesh: Mesh,
                    mesh_rules: Any) -> tuple[TrainState, TrainState]:
-    """(abstract unboxed state with shardings attached, the shardings) — no arrays allocated."""
-    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, r, seq_len), jax.random.PRNGKey(0))
+    """(abstract unboxed state with shardings attached, the shardings) — no arrays allocated.
+
+    `init_inputs`: the example arguments of `model.init` (a task's `init_inputs(config)`).
+    """
+    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, r, init_inputs), jax.random.PRNGKey(0))
     shardings = sharding.logical_shardings(boxed, mesh, mesh_rules)
     unboxed = nn.unbox(boxed)
     sharding.check_divisible(unboxed, shardings)
@@ -42,11 +45,11 @@ def abstract_state(model: nn.Module, tx: optax.GradientTransformation, seq_len: 
     return abstract, shardings
 
 
-def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, seq_len: int, mesh: Mesh,
+def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, init_inputs: tuple, mesh: Mesh,
                mesh_rules: Any) -> tuple[TrainState, TrainState]:
     """A freshly initialised state, sharded on `mesh`; returns (state, shardings)."""
-    _, shardings = abstract_state(model, tx, seq_len, mesh, mesh_rules)
+    _, shardings = abstract_state(model, tx, init_inputs, mesh, mesh_rules)
     # Traced outside any mesh/rules context: the out_shardings alone place every array, and flax's
     # unboxing then adds no sharding constraints of its own to the (reshaped) initialisers.
-    init = jax.jit(lambda r: nn.unbox(_init_boxed(model, tx, r, seq_len)), out_shardings=shardings)
+    init = jax.jit(lambda r: nn.unbox(_init_boxed(model, tx, r, init_inputs)), out_shardings=shardings)
     return init(jax.random.PRNGKey(seed)), shardings

@@ -1,6 +1,7 @@
 """The jitted train and eval steps: sharded inputs and outputs, the state donated.
 
-Batch dict (global arrays, [B, T]): inputs, targets, segment_ids, positions (int32), weights (float32).
+What a batch holds and how the model consumes it is the task's business (transformer/tasks/); the
+steps only see (logits, targets, weights) and a weighted cross-entropy.
 """
 from __future__ import annotations
 
@@ -12,29 +13,22 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from transformer.tasks.base import Batch, Task
 from transformer.training import sharding
 from transformer.training.losses import cross_entropy
 from transformer.training.state import TrainState
 
-Batch = dict[str, jax.Array]
 
-
-def _logits(model: nn.Module, params: Any, batch: Batch, *, deterministic: bool, rng: jax.Array | None):
-    rngs = {"dropout": rng} if rng is not None else None
-    return model.apply({"params": params}, batch["inputs"], batch["positions"], batch["segment_ids"],
-                       deterministic=deterministic, rngs=rngs)
-
-
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *, seed: int,
+def make_train_step(model: nn.Module, task: Task, tx: optax.GradientTransformation, *, seed: int,
                     use_dropout: bool) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """One optimizer update. Metrics: loss (token mean), grad_norm, finite (loss and grads)."""
+    """One optimizer update. Metrics: loss (weighted token mean), grad_norm, tokens, finite."""
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        rng = jax.random.fold_in(jax.random.PRNGKey(seed), state.step) if use_dropout else None
+        rngs = {"dropout": jax.random.fold_in(jax.random.PRNGKey(seed), state.step)} if use_dropout else None
 
         def loss_fn(params):
-            logits_BTV = _logits(model, params, batch, deterministic=not use_dropout, rng=rng)
-            loss_sum, weight_sum = cross_entropy(logits_BTV, batch["targets"], batch["weights"])
+            logits, targets, weights = task.forward(model, params, batch, deterministic=not use_dropout, rngs=rngs)
+            loss_sum, weight_sum = cross_entropy(logits, targets, weights)
             return loss_sum / jnp.maximum(weight_sum, 1.0), weight_sum
 
         (loss, weight_sum), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -48,13 +42,14 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *, seed:
     return train_step
 
 
-def make_eval_step(model: nn.Module) -> Callable[[Any, Batch], dict]:
-    """Sums of token losses and weights for one batch (accumulate, then divide)."""
+def make_eval_step(model: nn.Module, task: Task) -> Callable[[Any, Batch], dict]:
+    """Sums over one batch of token losses, weights and correct argmax predictions."""
 
     def eval_step(params: Any, batch: Batch) -> dict:
-        logits_BTV = _logits(model, params, batch, deterministic=True, rng=None)
-        loss_sum, weight_sum = cross_entropy(logits_BTV, batch["targets"], batch["weights"])
-        return {"loss_sum": loss_sum, "weight_sum": weight_sum}
+        logits, targets, weights = task.forward(model, params, batch, deterministic=True, rngs=None)
+        loss_sum, weight_sum = cross_entropy(logits, targets, weights)
+        correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights.astype(jnp.float32))
+        return {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct}
 
     return eval_step
 

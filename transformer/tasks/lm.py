@@ -1,0 +1,29 @@
+"""Next-token language modelling on packed rows (decoder-only models)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from transformer.data import make_lm_iterator
+
+LM_KEYS = ("inputs", "targets", "segment_ids", "positions")
+
+
+class LMTask:
+    name = "lm"
+
+    def batch_spec(self, config: Any) -> dict:
+        shape = (config.train.batch_size, config.data.seq_len)
+        return {k: (shape, np.int32) for k in LM_KEYS} | {"weights": (shape, np.float32)}
+
+    def make_iterator(self, config: Any, **kwargs: Any):
+        return make_lm_iterator(config.data, **kwargs)
+
+    def init_inputs(self, config: Any) -> tuple:
+        return (np.zeros((1, config.data.seq_len), np.int32),)
+
+    def forward(self, model, params, batch, *, deterministic, rngs):
+        logits_BTV = model.apply({"params": params}, batch["inputs"], batch["positions"], batch["segment_ids"],
+                                 deterministic=deterministic, rngs=rngs)
+        return logits_BTV, batch["targets"], batch["weights"]
