@@ -91,11 +91,11 @@ def _abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDty
 
 def evaluate(eval_fn: Callable, params: Any, task, config: Any, batch_sharding, process_index: int,
              process_count: int) -> dict[str, float]:
-    """Token-mean loss and accuracy over the first `train.eval_steps` batches of the eval split (the same
-    batches every time)."""
+    """Token-mean loss and accuracy over the first `train.eval_steps` batches of the eval split, shuffled
+    with a fixed seed so they sample the whole split (and are the same batches at every evaluation)."""
     it = task.make_iterator(config, split=config.data.eval_split, global_batch_size=config.train.batch_size,
                             seed=config.data.shuffle_seed, process_index=process_index,
-                            process_count=process_count, shuffle=False, repeat=True)
+                            process_count=process_count, shuffle=True, repeat=True)
     sums = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
     for _ in range(config.train.eval_steps):
         out = jax.device_get(eval_fn(params, _global_batch(next(it), batch_sharding)))
