@@ -8,22 +8,25 @@ Parameters, per piece (b = 1 with cfg.use_bias, else 0):
   feed-forward    plain 2·D·F, gated 3·D·F                  + b·(F + D) plain, b·(2F + D) gated
   norm            LayerNorm D + b·D (scale, bias); RMSNorm D
   block           attention + FFN + 2 norms; a cross-attention block adds attention + 1 norm
-  embedding       V·D token table; + max_len·D learned position table
+  embedding       V·D token table; + max_len·D learned position table per stack
   head            untied: D·V (no bias); tied: 0
   final norm      one per stack with pre-LN; embedding_norm adds one per stack
 Families: decoder = embedding + L blocks + final norm + head. encoder = the same with bidirectional
-blocks, plus a classification head D·C + b·C when num_classes > 0. encoder_decoder = one shared
-token table (and one shared learned position table), L_e self-attention blocks and L_d blocks with
-cross-attention, a final norm per stack (pre-LN), one head.
+blocks, then either the BERT masked-LM head (transform D·D + b·D, a norm, the head, an output bias
+b·V) or, when num_classes > 0, the BERT pooler D·D + b·D and a classifier D·C + b·C.
+encoder_decoder = one token table shared by both stacks and the tied head, a learned position table
+per stack (as BART), L_e self-attention blocks and L_d blocks with cross-attention, a final norm per
+stack (pre-LN), one head.
 `non_embedding` = total − token table − learned position table (an untied head counts as non-embedding).
 
 FLOPs per token of training (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
   six_n           6 · N_matmul, N_matmul = matmul weights of the blocks (attention and FFN kernels,
-                  no biases or norms) + V·D for the output head, tied or not (it is a matmul either way)
+                  no biases or norms) + V·D for the output head, tied or not (it is a matmul either way);
+                  an encoder's masked-LM head adds its D·D transform
   with_attention  six_n + 12 · L · T · N · H   (QKᵀ and AV: 2·T·N·H each per token forward, ×3; the
                   full T, not halved for causal masks — Hoffmann et al. 2022, App. F). encoder_decoder:
                   L counts encoder self-, decoder self- and cross-attention layers, each with T keys.
-The classification head's FLOPs (once per sequence) are left out.
+A classifying encoder has no vocabulary head; its pooler and classifier (once per sequence) are left out.
 """
 from __future__ import annotations
 
@@ -71,20 +74,37 @@ def _matmul_and_other(cfg: ModelConfig) -> tuple[int, int]:
     return matmul, other
 
 
+def _has_vocab_head(cfg: ModelConfig) -> bool:
+    return not (cfg.family == "encoder" and cfg.num_classes)
+
+
+def _encoder_head_params(cfg: ModelConfig) -> int:
+    """An encoder's head besides the vocabulary projection: masked-LM transform, norm and output bias,
+    or pooler and classifier."""
+    D, b = cfg.d_model, int(cfg.use_bias)
+    if cfg.num_classes:
+        return D * D + b * D + D * cfg.num_classes + b * cfg.num_classes
+    return D * D + b * D + _norm_params(cfg) + b * cfg.vocab_size
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """{"total", "non_embedding", "embedding"} parameter counts of the model cfg builds."""
     V, D = cfg.vocab_size, cfg.d_model
-    embedding = V * D + (cfg.max_len * D if cfg.positional == "learned" else 0)
+    embedding = V * D + (len(_stacks(cfg)) * cfg.max_len * D if cfg.positional == "learned" else 0)
     matmul, other = _matmul_and_other(cfg)
-    non_embedding = matmul + other + (0 if cfg.tie_embeddings else D * V)
-    if cfg.family == "encoder" and cfg.num_classes:
-        non_embedding += D * cfg.num_classes + (cfg.num_classes if cfg.use_bias else 0)
+    non_embedding = matmul + other + (0 if cfg.tie_embeddings or not _has_vocab_head(cfg) else D * V)
+    if cfg.family == "encoder":
+        non_embedding += _encoder_head_params(cfg)
     return {"total": embedding + non_embedding, "non_embedding": non_embedding, "embedding": embedding}
 
 
 def matmul_params(cfg: ModelConfig) -> int:
-    """N_matmul: the blocks' matmul weights plus the output head's V·D (tied or not)."""
-    return _matmul_and_other(cfg)[0] + cfg.vocab_size * cfg.d_model
+    """N_matmul: the blocks' matmul weights plus the output head's V·D (tied or not) and, for a masked-LM
+    encoder, its D·D transform."""
+    if not _has_vocab_head(cfg):
+        return _matmul_and_other(cfg)[0]
+    mlm_transform = cfg.d_model * cfg.d_model if cfg.family == "encoder" else 0
+    return _matmul_and_other(cfg)[0] + mlm_transform + cfg.vocab_size * cfg.d_model
 
 
 def attention_layers(cfg: ModelConfig) -> int:
