@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.layers.positional import apply_rope
-from transformer.models.config import ATTENTION_IMPLS, ConfigError, ModelConfig
+from transformer.layers import positional
+from transformer.models.config import ConfigError, ModelConfig
 
 
 def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,
@@ -82,6 +82,39 @@ def dot_product_attention_einsum(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: j
     return out_BTNH
 
 
+def _einsum_impl(q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
+    T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+    mask_B1TS = make_attention_mask(T, S, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
+                                    kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
+    return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS)
+
+
+def _jax_nn_impl(backend: str | None):
+    """jax.nn.dot_product_attention: XLA's fused attention (backend None) or cuDNN flash attention."""
+
+    def impl(q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
+        T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+        segment_mask_B1TS = make_attention_mask(T, S, causal=False, q_segment_ids_BT=q_segment_ids_BT,
+                                                kv_segment_ids_BS=kv_segment_ids_BS)
+        window = None
+        if sliding_window:
+            window = (sliding_window - 1, 0) if causal else (sliding_window - 1, sliding_window - 1)
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=segment_mask_B1TS, is_causal=causal,
+                                            local_window_size=window, implementation=backend)
+
+    return impl
+
+
+# `model.attention_impl` selects one by name; ModelConfig validates against this registry. A new
+# variant is a function with this signature and one line here (the einsum path stays the reference
+# that tests compare against).
+ATTENTION_IMPLEMENTATIONS = {
+    "einsum": _einsum_impl,
+    "xla": _jax_nn_impl(None),
+    "cudnn": _jax_nn_impl("cudnn"),
+}
+
+
 def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, *, causal: bool,
                           q_segment_ids_BT: jax.Array | None = None,
                           kv_segment_ids_BS: jax.Array | None = None,
@@ -91,24 +124,19 @@ def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Arra
 
     return_weights forces the einsum reference and returns (out_BTNH, weights_BNTS).
     """
-    if implementation not in ATTENTION_IMPLS:
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ConfigError(f"model.attention_impl={implementation!r} is not valid; "
-                          f"choose one of {', '.join(ATTENTION_IMPLS)}")
+                          f"choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     T, S = q_BTNH.shape[1], k_BSKH.shape[1]
     if causal and T != S:
         raise ValueError(f"causal attention needs as many queries as keys, got T={T}, S={S}")
-    if return_weights or implementation == "einsum":
+    if return_weights:
         mask_B1TS = make_attention_mask(T, S, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
                                         kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
-        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, return_weights=return_weights)
-    segment_mask_B1TS = make_attention_mask(T, S, causal=False, q_segment_ids_BT=q_segment_ids_BT,
-                                            kv_segment_ids_BS=kv_segment_ids_BS)
-    window = None
-    if sliding_window:
-        window = (sliding_window - 1, 0) if causal else (sliding_window - 1, sliding_window - 1)
-    return jax.nn.dot_product_attention(
-        q_BTNH, k_BSKH, v_BSKH, mask=segment_mask_B1TS, is_causal=causal, local_window_size=window,
-        implementation="cudnn" if implementation == "cudnn" else None)
+        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, return_weights=True)
+    return ATTENTION_IMPLEMENTATIONS[implementation](
+        q_BTNH, k_BSKH, v_BSKH, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
+        kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
 
 
 class Projection(nn.Module):
@@ -181,11 +209,11 @@ class MultiHeadAttention(nn.Module):
         q_BTNH = proj(N, "heads", "query")(x_BTD)
         k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
         v_BSKH = proj(K, "kv_heads", "value")(kv_BSD)
-        if cfg.positional == "rope" and not cross:
+        if cfg.positional in positional.ROTARY and not cross:
             if positions_BT is None:
-                raise ValueError("RoPE attention needs positions_BT")
-            q_BTNH = apply_rope(q_BTNH, positions_BT, cfg.rope_base)
-            k_BSKH = apply_rope(k_BSKH, positions_BT, cfg.rope_base)
+                raise ValueError(f"{cfg.positional} attention needs positions_BT")
+            q_BTNH = positional.ROTARY[cfg.positional](cfg, q_BTNH, positions_BT)
+            k_BSKH = positional.ROTARY[cfg.positional](cfg, k_BSKH, positions_BT)
         q_BTNH = nn.with_logical_constraint(q_BTNH, ("batch", "seq", "heads", "head_dim"))
         k_BSKH = nn.with_logical_constraint(k_BSKH, ("batch", "seq", "kv_heads", "head_dim"))
         v_BSKH = nn.with_logical_constraint(v_BSKH, ("batch", "seq", "kv_heads", "head_dim"))

@@ -2,13 +2,14 @@
 
 Legend: B batch, T sequence, D model width, F hidden width (cfg.d_ff).
 
-Activations: "relu"; "gelu" is the exact erf GELU; "gelu_tanh" is the tanh approximation that
-GPT-2 uses (HF "gelu_new"), needed for checkpoint parity; "swiglu" gates with SiLU and "geglu" with
-the exact GELU. Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x).
+Activations, registered in ACTIVATIONS by the name `model.activation` selects (ModelConfig validates
+against it; adding one is a line here): "relu"; "gelu" is the exact erf GELU; "gelu_tanh" is the tanh
+approximation that GPT-2 uses (HF "gelu_new"), needed for checkpoint parity; "swiglu" gates with SiLU
+and "geglu" with the exact GELU. Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -16,12 +17,17 @@ import jax
 from transformer.layers.dtypes import compute_dtypes
 from transformer.models.config import ModelConfig
 
-ACTIVATION_FNS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "relu": nn.relu,
-    "gelu": lambda x: nn.gelu(x, approximate=False),
-    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
-    "swiglu": nn.silu,
-    "geglu": lambda x: nn.gelu(x, approximate=False),
+class Activation(NamedTuple):
+    fn: Callable[[jax.Array], jax.Array]
+    gated: bool  # True: act(wi_gate x) * wi_up x (two input projections)
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    "relu": Activation(nn.relu, gated=False),
+    "gelu": Activation(lambda x: nn.gelu(x, approximate=False), gated=False),
+    "gelu_tanh": Activation(lambda x: nn.gelu(x, approximate=True), gated=False),
+    "swiglu": Activation(nn.silu, gated=True),
+    "geglu": Activation(lambda x: nn.gelu(x, approximate=False), gated=True),
 }
 
 
@@ -34,9 +40,6 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         cfg = self.cfg
-        if cfg.activation not in ACTIVATION_FNS:
-            raise ValueError(f"model.activation={cfg.activation!r} is not valid; "
-                             f"choose one of {', '.join(ACTIVATION_FNS)}")
         dtype, param_dtype = compute_dtypes(cfg)
 
         def dense(features: int, names: tuple[str, str], std: float, name: str) -> nn.Dense:
@@ -45,8 +48,8 @@ class FeedForward(nn.Module):
                             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]),
                             name=name)
 
-        act = ACTIVATION_FNS[cfg.activation]
-        if cfg.gated:
+        act, gated = ACTIVATIONS[cfg.activation]
+        if gated:
             h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_gate")(x_BTD))
             h_BTF = h_BTF * dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_up")(x_BTD)
         else:

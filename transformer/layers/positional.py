@@ -1,12 +1,17 @@
-"""Position information: sinusoidal (Vaswani et al. 2017), learned absolute, rotary (RoPE).
+"""Position information: sinusoidal (Vaswani et al. 2017), learned absolute, rotary (RoPE), none.
 
 Legend: B batch, T sequence, D model width, N heads, H head dimension.
 
-`none` needs no code: the model simply adds nothing (causal masking alone leaks some position).
+Every encoding is registered at the bottom of this file, by the name `model.positional` selects:
+  ABSOLUTE  name -> fn(cfg, positions_BT) -> pos_BTD, added to the token embeddings (a function that
+            needs parameters creates its Linen submodule inside the calling model);
+  ROTARY    name -> fn(cfg, x_BTNH, positions_BT) -> x_BTNH, applied to queries and keys in self-attention;
+  "none"    adds nothing (causal masking alone leaks some position).
+Adding an encoding is a function here and one registry line; ModelConfig validates against the registry.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -61,3 +66,27 @@ def apply_rope(x_BTNH: jnp.ndarray, positions_BT: jnp.ndarray, base: float = 100
     x = x_BTNH.astype(jnp.float32)
     out = x * jnp.cos(angles_BT1H) + _rotate_half(x) * jnp.sin(angles_BT1H)
     return out.astype(x_BTNH.dtype)
+
+
+def _learned(cfg: Any, positions_BT: jnp.ndarray) -> jnp.ndarray:
+    from transformer.layers.dtypes import compute_dtypes
+    dtype, param_dtype = compute_dtypes(cfg)
+    return LearnedPositions(cfg.max_len, cfg.d_model, dtype, param_dtype, name="position_embedding")(positions_BT)
+
+
+def _sinusoidal(cfg: Any, positions_BT: jnp.ndarray) -> jnp.ndarray:
+    return sinusoidal_table(positions_BT, cfg.d_model)
+
+
+def _rope(cfg: Any, x_BTNH: jnp.ndarray, positions_BT: jnp.ndarray) -> jnp.ndarray:
+    return apply_rope(x_BTNH, positions_BT, cfg.rope_base)
+
+
+ABSOLUTE: dict[str, Callable[[Any, jnp.ndarray], jnp.ndarray]] = {
+    "learned": _learned,
+    "sinusoidal": _sinusoidal,
+}
+ROTARY: dict[str, Callable[[Any, jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {
+    "rope": _rope,
+}
+POSITIONAL_ENCODINGS = (*ABSOLUTE, *ROTARY, "none")

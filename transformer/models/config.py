@@ -11,13 +11,18 @@ import dataclasses
 from typing import Any, Mapping
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder")
-POSITIONALS = ("sinusoidal", "learned", "rope", "none")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+def registries() -> dict[str, tuple[str, ...]]:
+    """Valid names for the settings whose implementations are registered next to their code (so adding
+    one is a one-file change): positional encodings, activations, attention implementations."""
+    from transformer.layers import attention, feedforward, positional  # they import this module
+    return {"positional": positional.POSITIONAL_ENCODINGS, "activation": tuple(feedforward.ACTIVATIONS),
+            "attention_impl": tuple(attention.ATTENTION_IMPLEMENTATIONS)}
 
 
 class ConfigError(ValueError):
@@ -69,11 +74,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _choice("model.family", self.family, FAMILIES)
-        _choice("model.positional", self.positional, POSITIONALS)
-        _choice("model.activation", self.activation, ACTIVATIONS)
+        for name, valid in registries().items():
+            _choice(f"model.{name}", getattr(self, name), valid)
         _choice("model.norm", self.norm, NORMS)
         _choice("model.norm_position", self.norm_position, NORM_POSITIONS)
-        _choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _choice("model.dtype", self.dtype, DTYPES)
         _choice("model.param_dtype", self.param_dtype, DTYPES)
         _choice("model.remat", self.remat, REMAT_POLICIES)
@@ -114,7 +118,8 @@ class ModelConfig:
 
     @property
     def gated(self) -> bool:
-        return self.activation in ("swiglu", "geglu")
+        from transformer.layers.feedforward import ACTIVATIONS
+        return ACTIVATIONS[self.activation].gated
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":

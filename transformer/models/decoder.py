@@ -30,28 +30,28 @@ import jax.numpy as jnp
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
 from transformer.layers.norms import make_norm
-from transformer.layers.positional import LearnedPositions, sinusoidal_table
+from transformer.layers import positional
 from transformer.models.blocks import BlockStack
 from transformer.models.config import ModelConfig
 
 
-def embed_inputs(cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Array, positions_BT: jax.Array,
-                 learned_positions: nn.Module | None) -> jax.Array:
-    """Steps 1–2: token embedding (scaled if asked) plus absolute positions, in the compute dtype."""
+def embed_inputs(cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Array,
+                 positions_BT: jax.Array) -> jax.Array:
+    """Steps 1–2: token embedding (scaled if asked) plus an absolute position encoding, in the compute
+    dtype. Call inside a compact module: a learned table becomes its "position_embedding" submodule."""
     dtype, _ = compute_dtypes(cfg)
     x_BTD = embedding(tokens_BT)
     if cfg.scale_embeddings:
         x_BTD = x_BTD * jnp.sqrt(jnp.asarray(cfg.d_model, dtype))
-    if cfg.positional == "learned":
-        x_BTD = x_BTD + learned_positions(positions_BT)
-    elif cfg.positional == "sinusoidal":
-        x_BTD = x_BTD + sinusoidal_table(positions_BT, cfg.d_model).astype(dtype)
+    if cfg.positional in positional.ABSOLUTE:
+        x_BTD = x_BTD + positional.ABSOLUTE[cfg.positional](cfg, positions_BT).astype(dtype)
     return x_BTD.astype(dtype)
 
 
 class DecoderLM(nn.Module):
     """tokens_BT -> logits_BTV (float32). sow_attention_weights: store every layer's weights_BNTS
-    in the "intermediates" collection (forces the einsum attention)."""
+    in the "intermediates" collection (forces the einsum attention). return_hidden=True: the final
+    (normed) hidden states x_BTD instead, which `output_logits` turns into the logits (chunked loss)."""
 
     cfg: ModelConfig
     sow_attention_weights: bool = False
@@ -59,7 +59,7 @@ class DecoderLM(nn.Module):
     @nn.compact
     def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None,
                  segment_ids_BT: jax.Array | None = None, *, deterministic: bool = True,
-                 decode: bool = False) -> jax.Array:
+                 decode: bool = False, return_hidden: bool = False) -> jax.Array:
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
         B, T = tokens_BT.shape
@@ -73,9 +73,7 @@ class DecoderLM(nn.Module):
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
         embedding = TokenEmbedding(cfg, name="token_embedding")
-        learned = (LearnedPositions(cfg.max_len, cfg.d_model, dtype, param_dtype, name="position_embedding")
-                   if cfg.positional == "learned" else None)
-        x_BTD = embed_inputs(cfg, embedding, tokens_BT, positions_BT, learned)
+        x_BTD = embed_inputs(cfg, embedding, tokens_BT, positions_BT)
         if cfg.embedding_norm:
             x_BTD = make_norm(cfg, "embedding_norm")(x_BTD)
         x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
@@ -86,5 +84,15 @@ class DecoderLM(nn.Module):
 
         if cfg.norm_position == "pre":
             x_BTD = make_norm(cfg, "final_norm")(x_BTD)
+        if return_hidden:  # the final hidden states x_BTD; `output_logits` applies the head to them
+            return x_BTD
         logits_BTV = embedding.attend(x_BTD) if cfg.tie_embeddings else OutputHead(cfg, name="head")(x_BTD)
         return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "vocab"))
+
+
+def output_logits(cfg: ModelConfig, params: dict, x_BTD: jax.Array) -> jax.Array:
+    """Step 6 alone: a DecoderLM's output head (tied or not) applied to hidden states x_B...D -> logits
+    (float32), from the model's parameters. `apply(..., return_hidden=True)` then this equals `apply`."""
+    if cfg.tie_embeddings:
+        return TokenEmbedding(cfg).apply({"params": params["token_embedding"]}, x_BTD, method="attend")
+    return OutputHead(cfg).apply({"params": params["head"]}, x_BTD)
