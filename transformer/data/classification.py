@@ -1,0 +1,157 @@
+"""Sequence classification on the built-in corpus: which standard-library package a snippet comes from.
+
+Shapes: N snippets, B = local batch rows, T = data.seq_len.
+Labels come from the `path` feature of `stdlib_py`: the top-level directory of a file, when it is one
+of `data.classes` (default `DEFAULT_CLASSES`, packages present in Python 3.11–3.13 with 30–125 files
+each); other files are left out. Each file is cut into snippets of T tokens: bos + T − 1 tokens of
+the file, non-overlapping, the last one kept (padded) when at least half full. To keep the classes
+balanced-ish, each class keeps at most MAX_CLASS_RATIO × the smallest class's snippets of the split
+(a fixed random subset).
+Files are split by their own hash (`split_of`, HOLDOUT_PERCENT% to "validation", whatever the corpus
+split): the corpus's 2% validation split holds too few files of these packages. A masked LM
+pre-trained on the corpus's train split has therefore seen the text (never the labels) of some
+classification validation files.
+A batch holds: inputs, segment_ids (1 real, 0 padding), positions int32 [B, T]; labels int32 [B];
+weights float32 [B] (0 on the all-padding rows that fill a last, partial batch).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import json
+from typing import Any
+
+import grain
+import ml_collections
+import numpy as np
+
+from transformer.data import corpus, tokenizers
+from transformer.data.mlm import transform_seed
+from transformer.data.pipeline import local_batch_size
+from transformer.models.config import ConfigError
+
+DEFAULT_CLASSES = ("asyncio", "email", "encodings", "idlelib", "tkinter", "unittest")
+HOLDOUT_PERCENT = 20
+MAX_CLASS_RATIO = 2        # a class keeps at most this many times the smallest class's snippets
+SUBSAMPLE_SEED = 0
+SPLITS = ("train", "validation")
+
+
+def split_of(path: str) -> str:
+    """"validation" for ~HOLDOUT_PERCENT% of files (sha1 of the path, salted), else "train"."""
+    digest = hashlib.sha1(f"classification:{path}".encode("utf-8")).digest()
+    return "validation" if int.from_bytes(digest[:8], "big") % 100 < HOLDOUT_PERCENT else "train"
+
+
+def label_of(path: str, classes: tuple[str, ...]) -> int | None:
+    """Index in `classes` of the file's top-level package, or None."""
+    top = path.split("/", 1)[0] if "/" in path else None
+    return classes.index(top) if top in classes else None
+
+
+def classes_of(data_cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
+    classes = tuple(data_cfg.get("classes", DEFAULT_CLASSES))
+    if len(classes) < 2 or len(set(classes)) != len(classes):
+        raise ConfigError(f"data.classes={classes!r} must name at least two distinct top-level packages")
+    return classes
+
+
+def _snippets(ids_L: np.ndarray, seq_len: int, bos_id: int) -> list[np.ndarray]:
+    body = seq_len - 1
+    return [np.concatenate([[bos_id], ids_L[i:i + body]]).astype(np.int32)
+            for i in range(0, len(ids_L), body) if len(ids_L[i:i + body]) * 2 >= body]
+
+
+@functools.lru_cache(maxsize=8)
+def _load(data_cfg_json: str, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens_NT, lengths_N, labels_N) of `split`, cached per data settings."""
+    data_cfg = ml_collections.ConfigDict(json.loads(data_cfg_json))
+    classes, seq_len = classes_of(data_cfg), int(data_cfg.seq_len)
+    tokenizer = tokenizers.get_tokenizer(data_cfg)
+    tokens, lengths, labels = [], [], []
+    for corpus_split in (data_cfg.train_split, data_cfg.eval_split):
+        source = corpus.load_split(data_cfg, corpus_split)
+        for i in range(len(source)):
+            record = source[i]
+            path = record["path"].decode("utf-8") if isinstance(record["path"], bytes) else record["path"]
+            label = label_of(path, classes)
+            if label is None or split_of(path) != split:
+                continue
+            for snippet in _snippets(tokenizer.encode(record["text"]), seq_len, tokenizer.bos_id):
+                tokens.append(np.pad(snippet, (0, seq_len - len(snippet))))
+                lengths.append(len(snippet))
+                labels.append(label)
+    labels_N = np.asarray(labels, np.int32)
+    counts_C = np.bincount(labels_N, minlength=len(classes))
+    if counts_C.min() == 0:
+        missing = [c for c, n in zip(classes, counts_C) if n == 0]
+        raise ConfigError(f"data.classes: no files of {missing} in the {split!r} split of this corpus")
+    rng = np.random.default_rng(SUBSAMPLE_SEED)
+    cap = MAX_CLASS_RATIO * int(counts_C.min())
+    keep_N = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels_N == c))[:cap]
+                                     for c in range(len(classes))]))
+    return np.stack(tokens)[keep_N], np.asarray(lengths, np.int32)[keep_N], labels_N[keep_N]
+
+
+def load_snippets(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens_NT int32, lengths_N, labels_N) of the classification split ("train" | "validation")."""
+    if data_cfg.tfds_name != corpus.BUILTIN_NAME:
+        raise ConfigError(f"classification needs data.tfds_name={corpus.BUILTIN_NAME!r} (labels come from its "
+                          f"`path` feature), got {data_cfg.tfds_name!r}")
+    if split not in SPLITS:
+        raise ConfigError(f"classification split {split!r} is not valid; choose one of {', '.join(SPLITS)}")
+    d = data_cfg.to_dict()
+    d["classes"] = list(classes_of(data_cfg))
+    d["data_dir"] = corpus.resolve_data_dir(data_cfg)
+    return _load(json.dumps(d, sort_keys=True, default=str), split)
+
+
+def class_counts(data_cfg: ml_collections.ConfigDict, split: str) -> dict[str, int]:
+    """Snippets per class name in `split`."""
+    labels = load_snippets(data_cfg, split)[2]
+    counts = collections.Counter(labels.tolist())
+    return {name: counts.get(i, 0) for i, name in enumerate(classes_of(data_cfg))}
+
+
+def majority_baseline(data_cfg: ml_collections.ConfigDict, split: str = "validation") -> float:
+    """Accuracy of always predicting the most frequent class of `split`."""
+    counts = class_counts(data_cfg, split)
+    return max(counts.values()) / sum(counts.values())
+
+
+class _Snippets:
+    """Random access to the snippets as feature dicts (a grain source)."""
+
+    def __init__(self, tokens_NT: np.ndarray, lengths_N: np.ndarray, labels_N: np.ndarray):
+        self._tokens, self._lengths, self._labels = tokens_NT, lengths_N, labels_N
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        T = self._tokens.shape[1]
+        real_T = np.arange(T) < self._lengths[i]
+        return {"inputs": self._tokens[i], "segment_ids": real_T.astype(np.int32),
+                "positions": (np.arange(T) * real_T).astype(np.int32), "labels": self._labels[i],
+                "weights": np.float32(1.0)}
+
+
+def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
+                                 seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
+                                 repeat: bool = True) -> grain.DatasetIterator:
+    """A checkpointable iterator over this process's labelled [B, T] batches (see the module docstring).
+
+    `split` is data.train_split or data.eval_split, read as the classification split "train" or
+    "validation".
+    """
+    name = "validation" if split == data_cfg.eval_split else "train" if split == data_cfg.train_split else split
+    batch_B = local_batch_size(global_batch_size, process_count)
+    snippets = grain.MapDataset.source(_Snippets(*load_snippets(data_cfg, name)))[process_index::process_count]
+    if shuffle:
+        snippets = snippets.shuffle(seed=transform_seed(data_cfg, seed, 0, salt=3))
+    if repeat:
+        snippets = snippets.repeat()
+    batches = snippets.to_iter_dataset().batch(
+        batch_B, batch_fn=functools.partial(grain.experimental.batch_and_pad, batch_size=batch_B))
+    return iter(batches)

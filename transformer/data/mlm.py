@@ -1,0 +1,87 @@
+"""BERT masking for masked-language-model training (Devlin et al. 2019, §3.1).
+
+Shapes: B = local batch rows, T = data.seq_len.
+Rows are the `inputs` of the LM pipeline (transformer/data/pipeline.py: packed documents, segment
+ids, positions restarting per document); each batch is then masked:
+  - every token that is neither padding (segment 0) nor special (id < FIRST_REGULAR_ID: pad/bos/eos)
+    is selected with probability 0.15;
+  - a selected token becomes the MASK id (80%), a random regular token (10%) or stays itself (10%).
+A batch holds, all [B, T]:
+  inputs      int32  the masked tokens
+  targets     int32  the original tokens
+  weights     float32 1 at selected tokens (the loss is only taken there), else 0
+  segment_ids int32, positions int32: as in the LM pipeline.
+The MASK id is the tokenizer's vocab_size (one id appended to the vocabulary): a model needs a
+vocabulary of at least tokenizer.vocab_size + 1 (`mlm_vocab_size`).
+Masking draws from grain's `random_map`, seeded per element from (seed, element index): the same
+seed gives the same masks, and the iterator state (checkpointed with the model) resumes them exactly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import grain
+import ml_collections
+import numpy as np
+
+from transformer.data import tokenizers
+from transformer.data.pipeline import make_lm_dataset
+
+SELECT_RATE = 0.15
+MASK_FRACTION, RANDOM_FRACTION = 0.8, 0.1   # the remaining 0.1 keep their token
+FIRST_REGULAR_ID = 3                        # ids below are pad/bos/eos (tokenizers.py)
+
+
+def mlm_vocab_size(tokenizer: tokenizers.Tokenizer) -> int:
+    """The vocabulary a masked LM needs: the tokenizer's plus the MASK id."""
+    return tokenizer.vocab_size + 1
+
+
+def mask_id(tokenizer: tokenizers.Tokenizer) -> int:
+    return tokenizer.vocab_size
+
+
+def bert_mask(tokens_BT: np.ndarray, segment_ids_BT: np.ndarray, rng: np.random.Generator, *, mask_token: int,
+              vocab_size: int, select_rate: float = SELECT_RATE) -> dict[str, np.ndarray]:
+    """Masks one batch: {"inputs", "targets", "weights"} (see the module docstring).
+
+    Random replacements are drawn uniformly from the regular ids [FIRST_REGULAR_ID, vocab_size).
+    """
+    candidates_BT = (segment_ids_BT != 0) & (tokens_BT >= FIRST_REGULAR_ID) & (tokens_BT < vocab_size)
+    selected_BT = candidates_BT & (rng.random(tokens_BT.shape) < select_rate)
+    action_BT = rng.random(tokens_BT.shape)
+    random_BT = rng.integers(FIRST_REGULAR_ID, vocab_size, size=tokens_BT.shape)
+    inputs_BT = np.where(selected_BT & (action_BT < MASK_FRACTION), mask_token, tokens_BT)
+    to_random_BT = selected_BT & (action_BT >= MASK_FRACTION) & (action_BT < MASK_FRACTION + RANDOM_FRACTION)
+    inputs_BT = np.where(to_random_BT, random_BT, inputs_BT)
+    return {"inputs": inputs_BT.astype(np.int32), "targets": tokens_BT.astype(np.int32),
+            "weights": selected_BT.astype(np.float32)}
+
+
+class _BertMask(grain.transforms.RandomMap):
+    def __init__(self, tokenizer: tokenizers.Tokenizer):
+        self._mask_token = mask_id(tokenizer)
+        self._vocab_size = tokenizer.vocab_size
+
+    def random_map(self, batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        masked = bert_mask(batch["inputs"], batch["segment_ids"], rng, mask_token=self._mask_token,
+                           vocab_size=self._vocab_size)
+        return masked | {"segment_ids": batch["segment_ids"], "positions": batch["positions"]}
+
+
+def transform_seed(data_cfg: ml_collections.ConfigDict, seed: int, process_index: int, salt: int) -> int:
+    """A 32-bit seed for a random per-batch transform, distinct per (shuffle seed, seed, process, transform)."""
+    return int(np.random.SeedSequence([int(data_cfg.shuffle_seed), int(seed), process_index, salt]).generate_state(1)[0])
+
+
+def make_mlm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
+                      process_index: int = 0, process_count: int = 1, shuffle: bool = True,
+                      repeat: bool = True) -> Any:
+    """A checkpointable iterator over this process's masked [B, T] batches (see the module docstring).
+
+    Arguments as `make_lm_iterator`; `seed` also seeds the masking.
+    """
+    tokenizer = tokenizers.get_tokenizer(data_cfg)
+    rows = make_lm_dataset(data_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
+                           process_index=process_index, process_count=process_count, shuffle=shuffle, repeat=repeat)
+    return iter(rows.random_map(_BertMask(tokenizer), seed=transform_seed(data_cfg, seed, process_index, salt=1)))
