@@ -23,7 +23,7 @@ from transformer.data import get_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
-from transformer.tasks import get_task
+from transformer.tasks import get_task, model_vocab_size
 from transformer.training import checkpointing, hardware, sharding, steps, validate
 from transformer.training.metrics import MetricsWriter
 from transformer.training.optimizer import make_optimizer, make_schedule
@@ -114,7 +114,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     pid, nproc = jax.process_index(), jax.process_count()
     primary = pid == 0
     tokenizer = get_tokenizer(config.data)
-    model_cfg = validate.model_config(config, tokenizer.vocab_size)
+    model_cfg = validate.model_config(config, model_vocab_size(config, tokenizer))
     mesh_shape = validate.check_training(config, model_cfg, jax.device_count(), nproc)
     resolved = config.to_dict()
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
