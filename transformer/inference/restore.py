@@ -1,0 +1,84 @@
+"""Load a training run's model for inference: config, tokenizer and parameters only.
+
+A run directory (transformer/training/loop.py) holds DIR/config.json (the resolved config) and
+DIR/checkpoints/<step>/state, an orbax StandardSave of TrainState(step, params, opt_state). Only the
+`params` subtree is read (orbax partial restore), so no optimizer is built and its moments are never
+loaded; the parameters land on one device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from transformer.data import Tokenizer, get_tokenizer
+from transformer.models import build_model
+from transformer.models.config import ModelConfig
+from transformer.tasks import get_task
+from transformer.training import validate
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRun:
+    config: ml_collections.ConfigDict
+    model_cfg: ModelConfig
+    model: nn.Module
+    params: Any
+    tokenizer: Tokenizer
+    step: int
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+    """DIR/config.json as a ConfigDict; FileNotFoundError (one line) when the run is missing."""
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(f"--workdir={workdir} does not exist")
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: {workdir} is not a training run directory")
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def latest_step(workdir: str) -> int:
+    """The newest finalised checkpoint step; FileNotFoundError when there is none."""
+    directory = os.path.join(workdir, "checkpoints")
+    steps = sorted(ocp.utils.checkpoint_steps(directory)) if os.path.isdir(directory) else []
+    if not steps:
+        raise FileNotFoundError(f"no checkpoint in {directory}; train first (python -m experiments.train ...)")
+    return steps[-1]
+
+
+def restore_params(model: nn.Module, init_inputs: tuple, state_dir: str) -> Any:
+    """The `params` subtree of a saved TrainState, shaped by `model.init(*init_inputs)`, on one device."""
+    boxed = jax.eval_shape(lambda r: model.init(r, *init_inputs), jax.random.PRNGKey(0))["params"]
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    item = {"params": jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                                   nn.unbox(boxed))}
+    restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
+    return restored["params"]
+
+
+def load_run(workdir: str, *, step: int | None = None, model_kwargs: dict | None = None) -> LoadedRun:
+    """The run's model and parameters at `step` (default: the latest checkpoint).
+
+    model_kwargs: extra module fields, e.g. {"sow_attention_weights": True} for a DecoderLM.
+    """
+    config = load_config(workdir)
+    step = latest_step(workdir) if step is None else step
+    state_dir = os.path.join(workdir, "checkpoints", str(step), "state")
+    if not os.path.isdir(state_dir):
+        raise FileNotFoundError(f"checkpoint {state_dir} not found")
+    tokenizer = get_tokenizer(config.data)
+    model_cfg = validate.model_config(config, tokenizer.vocab_size)
+    model = build_model(model_cfg)
+    if model_kwargs:
+        model = model.clone(**model_kwargs)
+    params = restore_params(model, get_task(config).init_inputs(config), state_dir)
+    return LoadedRun(config, model_cfg, model, params, tokenizer, step)
