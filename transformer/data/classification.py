@@ -11,8 +11,9 @@ Files are split by their own hash (`split_of`, HOLDOUT_PERCENT% to "validation",
 split): the corpus's 2% validation split holds too few files of these packages. A masked LM
 pre-trained on the corpus's train split has therefore seen the text (never the labels) of some
 classification validation files.
-A batch holds: inputs, segment_ids (1 real, 0 padding), positions int32 [B, T]; labels int32 [B];
-weights float32 [B] (0 on the all-padding rows that fill a last, partial batch).
+A batch holds: inputs, segment_ids (1 real, 0 padding), positions int32 [B, T]; labels int32 [B, 1];
+weights float32 [B, 1] (0 on the all-padding rows that fill a last, partial batch). (The trailing 1
+lets every batch array share the [batch, seq] sharding.)
 """
 from __future__ import annotations
 
@@ -133,8 +134,8 @@ class _Snippets:
         T = self._tokens.shape[1]
         real_T = np.arange(T) < self._lengths[i]
         return {"inputs": self._tokens[i], "segment_ids": real_T.astype(np.int32),
-                "positions": (np.arange(T) * real_T).astype(np.int32), "labels": self._labels[i],
-                "weights": np.float32(1.0)}
+                "positions": (np.arange(T) * real_T).astype(np.int32), "labels": self._labels[i:i + 1],
+                "weights": np.ones(1, np.float32)}
 
 
 def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,

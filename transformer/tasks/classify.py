@@ -1,6 +1,7 @@
 """Sequence classification (encoder-only models with model.num_classes > 0): which standard-library
 package a snippet comes from (transformer/data/classification.py). Eval accuracy is per snippet;
-compare it with `majority_baseline(config.data)`, the accuracy of always guessing the commonest class."""
+compare it with `majority_baseline(config.data)`, the accuracy of always guessing the commonest class.
+Labels and weights are [B, 1] and logits [B, 1, C], so that every batch array shards like [B, T] ones."""
 from __future__ import annotations
 
 from typing import Any
@@ -33,7 +34,7 @@ class ClassifyTask:
         self._check(config)
         B, T = config.train.batch_size, config.data.seq_len
         return ({k: ((B, T), np.int32) for k in SEQUENCE_KEYS}
-                | {"labels": ((B,), np.int32), "weights": ((B,), np.float32)})
+                | {"labels": ((B, 1), np.int32), "weights": ((B, 1), np.float32)})
 
     def make_iterator(self, config: Any, **kwargs: Any):
         self._check(config)
@@ -45,4 +46,4 @@ class ClassifyTask:
     def forward(self, model, params, batch, *, deterministic, rngs):
         logits_BC = model.apply({"params": params}, batch["inputs"], batch["positions"], batch["segment_ids"],
                                 deterministic=deterministic, rngs=rngs)
-        return logits_BC, batch["labels"], batch["weights"]
+        return logits_BC[:, None, :], batch["labels"], batch["weights"]
