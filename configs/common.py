@@ -57,6 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 200
     c.train.keep_checkpoints = 3
     c.train.compute_dtype = "float32"  # float32 | bfloat16; parameters stay float32
+    c.train.loss_chunk_size = 0       # >0: cross-entropy in sequence chunks of this size (large vocabularies)
     c.train.nonfinite = "stop"        # stop | skip: what a non-finite loss or gradient does
 
     c.mesh = ml_collections.ConfigDict()

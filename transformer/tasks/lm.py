@@ -27,3 +27,12 @@ class LMTask:
         logits_BTV = model.apply({"params": params}, batch["inputs"], batch["positions"], batch["segment_ids"],
                                  deterministic=deterministic, rngs=rngs)
         return logits_BTV, batch["targets"], batch["weights"]
+
+    def forward_hidden(self, model, params, batch, *, deterministic, rngs):
+        """(final hidden states x_BTD, logits_fn: x_B...D -> logits_B...V, targets, weights), for the
+        chunked loss (train.loss_chunk_size) that never materialises all B×T×V logits at once."""
+        from transformer.models.decoder import output_logits
+
+        x_BTD = model.apply({"params": params}, batch["inputs"], batch["positions"], batch["segment_ids"],
+                            deterministic=deterministic, rngs=rngs, return_hidden=True)
+        return x_BTD, (lambda h: output_logits(model.cfg, params, h)), batch["targets"], batch["weights"]

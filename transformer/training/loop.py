@@ -160,7 +160,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     writer = MetricsWriter(workdir, enabled=primary, resume_step=start_step)
 
     batch_s = sharding.batch_sharding(mesh, rules)
-    train_step = steps.make_train_step(model, task, tx, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0)
+    train_step = steps.make_train_step(model, task, tx, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0,
+                                       loss_chunk_size=t.get("loss_chunk_size", 0))
     train_fn, eval_fn = steps.jit_steps(train_step, steps.make_eval_step(model, task), shardings, mesh, rules)
 
     stop = {"signal": None}
@@ -175,6 +176,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     progress = _Progress(t.steps, verbose and primary)
     status, error, eval_loss, eval_accuracy, train_loss = "ok", None, None, None, None
     compile_seconds, timed_tokens, timed_seconds = 0.0, 0, 0.0
+    eval_seconds = 0.0  # evaluation, its first-call compilation included
     step = start_step
     last_saved = start_step
     try:
@@ -208,7 +210,9 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                            "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
                     extra = ""
                     if is_eval:
+                        t_eval = time.time()
                         row.update(evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc))
+                        eval_seconds += time.time() - t_eval
                         eval_loss, eval_accuracy = row["eval_loss"], row["eval_accuracy"]
                         extra = f" | eval {eval_loss:.4f}"
                     writer.write(step, row)
@@ -240,6 +244,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
             "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
             "eval_loss": eval_loss, "eval_accuracy": eval_accuracy, "train_loss": train_loss, "task": task.name,
             "wall_seconds": time.time() - t_start, "compile_seconds": compile_seconds,
+            "train_seconds": timed_seconds, "eval_seconds": eval_seconds,
             "tokens_per_second": tps,
             "mfu": (tps * fpt / (peak["flops"] * jax.device_count())) if (tps and peak["flops"]) else None,
             "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
