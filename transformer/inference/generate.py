@@ -1,6 +1,7 @@
 """Autoregressive generation with the key/value cache, compiled once per shape.
 
-Legend: B batch (prompts), P padded prompt length, N new tokens, V vocabulary, S stop tokens.
+Legend: B batch (prompts), P padded prompt length, N new tokens, V vocabulary, E stop tokens,
+S source length (encoder–decoder), D model width.
 
 Ragged prompts are LEFT-padded: every row's last prompt token sits in column P - 1, so one prefill
 call ends every row at the same cache slot and each decode step writes one shared column. Padding
@@ -12,6 +13,10 @@ token, so a left-padded row sees exactly the positions it would see alone.
 no parameter init), the prompt prefill in one call, then a `jax.lax.while_loop` of one token per
 step that stops early when every row has emitted a stop token. Rows that have stopped emit
 `pad_id`. Sampling settings are traced, so changing them does not recompile.
+
+Encoder–decoder (`generate_seq2seq`): sources are RIGHT-padded (segment id 0 masks them out of
+encoder self-attention and the decoder's cross-attention), encoded once; the decoder then runs the
+same prefill + cached loop on its target prefixes (default: the decoder start token alone).
 """
 from __future__ import annotations
 
@@ -66,6 +71,19 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndar
     return tokens_BP, segment_ids_BP, positions_BP
 
 
+def right_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged sequences -> (tokens_BS, segment_ids_BS), int32, padded on the right (padding: segment 0)."""
+    if not sequences or min(len(s) for s in sequences) == 0:
+        raise ValueError("every source sequence needs at least one token")
+    S = max(len(s) for s in sequences)
+    tokens_BS = np.full((len(sequences), S), pad_id, np.int32)
+    segment_ids_BS = np.zeros((len(sequences), S), np.int32)
+    for b, seq in enumerate(sequences):
+        tokens_BS[b, :len(seq)] = np.asarray(seq, np.int32)
+        segment_ids_BS[b, :len(seq)] = 1
+    return tokens_BS, segment_ids_BS
+
+
 def _check_length(cfg: Any, longest_prompt: int, max_new_tokens: int) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
@@ -82,7 +100,7 @@ def empty_cache(model: nn.Module, init_args: tuple, **init_kwargs: Any) -> Any:
 
 
 def decode_loop(step_fn: Any, cache: Any, logits_BV: jax.Array, positions_B: jax.Array, rng: jax.Array,
-                sampling: tuple[jax.Array, jax.Array, jax.Array], stop_tokens_S: jax.Array, pad_id: jax.Array,
+                sampling: tuple[jax.Array, jax.Array, jax.Array], stop_tokens_E: jax.Array, pad_id: jax.Array,
                 max_new_tokens: int, return_logits: bool) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """The shared token loop after the prefill (traced inside a jit).
 
@@ -105,7 +123,7 @@ def decode_loop(step_fn: Any, cache: Any, logits_BV: jax.Array, positions_B: jax
         if return_logits:
             logits_BNV = logits_BNV.at[:, i].set(logits_BV)
         lengths_B = lengths_B + (~finished_B).astype(jnp.int32)
-        finished_B = finished_B | jnp.isin(token_B, stop_tokens_S)
+        finished_B = finished_B | jnp.isin(token_B, stop_tokens_E)
         next_logits_B1V, cache = step_fn(cache, token_B[:, None], positions_B[:, None])
         return (i + 1, cache, next_logits_B1V[:, 0], positions_B + 1, finished_B, lengths_B, tokens_BN,
                 logits_BNV)
@@ -119,7 +137,7 @@ def decode_loop(step_fn: Any, cache: Any, logits_BV: jax.Array, positions_B: jax
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "return_logits"))
 def _generate_decoder(model: nn.Module, params: Any, tokens_BP: jax.Array, segment_ids_BP: jax.Array,
-                      positions_BP: jax.Array, rng: jax.Array, sampling: tuple, stop_tokens_S: jax.Array,
+                      positions_BP: jax.Array, rng: jax.Array, sampling: tuple, stop_tokens_E: jax.Array,
                       pad_id: jax.Array, *, max_new_tokens: int, return_logits: bool):
     B, P = tokens_BP.shape
     cache = empty_cache(model, (jnp.zeros((B, P + max_new_tokens), jnp.int32),))
@@ -132,7 +150,30 @@ def _generate_decoder(model: nn.Module, params: Any, tokens_BP: jax.Array, segme
         return logits_B1V, mutated["cache"]
 
     return decode_loop(step_fn, mutated["cache"], logits_BPV[:, -1], positions_BP[:, -1] + 1, rng, sampling,
-                       stop_tokens_S, pad_id, max_new_tokens, return_logits)
+                       stop_tokens_E, pad_id, max_new_tokens, return_logits)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "return_logits"))
+def _generate_seq2seq(model: nn.Module, params: Any, src_tokens_BS: jax.Array, src_segment_ids_BS: jax.Array,
+                      tokens_BP: jax.Array, segment_ids_BP: jax.Array, positions_BP: jax.Array, rng: jax.Array,
+                      sampling: tuple, stop_tokens_E: jax.Array, pad_id: jax.Array, *, max_new_tokens: int,
+                      return_logits: bool):
+    B, P = tokens_BP.shape
+    variables = {"params": params}
+    encoded_BSD = model.apply(variables, src_tokens_BS, src_segment_ids_BS, method="encode")
+    cache = empty_cache(model, (jnp.zeros((B, P + max_new_tokens), jnp.int32), encoded_BSD, src_segment_ids_BS),
+                        method="decode")
+
+    def step_fn(cache, tokens_BT, positions_BT, segment_ids_BT=None):
+        segment_ids_BT = jnp.ones_like(tokens_BT) if segment_ids_BT is None else segment_ids_BT
+        logits_BTV, mutated = model.apply({"params": params, "cache": cache}, tokens_BT, encoded_BSD,
+                                          src_segment_ids_BS, positions_BT, segment_ids_BT, decode=True,
+                                          method="decode", mutable=["cache"])
+        return logits_BTV, mutated["cache"]
+
+    logits_BPV, cache = step_fn(cache, tokens_BP, positions_BP, segment_ids_BP)
+    return decode_loop(step_fn, cache, logits_BPV[:, -1], positions_BP[:, -1] + 1, rng, sampling, stop_tokens_E,
+                       pad_id, max_new_tokens, return_logits)
 
 
 def _sampling_args(sampling: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -153,6 +194,32 @@ def generate(model: nn.Module, params: Any, prompts: Sequence[Sequence[int]], *,
     _check_length(model.cfg, tokens_BP.shape[1], max_new_tokens)
     tokens_BN, lengths_B, logits_BNV = _generate_decoder(
         model, params, tokens_BP, segment_ids_BP, positions_BP,
+        jax.random.PRNGKey(0) if rng is None else rng, _sampling_args(sampling),
+        jnp.asarray(list(stop_tokens), jnp.int32), jnp.int32(pad_id), max_new_tokens=max_new_tokens,
+        return_logits=return_logits)
+    return Generation(np.asarray(tokens_BN), np.asarray(lengths_B),
+                      None if logits_BNV is None else np.asarray(logits_BNV))
+
+
+def generate_seq2seq(model: nn.Module, params: Any, sources: Sequence[Sequence[int]], *, max_new_tokens: int,
+                     targets: Sequence[Sequence[int]] | None = None, decoder_start_id: int = 1,
+                     rng: jax.Array | None = None, sampling: SamplingConfig = SamplingConfig(),
+                     stop_tokens: Sequence[int] = (), pad_id: int = 0, return_logits: bool = False) -> Generation:
+    """Continue each target prefix (default [decoder_start_id]) given its source, with an encoder–decoder
+    `model` (EncoderDecoderModel): the sources are encoded once, then the decoder decodes with its cache."""
+    if sampling.temperature > 0 and rng is None:
+        raise ValueError("sampling with temperature > 0 needs rng (a jax.random key); temperature=0 is greedy")
+    targets = [[decoder_start_id]] * len(sources) if targets is None else targets
+    if len(targets) != len(sources):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} target prefixes; give one prefix per source")
+    src_BS, src_segment_ids_BS = right_pad(sources, pad_id)
+    tokens_BP, segment_ids_BP, positions_BP = left_pad(targets, pad_id)
+    cfg = model.cfg
+    _check_length(cfg, tokens_BP.shape[1], max_new_tokens)
+    if cfg.positional == "learned" and src_BS.shape[1] > cfg.max_len:
+        raise ConfigError(f"the longest source ({src_BS.shape[1]} tokens) exceeds model.max_len={cfg.max_len}")
+    tokens_BN, lengths_B, logits_BNV = _generate_seq2seq(
+        model, params, src_BS, src_segment_ids_BS, tokens_BP, segment_ids_BP, positions_BP,
         jax.random.PRNGKey(0) if rng is None else rng, _sampling_args(sampling),
         jnp.asarray(list(stop_tokens), jnp.int32), jnp.int32(pad_id), max_new_tokens=max_new_tokens,
         return_logits=return_logits)
