@@ -78,7 +78,8 @@ def test_encoder_decoder_and_encoder_counts_by_hand():
     encoder = ModelConfig(family="encoder", num_layers=2, num_classes=C, **dict(base, use_bias=True,
                                                                                 norm="layernorm"))
     attn_b, ffn_b = attn + 4 * D, ffn + F + D
-    expected = V * D + 2 * (attn_b + ffn_b + 2 * 2 * D) + 2 * D + D * C + C
+    pooler = D * D + D  # BERT's pooler (dense + tanh on the first token) before the classifier
+    expected = V * D + 2 * (attn_b + ffn_b + 2 * 2 * D) + 2 * D + pooler + D * C + C
     assert param_counts(encoder)["total"] == expected
 
 

@@ -200,6 +200,8 @@ def test_sown_attention_weights():
 
 
 def test_build_model_dispatch():
+    from transformer.models.encoder import EncoderModel
+    from transformer.models.encoder_decoder import EncoderDecoderModel
     assert isinstance(build_model(GPT2), DecoderLM)
-    with pytest.raises(ConfigError, match="model.family='encoder'"):
-        build_model(GPT2.replace(family="encoder"))
+    assert isinstance(build_model(GPT2.replace(family="encoder")), EncoderModel)
+    assert isinstance(build_model(GPT2.replace(family="encoder_decoder")), EncoderDecoderModel)
