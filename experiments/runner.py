@@ -309,7 +309,8 @@ def finish(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
         return lr_scan.write_lr_fit(workdir, rows, doc["sweep"]["param_count"])
     from transformer.scaling.report import run_fit
     n_kind = "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
-    return run_fit(workdir, os.path.join(workdir, "fit"), n_kind=n_kind)
+    return run_fit(workdir, os.path.join(workdir, "fit"), n_kind=n_kind,
+                   bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)), seed=0)
 
 
 def finish_once(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -60,6 +60,7 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.evals_per_run = 1                # evaluations spread over each run (the last one at its end)
     s.checkpoints_per_run = 4          # checkpoints spread over each run (resume granularity)
     s.logs_per_run = 10
+    s.fit_bootstrap = 200              # bootstrap resamples for the fit's 95% intervals at the end of the sweep
 
     # Time estimate printed by --dry_run: per run, steps × (tokens_per_step · flops_per_token /
     # estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s.
