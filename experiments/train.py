@@ -4,7 +4,9 @@ Rerunning the same command on the same DIR resumes from its latest checkpoint.
 """
 from __future__ import annotations
 
-from absl import app, flags
+import sys
+
+from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
@@ -17,7 +19,11 @@ def main(argv: list[str]) -> None:
     del argv
     common.setup_jax(_CONFIG.value)
     from transformer.training.loop import train  # after JAX's distributed/compilation-cache set-up
-    summary = train(_CONFIG.value, _WORKDIR.value)
+    try:
+        summary = train(_CONFIG.value, _WORKDIR.value)
+    except FloatingPointError as e:  # train.nonfinite="stop": the diagnosis, without a traceback
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     if summary["status"] != "ok":
         raise SystemExit(3 if summary["status"] == "preempted" else 1)
 

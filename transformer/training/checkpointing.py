@@ -1,24 +1,66 @@
-"""orbax checkpoints of the train state, the data-iterator position and the resolved config.
+"""orbax checkpoints of the train state, the data-iterator position, the resolved config and a checksum.
 
-Layout: DIR/checkpoints/<step>/{state,data,config}. Saves are asynchronous (training continues while
-the arrays are written); only finalised steps are ever listed, so an unfinished save is invisible.
-Restoring falls back to the previous step, with a warning, when the latest one cannot be read.
+Layout: DIR/checkpoints/<step>/{state,data,config,meta}. Saves are asynchronous (training continues
+while the arrays are written). orbax writes each step into a temporary directory, adds
+`commit_success.txt`, then renames it into place, so an unfinished save is never listed and is removed
+on the next start; a listed step without the marker was damaged afterwards and counts as unreadable.
+
+`meta` holds the SHA-256 of the whole state (when it lives in one process and is at most
+CHECKSUM_MAX_BYTES), verified after every restore: orbax/TensorStore catch missing and truncated
+files but not flipped bytes inside an array chunk, which would otherwise restore silently wrong.
+
+Restoring takes the newest readable step. An unreadable one (missing marker, read error, checksum
+mismatch) is moved, never deleted, to DIR/unreadable_checkpoints/ with a warning, and the previous
+step is tried; when checkpoints exist but none is readable, restore raises instead of starting over.
 """
 from __future__ import annotations
 
+import glob
+import hashlib
+import json
 import logging
 import os
+import shutil
+import time
 from typing import Any
 
 import grain
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
 
+CHECKSUM_MAX_BYTES = 256 << 20  # hashing costs ~1 s per 500 MB on one CPU core
+COMMIT_MARKER = "commit_success.txt"
+
+
+def state_digest(state: Any, max_bytes: int = CHECKSUM_MAX_BYTES) -> str | None:
+    """SHA-256 over every leaf's dtype, shape and bytes; None when the state is split across processes
+    or larger than `max_bytes` (then only orbax's own checks apply)."""
+    leaves = jax.tree.leaves(state)
+    if any(not getattr(x, "is_fully_addressable", True) for x in leaves):
+        return None
+    if sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves) > max_bytes:
+        return None
+    h = hashlib.sha256()
+    for x in jax.device_get(leaves):
+        x = np.ascontiguousarray(x)
+        h.update(f"{x.dtype}{x.shape}".encode())
+        h.update(x.tobytes())
+    return h.hexdigest()
+
+
+class UnreadableCheckpoint(Exception):
+    """A listed checkpoint step that fails a check of ours (marker, data files, checksum)."""
+
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True,
+                 checksum_max_bytes: int = CHECKSUM_MAX_BYTES):
         self.directory = os.path.abspath(directory)
+        self.checksum_max_bytes = checksum_max_bytes
+        self.data_position_restored = False  # set by restore(): False when the process count changed
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True, cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
@@ -27,36 +69,89 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any, data_iterator: Any, config: dict, *, force: bool = False) -> bool:
+        meta = {"step": int(step), "process_count": jax.process_count(),
+                "state_sha256": state_digest(state, self.checksum_max_bytes)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   data=grain.checkpoint.CheckpointSave(data_iterator),
-                                  config=ocp.args.JsonSave(config))
+                                  config=ocp.args.JsonSave(config), meta=ocp.args.JsonSave(meta))
         return self.manager.save(step, args=args, force=force)
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _data_file(self, step: int) -> tuple[bool, bool]:
+        """(this process's iterator state is there, some process's is there)."""
+        data = os.path.join(self._step_dir(step), "data")
+        mine = os.path.join(data, f"process_{jax.process_index()}-of-{jax.process_count()}.json")
+        return os.path.exists(mine), bool(glob.glob(os.path.join(data, "process_*-of-*.json")))
+
+    def _restore_step(self, step: int, abstract_state: Any, data_iterator: Any) -> Any:
+        step_dir = self._step_dir(step)
+        if not os.path.exists(os.path.join(step_dir, COMMIT_MARKER)):
+            raise UnreadableCheckpoint(f"{COMMIT_MARKER} is missing (an unfinished or damaged save)")
+        mine, any_data = self._data_file(step)
+        if not any_data:
+            raise UnreadableCheckpoint("the data-iterator state is missing")
+        items = {"state": ocp.args.StandardRestore(abstract_state)}
+        if mine:
+            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        meta_path = os.path.join(step_dir, "meta", "metadata")
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                expected = json.load(f).get("state_sha256")
+            if expected is not None:
+                got = state_digest(restored["state"], self.checksum_max_bytes)
+                if got is not None and got != expected:
+                    raise UnreadableCheckpoint(f"state checksum mismatch ({got[:12]} != saved {expected[:12]}): "
+                                               f"the array files were altered after the save")
+        self.data_position_restored = mine
+        return restored["state"]
+
+    def _set_aside(self, step: int) -> str:
+        """Moves an unreadable step out of orbax's sight (kept for inspection); returns where to."""
+        target = os.path.join(os.path.dirname(self.directory), "unreadable_checkpoints", f"{step}-{int(time.time())}")
+        if jax.process_index() == 0:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.move(self._step_dir(step), target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"set_aside_{step}")
+        self.manager.reload()
+        return target
 
     def restore(self, abstract_state: Any, data_iterator: Any) -> tuple[int, Any] | None:
         """Restores the newest readable step into `abstract_state`'s shardings and `data_iterator`.
 
-        Returns (step, state), or None when there is no checkpoint. A step that fails to read is
-        skipped with a warning (never deleted); if every step fails, the error is raised rather than
-        silently starting from scratch.
+        Returns (step, state), or None when there is no checkpoint. An unreadable step is moved to
+        DIR/unreadable_checkpoints/ with a warning and the previous one is tried; if every step fails,
+        raises RuntimeError rather than silently starting from scratch. `self.data_position_restored`
+        tells whether the iterator was restored too (not when the checkpoint was written by another
+        number of processes: each process's position in its own shard means nothing under a new split).
         """
         steps = self.steps()
         errors = []
         for step in reversed(steps):
             try:
-                restored = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state),
-                    data=grain.checkpoint.CheckpointRestore(data_iterator)))
-                if errors:
-                    log.warning("restored step %d after skipping unreadable checkpoints: %s", step, errors)
-                return step, restored["state"]
+                state = self._restore_step(step, abstract_state, data_iterator)
             except Exception as e:  # noqa: BLE001 - any read failure means this step is unusable
-                msg = f"step {step}: {type(e).__name__}: {str(e)[:300]}"
-                log.warning("checkpoint %s is unreadable, trying the previous one (%s)", step, msg)
-                print(f"warning: checkpoint {step} in {self.directory} is unreadable; trying the previous one "
-                      f"({msg})", flush=True)
+                msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                 errors.append(msg)
+                if step == steps[0]:
+                    break  # keep the oldest: with nothing left, the error is the user's to look at
+                target = self._set_aside(step)
+                warning = (f"warning: checkpoint {step} in {self.directory} is unreadable ({msg}); moved it to "
+                           f"{target} and trying the previous one")
+                log.warning(warning)
+                if jax.process_index() == 0:
+                    print(warning, flush=True)
+                continue
+            if errors:
+                log.warning("restored step %d after skipping unreadable checkpoints: %s", step, errors)
+            return step, state
         if errors:
-            raise RuntimeError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
+            raise RuntimeError(f"no readable checkpoint in {self.directory} (nothing was deleted; remove the "
+                               f"directory to start over): " + "; ".join(errors))
         return None
 
     def wait(self) -> None:

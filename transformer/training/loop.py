@@ -24,8 +24,8 @@ from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.tasks import get_task, model_vocab_size
-from transformer.training import checkpointing, hardware, sharding, steps, validate
-from transformer.training.metrics import MetricsWriter
+from transformer.training import checkpointing, hardware, nonfinite, sharding, steps, validate
+from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule
 from transformer.training.state import abstract_state, init_state
 
@@ -142,9 +142,10 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
     tokens_per_step = t.batch_size * config.data.seq_len
 
-    data_it = task.make_iterator(config, split=config.data.train_split, global_batch_size=t.batch_size,
-                                 seed=config.data.shuffle_seed + t.seed, process_index=pid, process_count=nproc,
-                                 shuffle=True, repeat=True)
+    train_data = dict(split=config.data.train_split, global_batch_size=t.batch_size,
+                      seed=config.data.shuffle_seed + t.seed, process_index=pid, process_count=nproc,
+                      shuffle=True, repeat=True)
+    data_it = task.make_iterator(config, **train_data)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
     restored = ckpt.restore(abstract, data_it)
@@ -153,16 +154,42 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
         start_step = 0
     else:
         start_step, state = restored
+        if not ckpt.data_position_restored:  # written by another number of processes
+            train_data["seed"] += start_step  # new shards: do not replay their first batches
+            data_it = task.make_iterator(config, **train_data)
+            if primary:
+                print(f"warning: checkpoint {start_step} was written by another number of processes; model and "
+                      f"optimizer restored, the data iterator starts over on the new shards (seed + {start_step})",
+                      flush=True)
     if verbose and primary:
         print(f"{model_cfg.family} model: {counts['total']:,} params ({counts['non_embedding']:,} non-embedding), "
               f"{fpt / 1e6:.2f} MFLOP/token; mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}; "
               f"{'resuming from step ' + str(start_step) if start_step else 'starting'} in {workdir}", flush=True)
     writer = MetricsWriter(workdir, enabled=primary, resume_step=start_step)
+    history = read_metrics(workdir) if primary and start_step else []  # rows up to the checkpoint
 
     batch_s = sharding.batch_sharding(mesh, rules)
     train_step = steps.make_train_step(model, task, tx, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0,
                                        loss_chunk_size=t.get("loss_chunk_size", 0))
     train_fn, eval_fn = steps.jit_steps(train_step, steps.make_eval_step(model, task), shardings, mesh, rules)
+
+    def diagnose(bad_step: int, bad_loss: float) -> str:
+        """Replays from the newest checkpoint (all are older than bad_step) to the state before it and
+        recomputes that batch's gradients, to name the first non-finite one."""
+        try:
+            ckpt.wait()
+            it = task.make_iterator(config, **train_data)
+            found = ckpt.restore(abstract, it)
+            from_step, st = found if found is not None else (0, init_state(model, tx, t.seed, task.init_inputs(config),
+                                                                             mesh, rules)[0])
+            for _ in range(from_step, bad_step - 1):
+                st, _ = train_fn(st, _global_batch(next(it), batch_s))
+            grad_fn = nonfinite.make_grad_fn(model, task, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0)
+            _, grads = grad_fn(st.params, _global_batch(next(it), batch_s), st.step)
+            return nonfinite.describe(bad_step, bad_loss, nonfinite.nonfinite_leaves(grads),
+                                      from_step if found is not None else None)
+        except Exception as e:  # noqa: BLE001 - the diagnosis must not hide the fault itself
+            return nonfinite.describe(bad_step, bad_loss, None, None) + f" ({type(e).__name__}: {e})"
 
     stop = {"signal": None}
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -175,6 +202,12 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
 
     progress = _Progress(t.steps, verbose and primary)
     status, error, eval_loss, eval_accuracy, train_loss = "ok", None, None, None, None
+    for r in history:  # a run resumed at (or preempted right after) a checkpoint reports its last values
+        train_loss = r.get("train_loss", train_loss)
+        eval_loss, eval_accuracy = r.get("eval_loss", eval_loss), r.get("eval_accuracy", eval_accuracy)
+    spikes = nonfinite.SpikeDetector([r.get("train_loss") for r in history])
+    window: list[tuple[int, dict]] = []  # this window's per-step (loss, finite), fetched at the next sync
+    skipped = nonfinite.skipped_updates(state.opt_state)
     compile_seconds, timed_tokens, timed_seconds = 0.0, 0, 0.0
     eval_seconds = 0.0  # evaluation, its first-call compilation included
     step = start_step
@@ -192,15 +225,23 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                 state, m = train_fn(state, batch)               # dispatched asynchronously
                 step += 1
                 window_steps += 1
+                window.append((step, {"loss": m["loss"], "finite": m["finite"]}))  # device scalars: no sync
                 is_log = step % t.log_every == 0 or step == t.steps
                 is_eval = step % t.eval_every == 0 or step == t.steps
+                is_ckpt = step % t.checkpoint_every == 0 or step == t.steps
+                if is_log or is_eval or is_ckpt:  # a host sync: check every step since the last one
+                    fetched, window = jax.device_get(window), []
+                    bad = nonfinite.first_bad(fetched)
+                    if bad is not None and t.nonfinite == "stop":  # before any checkpoint of the bad state
+                        raise nonfinite.NonFiniteError(diagnose(*bad))
+                    if bad is not None and primary:
+                        n_bad = sum(1 for _, x in fetched if not bool(x["finite"]))
+                        print(f"warning: non-finite loss or gradient at step {bad[0]}"
+                              f"{f' and {n_bad - 1} more steps up to {step}' if n_bad > 1 else ''}; "
+                              f"update skipped (train.nonfinite='skip')", flush=True)
                 if is_log or is_eval:
                     m = jax.device_get(m)
                     train_loss = float(m["loss"])
-                    if not bool(m["finite"]) and t.nonfinite == "stop":
-                        raise FloatingPointError(
-                            f"non-finite loss or gradient at step {step} (loss={train_loss}, "
-                            f"grad_norm={float(m['grad_norm'])}); set train.nonfinite='skip' to skip such updates")
                     elapsed = time.time() - window_start
                     timed_tokens += window_steps * tokens_per_step
                     timed_seconds += elapsed
@@ -209,18 +250,31 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                            "grad_norm": float(m["grad_norm"]), "tokens": step * tokens_per_step,
                            "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
                     extra = ""
+                    if skipped is not None:
+                        skipped = nonfinite.skipped_updates(state.opt_state)
+                        row["skipped_updates"] = skipped
+                    spike = spikes.check(fetched, train_loss)
+                    if spike is not None:
+                        row["loss_spike"] = spike[1]
+                        extra += f" | loss spike x{spike[1]:.1f} at step {spike[0]}"
+                        if primary:
+                            print(f"warning: loss spike at step {spike[0]}: {spike[1]:.2f}x the median of the "
+                                  f"last {len(spikes.history) - 1} logged losses", flush=True)
                     if is_eval:
                         t_eval = time.time()
                         row.update(evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc))
                         eval_seconds += time.time() - t_eval
                         eval_loss, eval_accuracy = row["eval_loss"], row["eval_accuracy"]
-                        extra = f" | eval {eval_loss:.4f}"
+                        extra += f" | eval {eval_loss:.4f}"
                     writer.write(step, row)
                     progress(step, train_loss, tps, elapsed / window_steps, extra)
                     window_start, window_steps = time.time(), 0
-                if step % t.checkpoint_every == 0 or step == t.steps:
+                if is_ckpt:
                     ckpt.save(step, state, data_it, resolved, force=True)  # data_it has yielded `step` batches
                     last_saved = step
+            if eval_loss is None and step == t.steps:  # resumed at the last step with its row lost
+                final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc)
+                eval_loss, eval_accuracy = final["eval_loss"], final["eval_accuracy"]
     except Preempted:
         status = "preempted"
         if last_saved != step:
@@ -243,6 +297,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
             "params": counts["total"], "params_non_embedding": counts["non_embedding"],
             "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
             "eval_loss": eval_loss, "eval_accuracy": eval_accuracy, "train_loss": train_loss, "task": task.name,
+            "skipped_updates": skipped,
             "wall_seconds": time.time() - t_start, "compile_seconds": compile_seconds,
             "train_seconds": timed_seconds, "eval_seconds": eval_seconds,
             "tokens_per_second": tps,

@@ -26,7 +26,9 @@ class MetricsWriter:
             return
         self._truncate_after(resume_step)
         from tensorboardX import SummaryWriter  # no TensorFlow needed
-        self._tb = SummaryWriter(logdir=workdir, flush_secs=30)
+        # purge_step: TensorBoard drops the earlier event files' points from this step on (those logged
+        # after the restored checkpoint by the interrupted run), as the JSONL truncation does.
+        self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1 if resume_step else None)
         self._file = open(self.path, "a", buffering=1)
 
     def _truncate_after(self, step: int) -> None:
