@@ -3,15 +3,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from transformer.data.mlm import make_mlm_iterator, mlm_vocab_size
+from transformer.models.config import ConfigError
+from transformer.tasks.lm import LMTask
 
-MLM_KEYS = ("inputs", "targets", "segment_ids", "positions")
 
+class MLMTask(LMTask):
+    """Loss on the selected (masked, replaced or kept) tokens only; see transformer/data/mlm.py.
 
-class MLMTask:
-    """Loss on the selected (masked, replaced or kept) tokens only; see transformer/data/mlm.py."""
+    Batches have the LM task's keys and shapes; only the data (masked inputs, weights on the selected
+    tokens) and the vocabulary (one MASK id more) differ.
+    """
 
     name = "mlm"
 
@@ -19,17 +21,8 @@ class MLMTask:
         """The tokenizer's vocabulary plus the MASK id."""
         return mlm_vocab_size(tokenizer)
 
-    def batch_spec(self, config: Any) -> dict:
-        shape = (config.train.batch_size, config.data.seq_len)
-        return {k: (shape, np.int32) for k in MLM_KEYS} | {"weights": (shape, np.float32)}
-
     def make_iterator(self, config: Any, **kwargs: Any):
         return make_mlm_iterator(config.data, **kwargs)
 
-    def init_inputs(self, config: Any) -> tuple:
-        return (np.zeros((1, config.data.seq_len), np.int32),)
-
-    def forward(self, model, params, batch, *, deterministic, rngs):
-        logits_BTV = model.apply({"params": params}, batch["inputs"], batch["positions"], batch["segment_ids"],
-                                 deterministic=deterministic, rngs=rngs)
-        return logits_BTV, batch["targets"], batch["weights"]
+    def forward_hidden(self, *args: Any, **kwargs: Any):
+        raise ConfigError("train.loss_chunk_size is for decoder LMs (task lm); set it to 0 for task mlm")
