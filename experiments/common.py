@@ -91,7 +91,11 @@ def _unknown_key(argv: list[str], error: Exception) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with each kind of bad command line turned into one `error:` line (exit 2)."""
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
+        for name in {a.lstrip("-").split("=")[0] for a in argv[1:] if a.startswith("--") and "." not in a.split("=")[0]}:
+            if _is_config_flag(name):
+                flags.FLAGS[name].value.keys()  # config_flags defers a failed load to the first use
+        return rest
     except flags.UnrecognizedFlagError as e:
         name = str(e).split("'")[1] if "'" in str(e) else ""
         root, _, dotted = name.partition(".")

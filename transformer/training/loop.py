@@ -128,8 +128,6 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
             if verbose and primary:
                 print(f"{workdir} already finished (status ok); nothing to do", flush=True)
             return previous_summary
-    if primary:
-        _write_json(os.path.join(workdir, "config.json"), resolved)
 
     t = config.train
     task = get_task(config)
@@ -146,6 +144,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                       seed=config.data.shuffle_seed + t.seed, process_index=pid, process_count=nproc,
                       shuffle=True, repeat=True)
     data_it = task.make_iterator(config, **train_data)
+    if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
+        _write_json(os.path.join(workdir, "config.json"), resolved)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
     restored = ckpt.restore(abstract, data_it)

@@ -1,0 +1,119 @@
+"""Bad input on every command line: exit status non-zero, one short `error:` message naming the setting
+(and the valid values where there is a short list), no traceback, and no existing file changed."""
+from __future__ import annotations
+
+import concurrent.futures
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = ["experiments.train", "--config=configs/lm.py:gpt2_tiny", "--workdir={work}/run",
+         "--config.data.data_dir={data}", "--config.train.warmup_steps=1"]
+SWEEP = ["experiments.sweep", "--config=configs/sweeps/quick.py", "--workdir={work}/sweep",
+         "--config.base.data.data_dir={data}"]
+FIT = ["experiments.fit", "--out={work}/fit"]
+SAMPLE = ["experiments.sample", "--workdir={work}/never_created"]
+
+# (id, command, regex the message must match)
+CASES = [
+    ("train_unknown_key", TRAIN + ["--config.model.nonexistent=3"],
+     r"--config\.model\.nonexistent: 'nonexistent' is not a setting.*valid keys under model: .*d_model"),
+    ("train_unknown_section", TRAIN + ["--config.optim.lr=3"], r"'optim' is not a setting.*valid keys: .*train"),
+    ("train_wrong_type", TRAIN + ["--config.train.steps=abc"], r"--config\.train\.steps=abc: invalid literal for int"),
+    ("train_float_for_int", TRAIN + ["--config.train.batch_size=1.5"], r"--config\.train\.batch_size=1\.5"),
+    ("train_bad_bool", TRAIN + ["--config.model.tie_embeddings=maybe"], r"--config\.model\.tie_embeddings=maybe"),
+    ("train_zero_steps", TRAIN + ["--config.train.steps=0"], r"train\.steps=0 must be a positive integer"),
+    ("train_negative_lr", TRAIN + ["--config.train.learning_rate=-0.1"], r"train\.learning_rate=-0\.1 must be positive"),
+    ("train_zero_seq_len", TRAIN + ["--config.data.seq_len=0"], r"data\.seq_len=0 must be a positive integer"),
+    ("train_bad_choice", TRAIN + ["--config.train.nonfinite=maybe"], r"train\.nonfinite='maybe'.*one of stop, skip"),
+    ("train_bad_schedule", TRAIN + ["--config.train.schedule=step"], r"train\.schedule='step'.*cosine, linear, constant"),
+    ("train_bad_positional", TRAIN + ["--config.model.positional=alibi"], r"model\.positional='alibi'.*rope"),
+    ("train_unknown_preset", ["experiments.train", "--config=configs/lm.py:gpt5", "--workdir={work}/run"],
+     r"--config: unknown preset 'gpt5'.*valid presets: .*gpt2_tiny"),
+    ("train_missing_config_file", ["experiments.train", "--config=configs/nope.py", "--workdir={work}/run"],
+     r"--config: .*No such file.*configs/nope\.py"),
+    ("train_missing_workdir_flag", ["experiments.train", "--config=configs/lm.py:gpt2_tiny"], r"--workdir"),
+    ("train_bad_mesh", TRAIN + ["--config.mesh.data=3"], r"mesh .*has 3 devices but 8 are available"),
+    ("train_batch_not_divisible", TRAIN + ["--config.train.batch_size=6"],
+     r"train\.batch_size=6 must be divisible by the data-parallel size 8"),
+    ("train_missing_dataset", TRAIN + ["--config.data.tfds_name=no_such_dataset"], r"no_such_dataset"),
+    ("train_other_runs_workdir", TRAIN + ["--workdir={work}/other_run"], r"holds a different run's config"),
+    ("train_unknown_flag", TRAIN + ["--stepz=3"], r"Unknown command line flag 'stepz'"),
+    ("sweep_unknown_key", SWEEP + ["--config.sweep.bogus=1"], r"'bogus' is not a setting.*valid keys under sweep"),
+    ("sweep_bad_parallel", SWEEP + ["--parallel=0"], r"--parallel=0 must be at least 1"),
+    ("sweep_missing_sweep_json", ["experiments.sweep", "--workdir={work}/empty", "--run_index=0"],
+     r"sweep\.json: no such file"),
+    ("sweep_unknown_launcher", SWEEP + ["--launcher=k8s"], r"--launcher"),
+    ("fit_missing_csv", FIT + ["--points={work}/nope.csv"], r"nope\.csv"),
+    ("fit_csv_without_loss", FIT + ["--points={work}/no_loss.csv"], r"loss"),
+    ("fit_both_sources", FIT + ["--points={work}/no_loss.csv", "--sweep={work}/sweep"], r"exactly one of"),
+    ("fit_negative_drop", FIT + ["--points={work}/no_loss.csv", "--drop_highest=-1"], r"--drop_highest"),
+    ("fit_nonpositive_params", FIT + ["--points={work}/zero_params.csv"], r"params"),
+    ("sample_missing_workdir", SAMPLE + ["--prompt=hi"], r"does not exist"),
+    ("sample_zero_samples", ["experiments.sample", "--workdir={work}/other_run", "--num_samples=0"],
+     r"--num_samples=0 must be a positive integer"),
+]
+
+
+def _prepare(work: str) -> None:
+    """Files a careless command could damage: another run's workdir, CSVs, a sweep dir."""
+    os.makedirs(os.path.join(work, "other_run"), exist_ok=True)
+    with open(os.path.join(work, "other_run", "config.json"), "w") as f:
+        json.dump({"train": {"steps": 7}, "model": {"family": "decoder"}}, f)
+    with open(os.path.join(work, "other_run", "metrics.jsonl"), "w") as f:
+        f.write('{"step": 1, "train_loss": 5.0}\n')
+    with open(os.path.join(work, "no_loss.csv"), "w") as f:
+        f.write("params,tokens\n1000,20000\n2000,40000\n")
+    with open(os.path.join(work, "zero_params.csv"), "w") as f:
+        f.write("params,tokens,loss\n0,20000,3.0\n1000,40000,2.9\n2000,80000,2.8\n")
+    os.makedirs(os.path.join(work, "empty"), exist_ok=True)
+
+
+def _snapshot(root: str) -> dict[str, str]:
+    return {os.path.relpath(p, root): hashlib.sha1(open(p, "rb").read()).hexdigest()
+            for p in glob.glob(os.path.join(root, "**"), recursive=True) if os.path.isfile(p)}
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("TRANSFORMER_TRACEBACK", None)
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, corpus_dir):
+    """Runs every case (two at a time); each sees the same prepared files, hashed before and after."""
+    work = str(tmp_path_factory.mktemp("bad"))
+    _prepare(work)
+    before = _snapshot(work)
+    commands = {cid: [a.format(work=work, data=corpus_dir) for a in args] for cid, args, _ in CASES}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = dict(zip(commands, pool.map(_run, commands.values())))
+    return results, before, _snapshot(work)
+
+
+@pytest.mark.parametrize("case_id, args, pattern", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_fails_cleanly(outcomes, case_id, args, pattern):
+    import re
+
+    results, _, _ = outcomes
+    r = results[case_id]
+    text = r.stdout + r.stderr
+    assert r.returncode != 0, text
+    assert "Traceback" not in text, text
+    errors = [line for line in text.splitlines() if "error:" in line]
+    assert len(errors) == 1 and len(errors[0]) < 800, text
+    assert re.search(pattern, errors[0]), errors[0]
+
+
+def test_bad_inputs_leave_existing_files_intact(outcomes):
+    _, before, after = outcomes
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert len(CASES) >= 20
