@@ -5,8 +5,7 @@ while the arrays are written). orbax writes each step into a temporary directory
 `commit_success.txt`, then renames it into place, so an unfinished save is never listed and is removed
 on the next start; a listed step without the marker was damaged afterwards and counts as unreadable.
 
-`meta` holds the SHA-256 of the whole state (when it lives in one process and is at most
-CHECKSUM_MAX_BYTES), verified after every restore: orbax/TensorStore catch missing and truncated
+`meta` holds the SHA-256 of the whole state (when it is at most CHECKSUM_MAX_BYTES), verified after every restore: orbax/TensorStore catch missing and truncated
 files but not flipped bytes inside an array chunk, which would otherwise restore silently wrong.
 
 Restoring takes the newest readable step. An unreadable one (missing marker, read error, checksum
@@ -36,13 +35,14 @@ COMMIT_MARKER = "commit_success.txt"
 
 
 def state_digest(state: Any, max_bytes: int = CHECKSUM_MAX_BYTES) -> str | None:
-    """SHA-256 over every leaf's dtype, shape and bytes; None when the state is split across processes
-    or larger than `max_bytes` (then only orbax's own checks apply)."""
+    """SHA-256 over every leaf's dtype, shape and bytes (gathered when split across processes), the same
+    for any mesh or process count; None when larger than `max_bytes` (then only orbax's checks apply)."""
     leaves = jax.tree.leaves(state)
-    if any(not getattr(x, "is_fully_addressable", True) for x in leaves):
-        return None
     if sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves) > max_bytes:
         return None
+    if any(not getattr(x, "is_fully_addressable", True) for x in leaves):  # split across processes:
+        from jax.experimental import multihost_utils  # every process calls this (save and restore do)
+        leaves = [multihost_utils.process_allgather(x, tiled=True) for x in leaves]
     h = hashlib.sha256()
     for x in jax.device_get(leaves):
         x = np.ascontiguousarray(x)

@@ -41,12 +41,16 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+LAUNCH_SECTIONS = ("distributed",)  # how a run is launched, not what it computes: may change on resume
+
+
 def _check_workdir_config(workdir: str, resolved: dict) -> None:
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return
     with open(path) as f:
         existing = json.load(f)
+    existing, resolved = ({k: v for k, v in d.items() if k not in LAUNCH_SECTIONS} for d in (existing, resolved))
     if existing != resolved:
         diff = sorted(k for k in set(_flatten(existing)) | set(_flatten(resolved))
                       if _flatten(existing).get(k) != _flatten(resolved).get(k))
@@ -200,6 +204,20 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     for s in previous:
         signal.signal(s, on_signal)
 
+    def should_stop(sync_point: bool) -> bool:
+        """Preempted? Every process must agree on the step: with several, the flags are gathered at
+        sync points (every log_every steps), so the one that got the signal and the others stop together."""
+        if stop_at is not None and step >= stop_at:
+            return True
+        if nproc == 1:
+            return stop["signal"] is not None
+        if not sync_point:
+            return False
+        flags = multihost_utils.process_allgather(np.array([stop["signal"] is not None], np.int32))
+        if np.any(flags) and stop["signal"] is None:
+            stop["signal"] = "another process's"
+        return bool(np.any(flags))
+
     progress = _Progress(t.steps, verbose and primary)
     status, error, eval_loss, eval_accuracy, train_loss = "ok", None, None, None, None
     for r in history:  # a run resumed at (or preempted right after) a checkpoint reports its last values
@@ -219,7 +237,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
             compile_seconds = time.time() - t_compile
             window_start, window_steps = time.time(), 0
             while step < t.steps:
-                if stop["signal"] is not None or (stop_at is not None and step >= stop_at):
+                if should_stop(sync_point=step == start_step or step % t.log_every == 0):
                     raise Preempted()
                 batch = _global_batch(next(data_it), batch_s)  # host work overlaps the previous step
                 state, m = train_fn(state, batch)               # dispatched asynchronously
