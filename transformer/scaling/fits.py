@@ -56,7 +56,9 @@ def envelope(points: Points) -> dict[str, np.ndarray]:
             best_G = np.where(better_G, loss_G, best_G)
             params_G = np.where(better_G, curve.params, params_G)
             tokens_G = np.where(better_G, tok_G, tokens_G)
-        return {"flops": flops_G, "params": params_G, "tokens": tokens_G, "loss": best_G}
+        covered_G = np.isfinite(best_G)  # grid values inside no curve (gaps between budgets) are left out
+        return {"flops": flops_G[covered_G], "params": params_G[covered_G], "tokens": tokens_G[covered_G],
+                "loss": best_G[covered_G]}
     order_P = np.lexsort((points.loss_P, points.flops_P))
     running = np.minimum.accumulate(points.loss_P[order_P])
     on_front = np.concatenate([[True], points.loss_P[order_P][1:] < running[:-1]])
@@ -93,8 +95,13 @@ def approach1(points: Points) -> dict[str, Any]:
 # ---------------------------------------------------------------- Approach 2
 
 
-def group_budgets(flops_P: np.ndarray, rtol: float = BUDGET_RTOL) -> list[np.ndarray]:
-    """Indices of the points in each IsoFLOP budget: compute within `rtol` of the budget's smallest."""
+def group_budgets(flops_P: np.ndarray, rtol: float = BUDGET_RTOL,
+                  budget_P: np.ndarray | None = None) -> list[np.ndarray]:
+    """Indices of the points in each IsoFLOP budget: the sweep's designed `budget_P` where given (runs
+    of one budget may differ by more than 1% in measured FLOPs), else compute within `rtol` of the
+    budget's smallest (CSV points)."""
+    if budget_P is not None:
+        return [np.flatnonzero(budget_P == b) for b in np.unique(budget_P)]
     order_P = np.argsort(flops_P, kind="stable")
     groups: list[list[int]] = []
     for i in order_P:
@@ -145,7 +152,7 @@ def approach2(points: Points, window: int | None = None, rtol: float = BUDGET_RT
 
     Budgets group points whose compute agrees within `rtol`.
     """
-    budgets = [isoflop_minimum(points, idx, window) for idx in group_budgets(points.flops_P, rtol)]
+    budgets = [isoflop_minimum(points, idx, window) for idx in group_budgets(points.flops_P, rtol, points.budget_P)]
     kept = [b for b in budgets if "N_opt" in b]
     dropped = [b for b in budgets if "N_opt" not in b]
     excluded = list(points.excluded) + [
@@ -172,11 +179,12 @@ def approach2(points: Points, window: int | None = None, rtol: float = BUDGET_RT
 def _loss_fit_dict(fit: parametric.LossFit) -> dict[str, Any]:
     out: dict[str, Any] = {"E": fit.E, "A": fit.A, "B": fit.B, "alpha": fit.alpha, "beta": fit.beta,
                            "objective": fit.objective}
-    if fit.alpha > 0 and fit.beta > 0:
+    if fit.alpha > 0 and fit.beta > 0 and np.isfinite(fit.G) and fit.G > 0:
         out.update(a=fit.a, b=fit.b, G=fit.G, N_coef=fit.G * 6.0 ** -fit.a,
                    D_coef=6.0 ** -fit.b / fit.G)
     else:
-        out.update(a=None, b=None, note="α or β is not positive: no compute-optimal allocation")
+        out.update(a=None, b=None, note="α or β is not positive (or the fit degenerated, G=0): no "
+                                        "compute-optimal allocation")
     return out
 
 

@@ -47,6 +47,7 @@ class Points:
     curves: tuple[Curve, ...] = ()
     excluded: tuple[dict[str, str], ...] = ()
     source: str = ""
+    budget_P: np.ndarray | None = None  # each run's designed IsoFLOP budget (sweeps), else None
 
     def __len__(self) -> int:
         return len(self.loss_P)
@@ -62,6 +63,7 @@ class Points:
             tokens_P=self.tokens_P[keep_P],
             flops_P=self.flops_P[keep_P],
             loss_P=self.loss_P[keep_P],
+            budget_P=None if self.budget_P is None else self.budget_P[keep_P],
             ids=tuple(i for i, k in zip(self.ids, keep_P) if k),
             curves=tuple(c for c in self.curves if c.run_id in kept_ids),
             excluded=self.excluded + dropped,
@@ -75,6 +77,7 @@ class Points:
             tokens_P=self.tokens_P[index_K],
             flops_P=self.flops_P[index_K],
             loss_P=self.loss_P[index_K],
+            budget_P=None if self.budget_P is None else self.budget_P[index_K],
             ids=tuple(self.ids[i] for i in index_K),
             curves=(),
         )
@@ -228,7 +231,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         if run_id in by_id:
             excluded.append({"id": run_id, "reason": f"line {by_id[run_id][0]} superseded by line {line_no}"})
         by_id[run_id] = (line_no, record)
-    params, tokens, flops, loss, ids, curves = [], [], [], [], [], []
+    params, tokens, flops, loss, ids, curves, budgets = [], [], [], [], [], [], []
     for run_id, (line_no, record) in by_id.items():
         status = record.get("status")
         if status != "ok":
@@ -248,13 +251,15 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         tokens.append(float(record["tokens"]))
         flops.append(float(record["flops"]))
         loss.append(float(record["eval_loss"]))
+        budgets.append(record.get("budget"))
         curve = _read_curve(os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1])
         if curve is not None:
             curves.append(curve)
     if not ids:
         raise ValueError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
     points = from_arrays(params, tokens, loss, flops=flops, ids=ids, source=directory)
-    return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded))
+    budget_P = np.array(budgets, dtype=float) if all(_finite_positive(b) for b in budgets) else None
+    return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P)
 
 
 def load(source: str, n_kind: str = "params") -> Points:
