@@ -1,6 +1,5 @@
 """The analytic FLOP accounting against XLA's own count of the compiled train step."""
 import jax
-import numpy as np
 import pytest
 
 from configs import lm

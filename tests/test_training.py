@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import flax.linen as nn
 import jax
 import numpy as np
-import optax
 import pytest
 
 from configs import lm

@@ -3,6 +3,7 @@
 Legend: B batch, T sequence, D model width (d_model), V vocabulary, L layers.
 
 Reading top to bottom, as in nanoGPT:
+Steps 1–5 are `embed_and_stack` (transformer/models/stack.py), shared with the other families:
   1. tokens_BT -> token embedding x_BTD (table ("vocab", "embed"); × sqrt(D) if scale_embeddings)
   2. + positions: learned table ("seq", "embed") | sinusoidal | nothing (RoPE rotates q and k
      inside attention instead; "none" adds nothing)
@@ -25,27 +26,10 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
-from transformer.layers.norms import make_norm
-from transformer.layers import positional
-from transformer.models.blocks import BlockStack
 from transformer.models.config import ModelConfig
-
-
-def embed_inputs(cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Array,
-                 positions_BT: jax.Array) -> jax.Array:
-    """Steps 1–2: token embedding (scaled if asked) plus an absolute position encoding, in the compute
-    dtype. Call inside a compact module: a learned table becomes its "position_embedding" submodule."""
-    dtype, _ = compute_dtypes(cfg)
-    x_BTD = embedding(tokens_BT)
-    if cfg.scale_embeddings:
-        x_BTD = x_BTD * jnp.sqrt(jnp.asarray(cfg.d_model, dtype))
-    if cfg.positional in positional.ABSOLUTE:
-        x_BTD = x_BTD + positional.ABSOLUTE[cfg.positional](cfg, positions_BT).astype(dtype)
-    return x_BTD.astype(dtype)
+from transformer.models.stack import embed_and_stack
 
 
 class DecoderLM(nn.Module):
@@ -61,29 +45,10 @@ class DecoderLM(nn.Module):
                  segment_ids_BT: jax.Array | None = None, *, deterministic: bool = True,
                  decode: bool = False, return_hidden: bool = False) -> jax.Array:
         cfg = self.cfg
-        dtype, param_dtype = compute_dtypes(cfg)
-        B, T = tokens_BT.shape
-        start = 0
-        if decode:  # tokens continue the cached ones: default positions count on from there
-            initialized = self.has_variable("cache", "next_position")
-            next_position = self.variable("cache", "next_position", lambda: jnp.zeros((), jnp.int32))
-            if initialized:
-                start = next_position.value
-                next_position.value = start + T
-        if positions_BT is None:
-            positions_BT = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
         embedding = TokenEmbedding(cfg, name="token_embedding")
-        x_BTD = embed_inputs(cfg, embedding, tokens_BT, positions_BT)
-        if cfg.embedding_norm:
-            x_BTD = make_norm(cfg, "embedding_norm")(x_BTD)
-        x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
-        x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "seq", "embed"))
-
-        x_BTD = BlockStack(cfg, causal=True, sow_weights=self.sow_attention_weights, name="blocks")(
-            x_BTD, positions_BT, segment_ids_BT, None, None, deterministic, decode)
-
-        if cfg.norm_position == "pre":
-            x_BTD = make_norm(cfg, "final_norm")(x_BTD)
+        x_BTD = embed_and_stack(self, cfg, embedding, tokens_BT, positions_BT, segment_ids_BT, causal=True,
+                                sow_weights=self.sow_attention_weights, deterministic=deterministic,
+                                decode=decode)
         if return_hidden:  # the final hidden states x_BTD; `output_logits` applies the head to them
             return x_BTD
         logits_BTV = embedding.attend(x_BTD) if cfg.tie_embeddings else OutputHead(cfg, name="head")(x_BTD)

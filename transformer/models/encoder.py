@@ -50,9 +50,8 @@ from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
 from transformer.layers.feedforward import ACTIVATIONS
 from transformer.layers.norms import make_norm
-from transformer.models.blocks import BlockStack
 from transformer.models.config import ModelConfig
-from transformer.models.decoder import embed_inputs
+from transformer.models.stack import embed_and_stack
 
 
 def _dense(cfg: ModelConfig, features: int, names: tuple[str, str], name: str) -> nn.Dense:
@@ -82,28 +81,11 @@ class EmbeddedStack(nn.Module):
                  segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
                  context_segment_ids_BS: jax.Array | None = None, *, deterministic: bool = True,
                  decode: bool = False) -> jax.Array:
-        cfg = self.cfg
-        B, T = tokens_BT.shape
-        start = 0
-        if decode:  # tokens continue the cached ones: default positions count on from there
-            initialized = self.has_variable("cache", "next_position")
-            next_position = self.variable("cache", "next_position", lambda: jnp.zeros((), jnp.int32))
-            if initialized:
-                start = next_position.value
-                next_position.value = start + T
-        if positions_BT is None:
-            positions_BT = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
-        x_BTD = embed_inputs(cfg, self.embedding, tokens_BT, positions_BT)
-        if cfg.embedding_norm:
-            x_BTD = make_norm(cfg, "embedding_norm")(x_BTD)
-        x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
-        x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "seq", "embed"))
-        x_BTD = BlockStack(cfg, causal=self.causal, cross_attention=self.cross_attention,
-                           num_layers=self.num_layers, sow_weights=self.sow_attention_weights, name="blocks")(
-            x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS, deterministic, decode)
-        if cfg.norm_position == "pre":
-            x_BTD = make_norm(cfg, "final_norm")(x_BTD)
-        return x_BTD
+        return embed_and_stack(self, self.cfg, self.embedding, tokens_BT, positions_BT, segment_ids_BT,
+                               context_BSD, context_segment_ids_BS, causal=self.causal,
+                               cross_attention=self.cross_attention, num_layers=self.num_layers,
+                               sow_weights=self.sow_attention_weights, deterministic=deterministic,
+                               decode=decode)
 
 
 class MLMHead(nn.Module):
