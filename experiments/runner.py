@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from transformer.models.config import ConfigError
-from transformer.scaling import results
+from transformer.scaling import claims, results
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
@@ -82,8 +82,13 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
     return row
 
 
-def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False) -> tuple[dict[str, Any] | None, int]:
-    """Trains (or resumes) one run in this process and records it.
+CLAIMED_ELSEWHERE = 4  # exit code of a worker whose run another runner holds
+
+
+def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False,
+              max_retries: int = 0) -> tuple[dict[str, Any] | None, int]:
+    """Trains (or resumes) one run in this process and records it. A run that raises is tried again
+    (resuming from its checkpoints) up to `max_retries` times before it is recorded as failed.
 
     Returns (the row, or None when the run was preempted or another process recorded it first; and an
     exit code: 0 ok, 1 failed, 3 preempted).
@@ -92,13 +97,20 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
 
     t0 = time.time()
     config = ml_collections.ConfigDict(run["config"])
-    try:
-        summary = train(config, os.path.join(workdir, "runs", run["run_id"]), verbose=verbose)
-    except Exception as e:  # a failing run is recorded and the sweep goes on
-        if verbose:
-            traceback.print_exc()
-        row = result_row(run, None, "failed", f"{type(e).__name__}: {e}", time.time() - t0, mode)
-        return (row if results.append_result(workdir, row) else None), 1
+    for attempt in range(max_retries + 1):
+        try:
+            summary = train(config, os.path.join(workdir, "runs", run["run_id"]), verbose=verbose)
+            break
+        except Exception as e:  # a failing run is retried, then recorded, and the sweep goes on
+            if verbose:
+                traceback.print_exc()
+            if attempt < max_retries:
+                print(f"{run['run_id']} failed ({type(e).__name__}: {str(e)[:200]}); retry {attempt + 1} of "
+                      f"{max_retries}", flush=True)
+                continue
+            row = result_row(run, None, "failed", f"{type(e).__name__}: {e} (after {attempt + 1} attempts)",
+                             time.time() - t0, mode)
+            return (row if results.append_result(workdir, row) else None), 1
     if summary["status"] == "preempted":
         return None, 3
     status = "ok" if summary["status"] == "ok" else "failed"
@@ -157,14 +169,30 @@ def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dic
     return [r for r in runs if r["run_id"] not in recorded], recorded
 
 
+def claim(workdir: str, doc: dict[str, Any], run: dict[str, Any]) -> claims.Claim | None:
+    """This runner's claim on `run` (None: another live runner has it, or it got recorded meanwhile)."""
+    held = claims.try_claim(workdir, run["run_id"], stale_after_s=doc["sweep"].get("claim_timeout_s", 600.0),
+                            heartbeat_s=min(30.0, doc["sweep"].get("claim_timeout_s", 600.0) / 4))
+    if held is not None and run["run_id"] in {r["run_id"] for r in results.read_results(workdir)}:
+        held.release()  # finished by another runner between our listing and our claim
+        return None
+    return held
+
+
 def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False) -> int:
-    """Runs the pending runs one after another in this process (compiled programs and caches reused)."""
+    """Runs the pending runs one after another in this process (compiled programs and caches reused).
+    Runs claimed by another runner on the same DIR are left to it."""
     todo, recorded = pending_runs(workdir, doc["runs"])
     progress = Progress(doc["runs"], recorded)
     progress.event(f"{len(todo)} runs to go in {workdir}")
     for run in todo:
-        progress.started(run)
-        row, code = train_run(workdir, run, doc["mode"], verbose)
+        held = claim(workdir, doc, run)
+        if held is None:
+            progress.event(f"skip {run['run_id']}: claimed by another runner")
+            continue
+        with held:
+            progress.started(run)
+            row, code = train_run(workdir, run, doc["mode"], verbose, doc["sweep"].get("max_retries", 0))
         progress.finished(run, row, "(preempted: rerun the command to resume)" if code == 3 else "")
         if code == 3:
             return 3
@@ -242,6 +270,9 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                 del procs[slot]
                 rows = {r["run_id"]: r for r in results.read_results(workdir)}
                 row = rows.get(run["run_id"])
+                if row is None and p.returncode == CLAIMED_ELSEWHERE:
+                    progress.finished(run, None, "(claimed by another runner)")
+                    continue
                 if row is None and p.returncode != 3:  # the worker died before recording anything
                     row = result_row(run, None, "failed", f"worker exited with code {p.returncode}; see "
                                      f"{os.path.join(workdir, 'runs', run['run_id'], 'worker.log')}", 0.0, doc["mode"])

@@ -66,8 +66,14 @@ def _worker(workdir: str, index: int) -> None:
         print(f"{run['run_id']} is already recorded; nothing to do", flush=True)
     else:
         import ml_collections
+        held = runner.claim(workdir, doc, run)
+        if held is None:
+            print(f"{run['run_id']} is claimed by another runner; nothing to do", flush=True)
+            raise SystemExit(runner.CLAIMED_ELSEWHERE)
         common.setup_jax(ml_collections.ConfigDict(run["config"]))
-        row, code = runner.train_run(workdir, run, doc["mode"], verbose=True)
+        with held:
+            row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
+                                         max_retries=doc["sweep"].get("max_retries", 0))
         print(f"{run['run_id']}: {row['status'] if row else 'preempted'}", flush=True)
     if _FIT_WHEN_DONE.value and code != 3:
         runner.finish_once(workdir, doc)
@@ -114,10 +120,16 @@ def main(argv: list[str]) -> None:
         code = runner.run_in_process(workdir, doc, _VERBOSE.value)
     if code:
         raise SystemExit(code)
+    if not runner.all_recorded(workdir, doc):  # the rest is being trained by other runners on this DIR
+        left = runner.pending_runs(workdir, doc["runs"])[0]
+        print(f"{len(left)} runs are claimed by other runners on {workdir}; the last runner to finish fits",
+              flush=True)
+        return
     rows = runner.results.read_results(workdir)
     failed = [r["run_id"] for r in rows if r["status"] != "ok"]
     try:
-        fit = runner.finish(workdir, doc)
+        with runner.results.locked(os.path.join(workdir, "fit.lock")):  # runners finishing together: one at a time
+            fit = runner.finish(workdir, doc)
     except Exception as e:  # the runs are safe in results.jsonl; the fit can be redone on its own
         again = ("python -m experiments.fit --sweep=" + workdir + " --out=" + os.path.join(workdir, "fit")
                  if doc["mode"] == "isoflop" else "this command")

@@ -61,6 +61,8 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.checkpoints_per_run = 4          # checkpoints spread over each run (resume granularity)
     s.logs_per_run = 10
     s.fit_bootstrap = 200              # bootstrap resamples for the fit's 95% intervals at the end of the sweep
+    s.max_retries = 1                  # a run that raises is retried (resuming) this many times, then recorded failed
+    s.claim_timeout_s = 600.0          # a run claim not refreshed for this long (its runner died) may be taken over
 
     # Time estimate printed by --dry_run: per run, steps × (tokens_per_step · flops_per_token /
     # estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s.

@@ -1,7 +1,8 @@
 """A sweep's results file, DIR/results.jsonl: one JSON line per finished run, never two for one run.
 
-Appends happen under an exclusive fcntl lock on DIR/results.lock: read the file, skip if the run is
-already there, else append the line with a single write and fsync. Several processes (local workers,
+Appends happen under an exclusive fcntl lock on DIR/results.lock: cut a torn last line (a writer killed
+mid-write), read the file, skip if the run is already there, else append the line with a single write
+and fsync. Several processes (local workers,
 SLURM array tasks on a shared file system with working locks) may append at once.
 """
 from __future__ import annotations
@@ -55,11 +56,10 @@ def append_result(sweep_dir: str, row: dict[str, Any]) -> bool:
     with locked(os.path.join(sweep_dir, LOCK)):
         if any(r.get("run_id") == row["run_id"] for r in read_results(sweep_dir)):
             return False
+        repair_torn_tail(path)
         data = json.dumps(row, sort_keys=True) + "\n"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            if os.fstat(fd).st_size and not _ends_with_newline(path):
-                data = "\n" + data  # close a torn line so this row stays whole
             os.write(fd, data.encode())
             os.fsync(fd)
         finally:
@@ -83,7 +83,21 @@ def drop_failed(sweep_dir: str) -> list[str]:
         return failed
 
 
-def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+def repair_torn_tail(path: str) -> bool:
+    """Cuts a torn last line (a writer killed mid-write: no newline yet) off the file, under the caller's
+    lock. That row was never complete, so its run counts as unrecorded and is recorded again whole.
+    Returns True when something was cut."""
+    if not os.path.exists(path) or not os.path.getsize(path):
+        return False
+    with open(path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+        if tail.endswith(b"\n"):
+            return False
+        cut = tail.rfind(b"\n")
+        f.truncate(size - len(tail) + cut + 1 if cut >= 0 else size - len(tail))
+        f.flush()
+        os.fsync(f.fileno())
+    return True

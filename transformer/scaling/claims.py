@@ -1,0 +1,123 @@
+"""Run claims: which sweep runner trains which run, so that runners sharing a sweep directory never
+train the same run twice.
+
+A claim is DIR/claims/RUN_ID.claim, created with os.open(O_CREAT | O_EXCL) — atomic on local file
+systems and on NFSv3+ (unlike flock, which NFS clients may not honour) — holding the owner's host, pid
+and start time. The owner refreshes its mtime every `heartbeat_s` seconds; a claim whose mtime is
+older than `stale_after_s` (its owner was killed or its host died), or made on this host by a pid that
+no longer exists, may be taken over: the taker
+renames it to a unique name first (rename is atomic: of two takers only one succeeds), then claims.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+CLAIMS = "claims"
+
+
+def _path(sweep_dir: str, run_id: str) -> str:
+    return os.path.join(sweep_dir, CLAIMS, f"{run_id}.claim")
+
+
+def owner(sweep_dir: str, run_id: str) -> dict[str, Any] | None:
+    """The claim's content plus its age in seconds, or None when unclaimed."""
+    path = _path(sweep_dir, run_id)
+    try:
+        with open(path) as f:
+            info = json.load(f)
+        info["age_s"] = time.time() - os.path.getmtime(path)
+        return info
+    except (OSError, ValueError):
+        return None
+
+
+class Claim:
+    """A held claim; `release()` (or leaving the `with` block) removes it."""
+
+    def __init__(self, path: str, heartbeat_s: float):
+        self.path = path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True)
+        self._thread.start()
+
+    def _beat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                os.utime(self.path)
+            except OSError:
+                continue  # momentarily renamed by a racing taker that will give it back
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "Claim":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def _owner_is_dead(path: str) -> bool:
+    """True when the claim was made on this host by a process that no longer exists (a killed runner:
+    no need to wait for its heartbeat to go stale)."""
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return False  # being written or replaced right now: not ours to judge
+    if info.get("host") != socket.gethostname() or info.get("pid") == os.getpid():
+        return False
+    try:
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError, TypeError):
+        return False
+    return False
+
+
+def try_claim(sweep_dir: str, run_id: str, *, stale_after_s: float = 600.0, heartbeat_s: float = 30.0) -> Claim | None:
+    """Claims `run_id` for this process; None when another live runner holds it."""
+    path = _path(sweep_dir, run_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode()
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                age = time.time() - os.path.getmtime(path)
+            except FileNotFoundError:
+                continue  # released meanwhile: try again
+            if age < stale_after_s and not _owner_is_dead(path):
+                return None
+            aside = f"{path}.stale-{uuid.uuid4().hex[:8]}"
+            try:  # stale: take it over (only one of several takers wins the rename)
+                os.rename(path, aside)
+            except FileNotFoundError:
+                continue
+            if time.time() - os.path.getmtime(aside) < stale_after_s and not _owner_is_dead(aside):  # lost a race
+                try:
+                    os.link(aside, path)  # give it back (fails if someone claimed meanwhile)
+                except FileExistsError:
+                    pass
+                os.remove(aside)
+                return None
+            continue
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return Claim(path, heartbeat_s)
+    return None
