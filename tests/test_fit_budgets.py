@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pytest
 
 from transformer.scaling import fits, points as points_lib
 from transformer.scaling.report import run_fit
@@ -56,3 +57,13 @@ def test_approach2_groups_by_designed_budget(tmp_path):
     assert len(by_flops) > 2  # what the 1% FLOPs rule would have made of the same runs
     # CSV points (no budget) keep the FLOPs rule.
     assert points_lib.from_arrays([1.0, 2.0], [1.0, 1.0], [1.0, 1.0]).budget_P is None
+
+
+def test_runaway_parametric_fit_is_reported_not_written_as_inf():
+    from transformer.scaling import parametric
+
+    out = fits._loss_fit_dict(parametric.LossFit(E=1.2, A=float("inf"), B=3.0, alpha=0.3, beta=0.3, objective=0.1))
+    assert out["a"] is None and out["E"] is None and "overflowed" in out["note"]
+    json.dumps(out, allow_nan=False)
+    ok = fits._loss_fit_dict(parametric.LossFit(E=1.7, A=400.0, B=410.0, alpha=0.34, beta=0.28, objective=0.1))
+    assert ok["a"] == pytest.approx(0.28 / 0.62) and ok["E"] == 1.7

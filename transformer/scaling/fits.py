@@ -177,8 +177,11 @@ def approach2(points: Points, window: int | None = None, rtol: float = BUDGET_RT
 
 
 def _loss_fit_dict(fit: parametric.LossFit) -> dict[str, Any]:
-    out: dict[str, Any] = {"E": fit.E, "A": fit.A, "B": fit.B, "alpha": fit.alpha, "beta": fit.beta,
-                           "objective": fit.objective}
+    values = {"E": fit.E, "A": fit.A, "B": fit.B, "alpha": fit.alpha, "beta": fit.beta}
+    if not all(np.isfinite(v) for v in values.values()):  # the fit ran off (too few or too noisy points)
+        return {**{k: None for k in values}, "objective": fit.objective,
+                "a": None, "b": None, "note": "the parametric fit overflowed (a coefficient is not finite)"}
+    out: dict[str, Any] = {**values, "objective": fit.objective}
     if fit.alpha > 0 and fit.beta > 0 and np.isfinite(fit.G) and fit.G > 0:
         out.update(a=fit.a, b=fit.b, G=fit.G, N_coef=fit.G * 6.0 ** -fit.a,
                    D_coef=6.0 ** -fit.b / fit.G)
