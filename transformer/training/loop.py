@@ -229,6 +229,10 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     compile_seconds, timed_tokens, timed_seconds = 0.0, 0, 0.0
     eval_seconds = 0.0  # evaluation, its first-call compilation included
     step = start_step
+    # XLA:CPU runs simulated devices on one shared thread pool: with two multi-device steps in flight,
+    # a collective's rendezvous can starve past XLA's 40 s limit and abort the process. On CPU each step
+    # therefore completes before the next is dispatched (nothing is lost: there is no device queue to fill).
+    serialize_steps = jax.devices()[0].platform == "cpu" and jax.local_device_count() > 1
     last_saved = start_step
     try:
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -241,6 +245,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                     raise Preempted()
                 batch = _global_batch(next(data_it), batch_s)  # host work overlaps the previous step
                 state, m = train_fn(state, batch)               # dispatched asynchronously
+                if serialize_steps:
+                    jax.block_until_ready(m)
                 step += 1
                 window_steps += 1
                 window.append((step, {"loss": m["loss"], "finite": m["finite"]}))  # device scalars: no sync
@@ -295,11 +301,15 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                 eval_loss, eval_accuracy = final["eval_loss"], final["eval_accuracy"]
     except Preempted:
         status = "preempted"
-        if last_saved != step:
+        bad = nonfinite.first_bad(jax.device_get(window))  # steps since the last sync: never save a NaN state
+        if bad is not None and t.nonfinite == "stop":
+            status, error = "failed", nonfinite.describe(*bad, None, None)
+        elif last_saved != step:
             ckpt.save(step, state, data_it, resolved, force=True)
         if primary:
             why = f"received signal {stop['signal']}" if stop["signal"] is not None else f"stop_at={stop_at}"
-            print(f"{why}: checkpointed step {step}, exiting", flush=True)
+            print(f"{why}: checkpointed step {step}, exiting" if status == "preempted" else f"{why}: {error}",
+                  flush=True)
     except Exception as e:
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
