@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from experiments import common
 
 from transformer.scaling import points as points_lib
 from transformer.scaling import report
@@ -58,4 +60,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)  # flag errors (e.g. --drop_highest=-1) as one `error:` line, exit 2

@@ -1,4 +1,4 @@
-"""Bad input on every command line: exit status non-zero, one short `error:` message naming the setting
+"""Bad input on every command line: exit status 2, one short `error:` message naming the setting
 (and the valid values where there is a short list), no traceback, and no existing file changed."""
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_bad_input_fails_cleanly(outcomes, case_id, args, pattern):
     results, _, _ = outcomes
     r = results[case_id]
     text = r.stdout + r.stderr
-    assert r.returncode != 0, text
+    assert r.returncode == 2, text
     assert "Traceback" not in text, text
     errors = [line for line in text.splitlines() if "error:" in line]
     assert len(errors) == 1 and len(errors[0]) < 800, text
