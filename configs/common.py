@@ -39,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.task = ""                 # "" = the model family's default (decoder: lm); see transformer/tasks
+    c.train.init_from = ""            # a train workdir whose latest parameters initialise this run (fine-tuning)
     c.train.steps = 1000
     c.train.batch_size = 16           # global, across all processes
     c.train.learning_rate = 1e-3

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from typing import Any, Callable
 
@@ -28,6 +27,7 @@ from transformer.training import checkpointing, hardware, nonfinite, sharding, s
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule
 from transformer.training.state import abstract_state, init_state
+from transformer.training.warm_start import warm_start
 
 
 class Preempted(Exception):
@@ -152,10 +152,20 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
         _write_json(os.path.join(workdir, "config.json"), resolved)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
+    def fresh_state(announce: bool = False):
+        """Step 0: initialised from the seed, then warm-started from train.init_from when set."""
+        state, _ = init_state(model, tx, t.seed, task.init_inputs(config), mesh, rules)
+        if t.get("init_from"):
+            state, copied = warm_start(state, t.init_from)
+            if announce and verbose and primary:
+                print(f"warm start from {t.init_from}: {len(copied['copied'])} parameters copied, "
+                      f"{len(copied['kept'])} freshly initialised ({', '.join(copied['kept'][:4])}"
+                      f"{', ...' if len(copied['kept']) > 4 else ''})", flush=True)
+        return state
+
     restored = ckpt.restore(abstract, data_it)
     if restored is None:
-        state, _ = init_state(model, tx, t.seed, task.init_inputs(config), mesh, rules)
-        start_step = 0
+        state, start_step = fresh_state(announce=True), 0
     else:
         start_step, state = restored
         if not ckpt.data_position_restored:  # written by another number of processes
@@ -184,8 +194,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
             ckpt.wait()
             it = task.make_iterator(config, **train_data)
             found = ckpt.restore(abstract, it)
-            from_step, st = found if found is not None else (0, init_state(model, tx, t.seed, task.init_inputs(config),
-                                                                             mesh, rules)[0])
+            from_step, st = found if found is not None else (0, fresh_state())
             for _ in range(from_step, bad_step - 1):
                 st, _ = train_fn(st, _global_batch(next(it), batch_s))
             grad_fn = nonfinite.make_grad_fn(model, task, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0)
