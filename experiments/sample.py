@@ -3,8 +3,10 @@
 python -m experiments.sample --workdir=DIR --prompt=TEXT [--max_new_tokens=N --temperature=T --top_k=K
     --top_p=P --seed=S --num_samples=K --step=STEP]
 
-The prompt is encoded with the run's tokenizer after a bos token (training documents start with
-one); generation stops at the eos token. temperature=0 is greedy. Only the parameters are restored.
+Decoder runs: the prompt is encoded with the run's tokenizer after a bos token (training documents start
+with one) and continued. Encoder–decoder runs (trained on span corruption): the prompt is the source, each
+`<X>` in it becomes a sentinel, and the model writes what each sentinel stands for, printed after `<X0>`,
+`<X1>`, ... Generation stops at the eos token; temperature=0 is greedy. Only the parameters are restored.
 """
 from __future__ import annotations
 
@@ -26,12 +28,24 @@ _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Continuations to print (s
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 
 
+def _with_sentinels(tok, ids: list[int]) -> str:
+    """Decoded text with each sentinel id (vocab_size + i) shown as <Xi>."""
+    text, run = [], []
+    for i in ids:
+        if i >= tok.vocab_size:
+            text.append(tok.decode(run) + f"<X{i - tok.vocab_size}>")
+            run = []
+        else:
+            run.append(i)
+    return "".join(text) + tok.decode(run)
+
+
 def main(argv: list[str]) -> None:
     del argv
     common.setup_jax()
     import jax
 
-    from transformer.inference.generate import generate
+    from transformer.inference.generate import generate, generate_seq2seq
     from transformer.inference.restore import load_run
     from transformer.inference.sampling import SamplingConfig
 
@@ -39,21 +53,32 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"--num_samples={_NUM_SAMPLES.value} must be a positive integer")
     sampling = SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
     run = load_run(_WORKDIR.value, step=_STEP.value)
-    if run.model_cfg.family != "decoder":
-        raise ConfigError(f"experiments.sample continues text with a decoder-only model; this run's "
-                         f"model.family is {run.model_cfg.family!r}")
     tok = run.tokenizer
-    prompt = [tok.bos_id] + tok.encode(_PROMPT.value).tolist()
+    rng = jax.random.PRNGKey(_SEED.value)
     t0 = time.time()
-    out = generate(run.model, run.params, [prompt] * _NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
-                   rng=jax.random.PRNGKey(_SEED.value), sampling=sampling, stop_tokens=[tok.eos_id],
-                   pad_id=tok.pad_id)
+    if run.model_cfg.family == "decoder":
+        prompt = [tok.bos_id] + tok.encode(_PROMPT.value).tolist()
+        out = generate(run.model, run.params, [prompt] * _NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
+                       rng=rng, sampling=sampling, stop_tokens=[tok.eos_id], pad_id=tok.pad_id)
+        texts = [_PROMPT.value + tok.decode(new) for new in out.sequences()]
+    elif run.model_cfg.family == "encoder_decoder":
+        parts = _PROMPT.value.split("<X>")
+        source = []
+        for i, part in enumerate(parts):
+            source += tok.encode(part).tolist() + ([tok.vocab_size + i] if i < len(parts) - 1 else [])
+        out = generate_seq2seq(run.model, run.params, [source + [tok.eos_id]] * _NUM_SAMPLES.value,
+                               max_new_tokens=_MAX_NEW.value, decoder_start_id=tok.bos_id, rng=rng,
+                               sampling=sampling, stop_tokens=[tok.eos_id], pad_id=tok.pad_id)
+        texts = [_with_sentinels(tok, new) for new in out.sequences()]
+    else:
+        raise ConfigError(f"experiments.sample needs a decoder or encoder_decoder run; this run's model.family "
+                          f"is {run.model_cfg.family!r}")
     seconds = time.time() - t0
-    for i, new in enumerate(out.sequences()):
+    for i, (new, text) in enumerate(zip(out.sequences(), texts)):
         stopped = bool(new) and new[-1] == tok.eos_id
         print(f"--- sample {i + 1}/{_NUM_SAMPLES.value} (step {run.step}, {len(new)} tokens"
               f"{', ended at eos' if stopped else ''}) ---")
-        print(_PROMPT.value + tok.decode(new), flush=True)
+        print(text, flush=True)
     print(f"--- {int(out.lengths_B.sum())} tokens in {seconds:.1f}s (including compilation) ---")
 
 
