@@ -23,3 +23,19 @@ def corpus_dir(tmp_path_factory) -> str:
     data_cfg.data_dir = data_dir
     load_split(data_cfg, "train")  # builds on first use
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_run(tmp_path_factory, corpus_dir) -> str:
+    """A 4-step gpt2_tiny run (checkpoints at steps 2 and 4), shared by the sample and attention CLI tests."""
+    from configs.lm import get_config
+    from transformer.training.loop import train
+
+    config = get_config("gpt2_tiny")
+    config.data.data_dir = corpus_dir
+    config.data.seq_len = 32
+    config.train.update(steps=4, warmup_steps=1, batch_size=8, eval_every=4, eval_steps=1, checkpoint_every=2,
+                        log_every=2)
+    workdir = str(tmp_path_factory.mktemp("tiny_lm_run"))
+    assert train(config, workdir, verbose=False)["status"] == "ok"
+    return workdir

@@ -86,33 +86,18 @@ def test_plot_writes_a_png_and_checks_heads(tmp_path):
         plot_attention(w, ["a"] * 3, ["a"] * 3, "t", str(tmp_path / "y.png"), heads=[4])
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, corpus_dir):
-    from configs.lm import get_config
-    from transformer.training.loop import train
-
-    config = get_config("gpt2_tiny")
-    config.data.data_dir = corpus_dir
-    config.data.seq_len = 32
-    config.train.update(steps=2, warmup_steps=1, batch_size=8, eval_every=2, eval_steps=1, checkpoint_every=2,
-                        log_every=1)
-    workdir = str(tmp_path_factory.mktemp("run"))
-    assert train(config, workdir, verbose=False)["status"] == "ok"
-    return workdir
-
-
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     return subprocess.run([sys.executable, "-m", "experiments.attention", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
-def test_attention_cli_writes_heatmaps(tiny_run, tmp_path):
+def test_attention_cli_writes_heatmaps(tiny_lm_run, tmp_path):
     out = tmp_path / "maps"
-    proc = _cli(f"--workdir={tiny_run}", "--text=def f(x): é", f"--out={out}", "--layers=1", "--heads=0,2")
+    proc = _cli(f"--workdir={tiny_lm_run}", "--text=def f(x): é", f"--out={out}", "--layers=1", "--heads=0,2")
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["attention.npz", "blocks_layers_1_attention.png"]
     saved = np.load(out / "attention.npz")
     assert saved["tokens"].shape == (13,) and saved["blocks_layers_0_attention"].shape == (4, 13, 13)
-    proc = _cli(f"--workdir={tiny_run}", "--text=x", f"--out={out}", "--heads=9")
+    proc = _cli(f"--workdir={tiny_lm_run}", "--text=x", f"--out={out}", "--heads=9")
     assert proc.returncode == 2 and "--heads" in proc.stderr and "Traceback" not in proc.stderr

@@ -186,33 +186,18 @@ def test_seq2seq_cached_generation_equals_full_forward(shape):
 
 # ---------------------------------------------------------------- experiments.sample
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, corpus_dir):
-    from configs.lm import get_config
-    from transformer.training.loop import train
-
-    config = get_config("gpt2_tiny")
-    config.data.data_dir = corpus_dir
-    config.data.seq_len = 32
-    config.train.update(steps=4, warmup_steps=1, batch_size=8, eval_every=4, eval_steps=1, checkpoint_every=2,
-                        log_every=2)
-    workdir = str(tmp_path_factory.mktemp("run"))
-    assert train(config, workdir, verbose=False)["status"] == "ok"
-    return workdir
-
-
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     return subprocess.run([sys.executable, "-m", "experiments.sample", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
-def test_sample_cli_prints_continuations_from_params_only(tiny_run):
+def test_sample_cli_prints_continuations_from_params_only(tiny_lm_run):
     from transformer.inference.restore import load_run
 
-    run = load_run(tiny_run)
+    run = load_run(tiny_lm_run)
     assert run.step == 4 and set(run.params) >= {"token_embedding", "blocks"}
-    proc = _cli(f"--workdir={tiny_run}", "--prompt=def ", "--max_new_tokens=12", "--num_samples=2", "--seed=3")
+    proc = _cli(f"--workdir={tiny_lm_run}", "--prompt=def ", "--max_new_tokens=12", "--num_samples=2", "--seed=3")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("--- sample ") == 2 and "(step 4, " in proc.stdout
     assert proc.stdout.splitlines()[1].startswith("def ")
