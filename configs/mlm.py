@@ -37,7 +37,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c = base_config()
     c.model = ml_collections.ConfigDict(dict(
         family="encoder", vocab_size=0,  # 0: the tokenizer's vocabulary + MASK, padded to a multiple of 128
-        num_kv_heads=0, head_dim=0, rope_base=10000.0, attention_impl="xla", sliding_window=0,
+        num_kv_heads=0, head_dim=0, rope_base=10000.0, attention_impl="chunked", sliding_window=0,
         dropout_rate=0.0, remat="none", scan_layers=False, num_classes=0))
     c.model.update(PRESETS[name])
     c.data.seq_len = 128

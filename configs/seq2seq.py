@@ -35,7 +35,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c = base_config()
     c.model = ml_collections.ConfigDict(dict(
         family="encoder_decoder", vocab_size=0,  # 0: the tokenizer's vocabulary + sentinels, padded to 128
-        num_kv_heads=0, head_dim=0, max_len=1024, rope_base=10000.0, norm_eps=1e-5, attention_impl="xla",
+        num_kv_heads=0, head_dim=0, max_len=1024, rope_base=10000.0, norm_eps=1e-5, attention_impl="chunked",
         sliding_window=0, dropout_rate=0.0, remat="none", scan_layers=False))
     c.model.update(PRESETS[preset])
     c.data.seq_len = 128

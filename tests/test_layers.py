@@ -78,7 +78,7 @@ def test_gqa_with_all_heads_equals_independent_mha():
 def test_gqa_equals_mha_with_repeated_kv_heads(K):
     q, k, v = _qkv(K=K)
     rep_k, rep_v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
-    for impl in ("einsum", "xla"):
+    for impl in ("einsum", "xla", "chunked"):
         out = dot_product_attention(q, k, v, causal=True, implementation=impl)
         np.testing.assert_allclose(out, _naive_mha(q, rep_k, rep_v, np.tril(np.ones((T, T), bool))), atol=1e-5)
 
@@ -91,10 +91,31 @@ def test_einsum_reference_equals_jax_attention(causal, segments, window, K):
     seg = jnp.array([[1] * 4 + [2] * 4 + [0] * 2, [1] * 7 + [2] * 3]) if segments else None
     kw = dict(causal=causal, q_segment_ids_BT=seg, kv_segment_ids_BS=seg, sliding_window=window)
     ref = dot_product_attention(q, k, v, implementation="einsum", **kw)
-    fused = dot_product_attention(q, k, v, implementation="xla", **kw)
-    np.testing.assert_allclose(ref, fused, atol=1e-5)
+    for impl in ("xla", "chunked"):
+        np.testing.assert_allclose(ref, dot_product_attention(q, k, v, implementation=impl, **kw), atol=1e-5)
     direct = jax.nn.dot_product_attention(q, k, v, mask=make_attention_mask(T, T, **kw))
     np.testing.assert_allclose(ref, direct, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal,segments,window,K,S", [
+    (True, False, 0, 4, 150), (True, True, 0, 2, 150), (True, True, 40, 1, 150), (False, True, 0, 2, 150),
+    (False, False, 0, 4, 37)])
+def test_chunked_attention_and_its_gradients_equal_the_reference(causal, segments, window, K, S):
+    """T = 150 queries make 3 causal chunks (the skipped key blocks and the written-out backward are
+    exercised); S = 37 is cross-attention-shaped (T != S)."""
+    T, rng = 150, np.random.default_rng(5)
+    q = jnp.asarray(rng.normal(size=(2, T, N, H)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, S, K, H)), jnp.float32) for _ in range(2))
+    seg = jnp.asarray(np.sort(rng.integers(0, 3, size=(2, T)), axis=1)) if segments else None
+    kw = dict(causal=causal, q_segment_ids_BT=seg, kv_segment_ids_BS=seg, sliding_window=window)
+
+    def loss(impl):
+        return lambda q, k, v: jnp.sum(jnp.sin(dot_product_attention(q, k, v, implementation=impl, **kw)))
+
+    ref = jax.value_and_grad(loss("einsum"), argnums=(0, 1, 2))(q, k, v)
+    got = jax.jit(jax.value_and_grad(loss("chunked"), argnums=(0, 1, 2)))(q, k, v)
+    for r, g in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=2e-5)
 
 
 def test_mask_semantics():

@@ -9,9 +9,10 @@ Masks are boolean, True = may attend, shaped (B, 1, T, S) and broadcast over hea
   segments    packed documents: query and key must carry the same segment id (0 = padding, so
               padding only ever sees padding and never leaks into a document);
   window      sliding_window W > 0: t - s < W (causal) or |t - s| < W (bidirectional).
-Implementations: "einsum" is the reference below; "xla" and "cudnn" call jax.nn.dot_product_attention
-(is_causal, a segment mask, local_window_size), "cudnn" being the fused flash-attention kernel on
-NVIDIA GPUs (bfloat16/float16 only). Softmax is always float32.
+Implementations: "einsum" is the reference below; "chunked" (chunked_attention.py, the default) skips
+the masked causal blocks and writes out the backward pass, the fastest on CPU; "xla" and "cudnn" call
+jax.nn.dot_product_attention (is_causal, a segment mask, local_window_size), "cudnn" being the fused
+flash-attention kernel on NVIDIA GPUs (bfloat16/float16 only). Softmax is always float32.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import positional
+from transformer.layers.chunked_attention import chunked_attention
 from transformer.models.config import ConfigError, ModelConfig
 
 
@@ -89,6 +91,13 @@ def _einsum_impl(q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment
     return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS)
 
 
+def _chunked_impl(q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
+    T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+    mask_B1TS = make_attention_mask(T, S, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
+                                    kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
+    return chunked_attention(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, causal=causal, sliding_window=sliding_window)
+
+
 def _jax_nn_impl(backend: str | None):
     """jax.nn.dot_product_attention: XLA's fused attention (backend None) or cuDNN flash attention."""
 
@@ -110,6 +119,7 @@ def _jax_nn_impl(backend: str | None):
 # that tests compare against).
 ATTENTION_IMPLEMENTATIONS = {
     "einsum": _einsum_impl,
+    "chunked": _chunked_impl,
     "xla": _jax_nn_impl(None),
     "cudnn": _jax_nn_impl("cudnn"),
 }
@@ -118,7 +128,7 @@ ATTENTION_IMPLEMENTATIONS = {
 def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, *, causal: bool,
                           q_segment_ids_BT: jax.Array | None = None,
                           kv_segment_ids_BS: jax.Array | None = None,
-                          sliding_window: int = 0, implementation: str = "xla",
+                          sliding_window: int = 0, implementation: str = "chunked",
                           return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Attention with the masks built from flags; query i and key i are the same position when causal.
 
@@ -196,7 +206,7 @@ class MultiHeadAttention(nn.Module):
         dtype, param_dtype = compute_dtypes(cfg)
         if cfg.attention_impl == "cudnn" and cfg.dtype == "float32":
             raise ConfigError("model.attention_impl='cudnn' needs model.dtype bfloat16 or float16; "
-                              "use attention_impl='xla' for float32")
+                              "use attention_impl='chunked' or 'xla' for float32")
         N, K, H = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
         cross = context_BSD is not None
         kv_BSD = context_BSD if cross else x_BTD

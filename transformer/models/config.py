@@ -63,7 +63,7 @@ class ModelConfig:
     use_bias: bool = True
     embedding_norm: bool = False     # a norm right after the embeddings (BERT)
     scale_embeddings: bool = False   # multiply embeddings by sqrt(d_model) (Vaswani)
-    attention_impl: str = "xla"
+    attention_impl: str = "chunked"
     sliding_window: int = 0          # 0: attend to every allowed position
     dropout_rate: float = 0.0
     dtype: str = "float32"           # compute dtype

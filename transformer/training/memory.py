@@ -10,8 +10,10 @@ F d_ff, V vocabulary, L layers, P parameters; s = bytes of the compute dtype, 4 
   optimizer       AdamW: two float32 moments per parameter, sharded like it
   activations     what the backward pass keeps, per token and layer:
       remat none           s·(4D + 2·N·H + 2·K·H + F_act) + 4·c·N·T   (c attention-score buffers:
-                           3 for the einsum/xla softmax — scores, masked scores, probabilities —
-                           and 0 for cuDNN flash attention, which keeps only a log-sum-exp, 4·N)
+                           3 for the einsum/xla softmax — scores, masked scores, probabilities —,
+                           1 for "chunked" (probabilities only; an upper bound, as causal chunks
+                           keep fewer), and 0 for cuDNN flash attention, which keeps only a
+                           log-sum-exp, 4·N)
                            F_act = 2F plain (pre-activation, activation), 4F gated (gate, up,
                            activation, product); heads and F divided by tensor
       remat full           s·D (each block's input) + one block's "none" activations, recomputed
@@ -46,7 +48,8 @@ def _per_token_layer(cfg: ModelConfig, seq_len: int, tensor: int) -> dict[str, f
     f_act = (4 if cfg.gated else 2) * F / tensor
     f_mm = (2 if cfg.gated else 1) * F / tensor
     flash = cfg.attention_impl == "cudnn"
-    scores = (4 * N / tensor) if flash else 4 * 3 * N * T / tensor
+    buffers = {"chunked": 1}.get(cfg.attention_impl, 3)
+    scores = (4 * N / tensor) if flash else 4 * buffers * N * T / tensor
     none = s * (4 * D + heads + f_act) + scores
     qk_scores = 0 if flash else 4 * N * T / tensor
     dots_no_batch = s * (heads + D + f_mm)
