@@ -1,13 +1,8 @@
-"""Test-session setup: 8 simulated CPU devices, so sharding tests see a real mesh; malloc on huge
-pages (experiments.common.use_huge_pages re-executes pytest once), as the command-line tools do."""
+"""Test-session setup: 8 simulated CPU devices, so sharding tests see a real mesh."""
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-from experiments.common import use_huge_pages  # noqa: E402
-
-use_huge_pages()
 
 import pytest
 
