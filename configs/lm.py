@@ -9,8 +9,9 @@ import ml_collections
 
 from configs.common import base_config
 
-# The GPT-2 shape: learned positions, pre-LN LayerNorm, GELU, biases, tied head.
-GPT2 = dict(positional="learned", norm="layernorm", norm_position="pre", activation="gelu",
+# The GPT-2 shape: learned positions, pre-LN LayerNorm, tanh-approximated GELU (GPT-2's "gelu_new"),
+# biases, tied head.
+GPT2 = dict(positional="learned", norm="layernorm", norm_position="pre", activation="gelu_tanh",
             tie_embeddings=True, use_bias=True)
 # The LLaMA shape: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head.
 LLAMA = dict(positional="rope", norm="rmsnorm", norm_position="pre", activation="swiglu",

@@ -112,10 +112,12 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
     if compare_torch:
         from experiments import torch_gpt
 
-        if model_cfg.positional != "learned" or model_cfg.gated or model_cfg.norm != "layernorm" \
-                or not model_cfg.tie_embeddings or model_cfg.kv_heads != model_cfg.num_heads:
-            raise ValueError("--compare_torch needs a GPT-2-shaped model (learned positions, LayerNorm, GELU, "
-                             "tied head, multi-head attention), e.g. --config=configs/lm.py:default")
+        if model_cfg.positional != "learned" or model_cfg.activation not in torch_gpt.ACTIVATIONS \
+                or model_cfg.norm != "layernorm" or not model_cfg.tie_embeddings \
+                or model_cfg.kv_heads != model_cfg.num_heads:
+            raise ValueError("--compare_torch needs a GPT-2-shaped model (learned positions, LayerNorm, "
+                             f"activation {'/'.join(torch_gpt.ACTIVATIONS)}, tied head, multi-head attention), "
+                             "e.g. --config=configs/lm.py:default")
         threads = hardware.xla_cpu_threads()
         torch_step = torch_gpt.make_step(model_cfg, config.train, config.train.batch_size, config.data.seq_len,
                                          threads)

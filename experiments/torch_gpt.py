@@ -2,8 +2,8 @@
 
 Legend: B batch, T sequence, D model width, V vocabulary, N heads, H head dimension.
 
-The same architecture as configs/lm.py's GPT-2 presets: learned positions, pre-LN LayerNorm, exact
-GELU, biases, tied head; causal attention through F.scaled_dot_product_attention; AdamW with the
+The same architecture as configs/lm.py's GPT-2 presets: learned positions, pre-LN LayerNorm, the
+config's activation (relu, gelu, gelu_tanh), biases, tied head; causal attention through F.scaled_dot_product_attention; AdamW with the
 same betas, eps, weight decay (on matrices and embeddings only) and gradient clipping. It is a
 timing reference, not part of the library.
 """
@@ -16,10 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 
 
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
 class Block(nn.Module):
-    def __init__(self, d: int, n_heads: int, d_ff: int, eps: float):
+    def __init__(self, d: int, n_heads: int, d_ff: int, eps: float, activation: str):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.act = n_heads, ACTIVATIONS[activation]
         self.ln1, self.ln2 = nn.LayerNorm(d, eps=eps), nn.LayerNorm(d, eps=eps)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.fc, self.out = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
@@ -30,16 +34,17 @@ class Block(nn.Module):
         q_BNTH, k_BNTH, v_BNTH = (a.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for a in (q, k, v))
         a_BNTH = F.scaled_dot_product_attention(q_BNTH, k_BNTH, v_BNTH, is_causal=True)
         x_BTD = x_BTD + self.proj(a_BNTH.transpose(1, 2).reshape(B, T, D))
-        return x_BTD + self.out(F.gelu(self.fc(self.ln2(x_BTD))))
+        return x_BTD + self.out(self.act(self.fc(self.ln2(x_BTD))))
 
 
 class TorchGPT(nn.Module):
     """tokens_BT -> logits_BTV, tied head."""
 
-    def __init__(self, vocab: int, d: int, n_layers: int, n_heads: int, d_ff: int, max_len: int, eps: float):
+    def __init__(self, vocab: int, d: int, n_layers: int, n_heads: int, d_ff: int, max_len: int, eps: float,
+                 activation: str):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
-        self.blocks = nn.ModuleList([Block(d, n_heads, d_ff, eps) for _ in range(n_layers)])
+        self.blocks = nn.ModuleList([Block(d, n_heads, d_ff, eps, activation) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(d, eps=eps)
         for p in self.parameters():
             if p.dim() > 1:
@@ -58,7 +63,7 @@ def make_step(model_cfg: Any, train_cfg: Any, batch_size: int, seq_len: int,
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     c = model_cfg
-    model = TorchGPT(c.vocab_size, c.d_model, c.num_layers, c.num_heads, c.d_ff, c.max_len, c.norm_eps)
+    model = TorchGPT(c.vocab_size, c.d_model, c.num_layers, c.num_heads, c.d_ff, c.max_len, c.norm_eps, c.activation)
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": train_cfg.weight_decay},
