@@ -104,7 +104,8 @@ def test_cached_generation_logits_equal_full_forward(shape, scan):
         # padding on the right changes no earlier position of a causal model: one shape, one compilation
         full_TV = np.asarray(full(np.asarray([seq + [0] * (16 - len(seq))], np.int32)))[0]
         P = len(prompt)
-        np.testing.assert_allclose(out.logits_BNV[b], full_TV[P - 1:P - 1 + N], atol=1e-5, rtol=0)
+        # 2e-5: the full pass (chunked attention) and the cached steps sum in different orders
+        np.testing.assert_allclose(out.logits_BNV[b], full_TV[P - 1:P - 1 + N], atol=2e-5, rtol=0)
         np.testing.assert_array_equal(out.tokens_BN[b], np.argmax(full_TV[P - 1:P - 1 + N], -1))
     # the greedy continuations are not all the same token (the comparison above is not trivial)
     assert len(set(out.tokens_BN.ravel().tolist())) > 3
@@ -176,7 +177,8 @@ def test_seq2seq_cached_generation_equals_full_forward(shape):
         tgt = targets[b] + out.tokens_BN[b].tolist()
         full_TV = np.asarray(full(np.asarray([sources[b]], np.int32), np.asarray([tgt], np.int32)))[0]
         P = len(targets[b])
-        np.testing.assert_allclose(out.logits_BNV[b], full_TV[P - 1:P - 1 + N], atol=1e-5, rtol=0)
+        # 2e-5: the full pass (chunked attention) and the cached steps sum in different orders
+        np.testing.assert_allclose(out.logits_BNV[b], full_TV[P - 1:P - 1 + N], atol=2e-5, rtol=0)
     # the source matters: another source gives other logits for the same target prefix
     other = generate_seq2seq(model, params, [[20, 21, 22]] + sources[1:], targets=targets, max_new_tokens=1,
                              sampling=SamplingConfig(temperature=0.0), return_logits=True)

@@ -80,8 +80,11 @@ def test_cached_decoding_equals_full_forward(preset):
     encoded = model.apply(variables, src, src_seg, method="encode")
     _, cache = model.apply(variables, jnp.zeros_like(tgt), encoded, src_seg, decode=True, method="decode",
                            mutable=["cache"])
-    step = jax.jit(lambda c, tok: model.apply(variables | c, tok, encoded, src_seg, decode=True, method="decode",
-                                              mutable=["cache"]))
+    assert set(cache["cache"]["decoder"]["blocks"]["layers_0"]["cross_attention"]) == {
+        "cached_cross_key", "cached_cross_value"}
+    # The steps get a zero context: equal logits show that cross-attention uses its cached projection.
+    step = jax.jit(lambda c, tok: model.apply(variables | c, tok, jnp.zeros_like(encoded), src_seg, decode=True,
+                                              method="decode", mutable=["cache"]))
     for t in range(tgt.shape[1]):
         logits, cache = step(cache, tgt[:, t:t + 1])
         np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=1e-5)

@@ -161,8 +161,10 @@ def _generate_seq2seq(model: nn.Module, params: Any, src_tokens_BS: jax.Array, s
     B, P = tokens_BP.shape
     variables = {"params": params}
     encoded_BSD = model.apply(variables, src_tokens_BS, src_segment_ids_BS, method="encode")
-    cache = empty_cache(model, (jnp.zeros((B, P + max_new_tokens), jnp.int32), encoded_BSD, src_segment_ids_BS),
-                        method="decode")
+    # Made by a real call (not empty_cache's zeros): cross-attention caches its projection of encoded_BSD.
+    _, made = model.apply(variables, jnp.zeros((B, P + max_new_tokens), jnp.int32), encoded_BSD, src_segment_ids_BS,
+                          decode=True, method="decode", mutable=["cache"])
+    cache = made["cache"]
 
     def step_fn(cache, tokens_BT, positions_BT, segment_ids_BT=None):
         segment_ids_BT = jnp.ones_like(tokens_BT) if segment_ids_BT is None else segment_ids_BT

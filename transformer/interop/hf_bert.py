@@ -66,10 +66,6 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
                 pad_token_id=0)
 
 
-def _norm(read: t.StateReader, name: str) -> dict[str, np.ndarray]:
-    return {"scale": read(f"{name}.weight"), "bias": read(f"{name}.bias")}
-
-
 def _dense(read: t.StateReader, name: str) -> dict[str, np.ndarray]:
     return {"kernel": t.linear_in_out(read(f"{name}.weight")), "bias": read(f"{name}.bias")}
 
@@ -87,18 +83,18 @@ def params_from_hf(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, 
         out = _dense(read, p + "attention.output.dense")
         attention["out"] = {"kernel": t.to_heads_out(out["kernel"], N), "bias": out["bias"]}
         blocks[f"layers_{i}"] = {
-            "attention": attention, "attention_norm": _norm(read, p + "attention.output.LayerNorm"),
+            "attention": attention, "attention_norm": read.layer_norm(p + "attention.output.LayerNorm"),
             "mlp": {"wi": _dense(read, p + "intermediate.dense"), "wo": _dense(read, p + "output.dense")},
-            "mlp_norm": _norm(read, p + "output.LayerNorm")}
+            "mlp_norm": read.layer_norm(p + "output.LayerNorm")}
     positions = read("embeddings.position_embeddings.weight") + read("embeddings.token_type_embeddings.weight")[0]
     if "cls.predictions.bias" not in read.state:
         raise ConfigError("BERT checkpoint has no masked-LM head (cls.predictions.*); save a BertForMaskedLM "
                           "or BertForPreTraining model")
     params = {"token_embedding": {"embedding": read("embeddings.word_embeddings.weight")},
               "encoder": {"position_embedding": {"embedding": positions},
-                          "embedding_norm": _norm(read, "embeddings.LayerNorm"), "blocks": blocks},
+                          "embedding_norm": read.layer_norm("embeddings.LayerNorm"), "blocks": blocks},
               "mlm_head": {"transform": _dense(read, "cls.predictions.transform.dense"),
-                           "transform_norm": _norm(read, "cls.predictions.transform.LayerNorm"),
+                           "transform_norm": read.layer_norm("cls.predictions.transform.LayerNorm"),
                            "output_bias": read("cls.predictions.bias")}}
     read.check_all_used(ignore=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "position_ids",
                                 "pooler.dense.weight", "pooler.dense.bias", "cls.seq_relationship.weight",

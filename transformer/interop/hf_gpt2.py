@@ -57,10 +57,6 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
                 eos_token_id=min(2, cfg.vocab_size - 1))
 
 
-def _norm(read: t.StateReader, name: str) -> dict[str, np.ndarray]:
-    return {"scale": read(f"{name}.weight"), "bias": read(f"{name}.bias")}
-
-
 def params_from_hf(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, Any]:
     read = t.StateReader(t.strip_prefix(state, "transformer."), "GPT-2")
     N, D = cfg.num_heads, cfg.d_model
@@ -74,12 +70,12 @@ def params_from_hf(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, 
         attention["out"] = {"kernel": t.to_heads_out(read(p + "attn.c_proj.weight"), N),
                             "bias": read(p + "attn.c_proj.bias")}
         blocks[f"layers_{i}"] = {
-            "attention_norm": _norm(read, p + "ln_1"), "attention": attention, "mlp_norm": _norm(read, p + "ln_2"),
+            "attention_norm": read.layer_norm(p + "ln_1"), "attention": attention, "mlp_norm": read.layer_norm(p + "ln_2"),
             "mlp": {"wi": {"kernel": read(p + "mlp.c_fc.weight"), "bias": read(p + "mlp.c_fc.bias")},
                     "wo": {"kernel": read(p + "mlp.c_proj.weight"), "bias": read(p + "mlp.c_proj.bias")}}}
     params = {"token_embedding": {"embedding": read("wte.weight")},
               "position_embedding": {"embedding": read("wpe.weight")},
-              "blocks": blocks, "final_norm": _norm(read, "ln_f")}
+              "blocks": blocks, "final_norm": read.layer_norm("ln_f")}
     # the tied head (lm_head.weight, when saved) and the causal-mask buffers of old checkpoints
     read.check_all_used(ignore=("lm_head.weight", "attn.bias", "attn.masked_bias"))
     return params

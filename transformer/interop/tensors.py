@@ -98,6 +98,10 @@ class StateReader:
             raise ConfigError(f"{self.family} checkpoint has weights this converter does not map: {', '.join(left[:8])}"
                               f"{' ...' if len(left) > 8 else ''}")
 
+    def layer_norm(self, name: str) -> dict[str, np.ndarray]:
+        """A torch LayerNorm `name` as our LayerNorm's {scale, bias}."""
+        return {"scale": self(f"{name}.weight"), "bias": self(f"{name}.bias")}
+
 
 def linear_in_out(weight_OI: np.ndarray) -> np.ndarray:
     """A torch Linear weight (out, in) as a flax kernel (in, out)."""

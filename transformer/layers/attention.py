@@ -188,7 +188,9 @@ class MultiHeadAttention(nn.Module):
     (cached_key, cached_value, cached_segment_ids, cache_index). `model.init(..., decode=True)` with
     inputs of the full decoding length creates an empty cache of that length; each later call
     appends its T new tokens (positions must be given) and attends causally to everything cached.
-    Writing past the cache's length is not detected. Cross-attention recomputes its keys/values.
+    Writing past the cache's length is not detected. Cross-attention projects the context once, when
+    the cache is created (cached_cross_key, cached_cross_value), and later calls reuse that projection,
+    so the cache must be made with the real context (an apply with mutable=["cache"], not zeros).
     sow_weights=True stores the attention weights_BNTS in the "intermediates" collection.
     """
 
@@ -217,8 +219,16 @@ class MultiHeadAttention(nn.Module):
                               dtype=dtype, param_dtype=param_dtype, name=name)
 
         q_BTNH = proj(N, "heads", "query")(x_BTD)
-        k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
-        v_BSKH = proj(K, "kv_heads", "value")(kv_BSD)
+        if cross and decode and self.has_variable("cache", "cached_cross_key"):
+            # Decoding: the context is fixed, so its keys/values were projected once, when the cache was made.
+            k_BSKH = self.get_variable("cache", "cached_cross_key")
+            v_BSKH = self.get_variable("cache", "cached_cross_value")
+        else:
+            k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
+            v_BSKH = proj(K, "kv_heads", "value")(kv_BSD)
+            if cross and decode:
+                self.put_variable("cache", "cached_cross_key", k_BSKH)
+                self.put_variable("cache", "cached_cross_value", v_BSKH)
         if cfg.positional in positional.ROTARY and not cross:
             if positions_BT is None:
                 raise ValueError(f"{cfg.positional} attention needs positions_BT")

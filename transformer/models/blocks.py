@@ -75,7 +75,7 @@ class TransformerBlock(nn.Module):
             cross_attn = MultiHeadAttention(cfg, causal=False, out_std=out_std, sow_weights=self.sow_weights,
                                             name="cross_attention")
             x_BTD = sublayer(x_BTD, lambda h: cross_attn(h, positions_BT, segment_ids_BT, context_BSD,
-                                                         context_segment_ids_BS), "cross_attention")
+                                                         context_segment_ids_BS, decode=decode), "cross_attention")
         mlp = FeedForward(cfg, out_std=out_std, name="mlp")
         x_BTD = sublayer(x_BTD, mlp, "mlp")
         return (x_BTD, None) if self.scan_output else x_BTD

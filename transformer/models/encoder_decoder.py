@@ -27,7 +27,7 @@ token by token with the decoder's self-attention key/value cache (the "cache" co
 the empty cache with `model.apply(variables, tgt_BT, encoded_BSD, src_segment_ids_BS, decode=True,
 method="decode", mutable=["cache"])` where tgt_BT has the full decoding length; each later call
 appends its tokens, whose positions count on from the cached ones unless tgt_positions_BT is given.
-Cross-attention keys and values are recomputed from encoded_BSD at every step (not cached).
+Cross-attention keys and values are projected from encoded_BSD once, by that first call, and reused.
 """
 from __future__ import annotations
 
