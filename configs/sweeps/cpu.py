@@ -1,4 +1,4 @@
-"""The CPU IsoFLOP sweep: 4 budgets × 6 models (N ≈ 5e3–4e5), about an hour on 2 CPU cores.
+"""The CPU IsoFLOP sweep: 4 budgets × 6 models (N ≈ 1e4–4e5), 39 min on 2 CPU cores with --parallel=2.
 
 python -m experiments.sweep --config=configs/sweeps/cpu.py --workdir=DIR [--dry_run]
 Byte tokenizer, seq_len 128, batch 32 (4,096 tokens per step), GPT-2-shaped models, head_dim 16.

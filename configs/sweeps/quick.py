@@ -1,4 +1,4 @@
-"""The quick IsoFLOP sweep: 3 budgets × 4 tiny models, under 10 minutes on 2 CPU cores (compilation included).
+"""The quick IsoFLOP sweep: 3 budgets × 4 tiny models, about 2–3 minutes on 2 CPU cores (compilation included).
 
 python -m experiments.sweep --config=configs/sweeps/quick.py --workdir=/tmp/quick
 Byte tokenizer, seq_len 64, batch 16, GPT-2-shaped models of ~3e3–1e5 parameters; enough to see
