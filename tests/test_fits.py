@@ -225,6 +225,19 @@ def test_too_few_budgets_gives_a_note_not_a_crash():
     assert fit["approach3"]["a"] is not None
 
 
+def test_degenerate_bootstrap_resamples_do_not_crash_the_fit():
+    """Six points of a tiny test sweep (two budgets, losses ~3.5, nearly flat in N and D): some bootstrap
+    resamples fit β·B = 0, where G = (αA/(βB))^(1/(α+β)) is undefined. This crashed the sweep's closing fit
+    with ZeroDivisionError; such resamples now carry G = NaN and the fit completes."""
+    params = np.array([3216, 7968, 7968, 22080, 14256, 31440], float)
+    tokens = np.array([49664, 20224, 60672, 7424, 34048, 15616], float)
+    loss = np.array([3.5863175, 3.4661784, 3.4671280, 3.7425053, 3.5672562, 3.4167860])
+    flops = np.array([1e9, 1e9, 3e9, 1e9, 3e9, 3e9])
+    fit = fits.fit_all(points_lib.from_arrays(params, tokens, loss, flops=flops), bootstrap=200)
+    assert fit["approach3"]["a"] is not None
+    assert np.isnan(parametric.LossFit(E=1.0, A=1.0, B=0.0, alpha=0.3, beta=0.3, objective=0.0).G)
+
+
 def write_csv(path, header, rows):
     with open(path, "w") as f:
         f.write(",".join(header) + "\n")

@@ -89,8 +89,12 @@ class LossFit:
 
     @property
     def G(self) -> float:
-        """G = (αA/(βB))^(1/(α+β)), so that N_opt = G·(C/6)^a and D_opt = (C/6)^b / G."""
-        return float((self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta)))
+        """G = (αA/(βB))^(1/(α+β)), so that N_opt = G·(C/6)^a and D_opt = (C/6)^b / G; NaN when a
+        degenerate fit (β·B underflowed to 0, or α+β = 0) leaves it undefined."""
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            ratio = np.float64(self.alpha) * self.A / (np.float64(self.beta) * self.B)
+            g = ratio ** (1.0 / (self.alpha + self.beta)) if self.alpha + self.beta > 0 else np.nan
+        return float(g) if np.isfinite(g) and g > 0 else float("nan")
 
     def loss(self, params: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Predicted loss L(N, D), broadcasting N and D."""
