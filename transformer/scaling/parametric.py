@@ -173,7 +173,8 @@ def fit_loss(
             if np.all(np.isfinite(result.x)) and (best is None or result.fun < best.fun):
                 best = result
     a, b, e, alpha, beta = best.x
-    return LossFit(
-        E=float(np.exp(e)), A=float(np.exp(a)), B=float(np.exp(b)),
-        alpha=float(alpha), beta=float(beta), objective=float(best.fun),
-    )
+    with np.errstate(over="ignore"):  # a degenerate fit (e.g. a bootstrap resample) may give A or B = inf
+        return LossFit(
+            E=float(np.exp(e)), A=float(np.exp(a)), B=float(np.exp(b)),
+            alpha=float(alpha), beta=float(beta), objective=float(best.fun),
+        )
