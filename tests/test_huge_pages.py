@@ -37,6 +37,17 @@ def test_reexecutes_once_with_hugetlb_and_keeps_the_users_tunables():
     assert "tunables glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1" in lines
 
 
+@pytest.mark.skipif(not _thp_available(), reason="needs glibc >= 2.35 and transparent huge pages")
+def test_every_command_line_entry_point_gets_it():
+    """experiments.common.run (what every experiments/*.py main goes through) re-executes with it."""
+    script = ("import os; from experiments import common; "
+              "common.run(lambda argv: print('tunables', os.environ.get('GLIBC_TUNABLES')))")
+    full = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "TRANSFORMER_HUGE_PAGES")}
+    out = subprocess.run([sys.executable, "-c", script], env={**full, "PYTHONPATH": REPO}, capture_output=True,
+                         text=True, check=True)
+    assert "tunables glibc.malloc.hugetlb=1" in out.stdout.split("\n")
+
+
 def test_can_be_turned_off_and_respects_an_explicit_setting():
     assert _run(TRANSFORMER_HUGE_PAGES="0") == ["start", "tunables None", ""]
     assert _run(GLIBC_TUNABLES="glibc.malloc.hugetlb=0") == ["start", "tunables glibc.malloc.hugetlb=0", ""]

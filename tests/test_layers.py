@@ -118,6 +118,19 @@ def test_chunked_attention_and_its_gradients_equal_the_reference(causal, segment
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=2e-5)
 
 
+def test_chunked_attention_skips_the_masked_key_blocks():
+    """The speed of "chunked" comes from its spans: each causal chunk reads keys only up to its last query
+    (and from its first query - window + 1); a bidirectional call is one chunk over all keys."""
+    from transformer.layers.chunked_attention import _spans
+
+    assert _spans(256, 256, causal=True, window=0) == ((0, 64, 0, 64), (64, 128, 0, 128), (128, 192, 0, 192),
+                                                        (192, 256, 0, 256))
+    assert _spans(150, 150, causal=True, window=40)[2] == (100, 150, 61, 150)
+    assert _spans(37, 53, causal=False, window=0) == ((0, 37, 0, 53),)
+    computed = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1 in _spans(256, 256, causal=True, window=0))
+    assert computed == 0.625 * 256 * 256
+
+
 def test_mask_semantics():
     seg = jnp.array([[1, 1, 2, 2, 0]])
     m = np.asarray(make_attention_mask(5, 5, causal=True, q_segment_ids_BT=seg, kv_segment_ids_BS=seg,

@@ -15,6 +15,7 @@ from transformer.data.span_corruption import (DECODER_START_ID, corrupt, make_sp
                                               random_spans_noise_mask, span_corruption_lengths, span_lengths,
                                               uncorrupt)
 from transformer.models.config import ModelConfig
+from transformer.inference.generate import empty_cache
 from transformer.models.encoder_decoder import EncoderDecoderModel
 from transformer.scaling.accounting import param_counts
 
@@ -82,6 +83,8 @@ def test_cached_decoding_equals_full_forward(preset):
                            mutable=["cache"])
     assert set(cache["cache"]["decoder"]["blocks"]["layers_0"]["cross_attention"]) == {
         "cached_cross_key", "cached_cross_value"}
+    with pytest.raises(ValueError, match="cross-attention cache"):  # zeros would stand in for the context
+        empty_cache(model, (jnp.zeros_like(tgt), encoded, src_seg), method="decode")
     # The steps get a zero context: equal logits show that cross-attention uses its cached projection.
     step = jax.jit(lambda c, tok: model.apply(variables | c, tok, jnp.zeros_like(encoded), src_seg, decode=True,
                                               method="decode", mutable=["cache"]))

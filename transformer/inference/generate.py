@@ -93,9 +93,15 @@ def _check_length(cfg: Any, longest_prompt: int, max_new_tokens: int) -> None:
 
 
 def empty_cache(model: nn.Module, init_args: tuple, **init_kwargs: Any) -> Any:
-    """A zero "cache" collection for `model.init(rng, *init_args, decode=True)`, without running init."""
+    """A zero "cache" collection for `model.init(rng, *init_args, decode=True)`, without running init.
+
+    Self-attention caches only: a cross-attention cache holds the projected context, which zeros are not
+    (`_generate_seq2seq` makes its cache with a real call instead)."""
     shapes = jax.eval_shape(functools.partial(model.init, decode=True, **init_kwargs), jax.random.PRNGKey(0),
                             *init_args)["cache"]
+    if any("cached_cross_key" in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(shapes)):
+        raise ValueError("empty_cache cannot make a cross-attention cache (it must hold the projected context): "
+                         "create it with model.apply(..., decode=True, mutable=['cache']) on the real context")
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 

@@ -84,18 +84,19 @@ def dot_product_attention_einsum(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: j
     return out_BTNH
 
 
-def _einsum_impl(q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
-    T, S = q_BTNH.shape[1], k_BSKH.shape[1]
-    mask_B1TS = make_attention_mask(T, S, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
-                                    kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
-    return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS)
+def _full_mask(q_BTNH, k_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
+    """make_attention_mask for these queries and keys: every term in one boolean mask_B1TS (or None)."""
+    return make_attention_mask(q_BTNH.shape[1], k_BSKH.shape[1], causal=causal, q_segment_ids_BT=q_segment_ids_BT,
+                               kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
 
 
-def _chunked_impl(q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
-    T, S = q_BTNH.shape[1], k_BSKH.shape[1]
-    mask_B1TS = make_attention_mask(T, S, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
-                                    kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
-    return chunked_attention(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, causal=causal, sliding_window=sliding_window)
+def _einsum_impl(q_BTNH, k_BSKH, v_BSKH, **mask_flags):
+    return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **mask_flags))
+
+
+def _chunked_impl(q_BTNH, k_BSKH, v_BSKH, **mask_flags):
+    return chunked_attention(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **mask_flags),
+                             causal=mask_flags["causal"], sliding_window=mask_flags["sliding_window"])
 
 
 def _jax_nn_impl(backend: str | None):
@@ -140,13 +141,12 @@ def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Arra
     T, S = q_BTNH.shape[1], k_BSKH.shape[1]
     if causal and T != S:
         raise ValueError(f"causal attention needs as many queries as keys, got T={T}, S={S}")
+    mask_flags = dict(causal=causal, q_segment_ids_BT=q_segment_ids_BT, kv_segment_ids_BS=kv_segment_ids_BS,
+                      sliding_window=sliding_window)
     if return_weights:
-        mask_B1TS = make_attention_mask(T, S, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
-                                        kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
-        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, return_weights=True)
-    return ATTENTION_IMPLEMENTATIONS[implementation](
-        q_BTNH, k_BSKH, v_BSKH, causal=causal, q_segment_ids_BT=q_segment_ids_BT,
-        kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
+        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **mask_flags),
+                                            return_weights=True)
+    return ATTENTION_IMPLEMENTATIONS[implementation](q_BTNH, k_BSKH, v_BSKH, **mask_flags)
 
 
 class Projection(nn.Module):

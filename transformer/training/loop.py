@@ -197,7 +197,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
             from_step, st = found if found is not None else (0, fresh_state())
             for _ in range(from_step, bad_step - 1):
                 st, _ = train_fn(st, _global_batch(next(it), batch_s))
-            grad_fn = nonfinite.make_grad_fn(model, task, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0)
+            grad_fn = nonfinite.make_grad_fn(model, task, seed=t.seed, use_dropout=model_cfg.dropout_rate > 0,
+                                               loss_chunk_size=t.get("loss_chunk_size", 0))
             _, grads = grad_fn(st.params, _global_batch(next(it), batch_s), st.step)
             return nonfinite.describe(bad_step, bad_loss, nonfinite.nonfinite_leaves(grads),
                                       from_step if found is not None else None)

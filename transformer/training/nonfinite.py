@@ -13,11 +13,10 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer.training.losses import cross_entropy
+from transformer.training import steps
 
 SPIKE_FACTOR = 2.0     # a step's loss above this multiple of the reference is a spike
 SPIKE_HISTORY = 20     # the reference: the median train_loss of up to this many previous logged rows
@@ -53,18 +52,14 @@ def nonfinite_leaves(tree: Any) -> list[str]:
     return bad
 
 
-def make_grad_fn(model: nn.Module, task: Any, *, seed: int, use_dropout: bool):
-    """jit((params, batch, step) -> (loss, grads)): the train step's loss and gradients, nothing donated."""
+def make_grad_fn(model: nn.Module, task: Any, *, seed: int, use_dropout: bool, loss_chunk_size: int = 0):
+    """jit((params, batch, step) -> (loss, grads)): the train step's own loss (steps.make_loss_fn) and its
+    gradients, nothing donated."""
+    loss_fn = steps.make_loss_fn(model, task, seed=seed, use_dropout=use_dropout, loss_chunk_size=loss_chunk_size)
 
     def grad_fn(params: Any, batch: dict, step: jax.Array) -> tuple[jax.Array, Any]:
-        rngs = {"dropout": jax.random.fold_in(jax.random.PRNGKey(seed), step)} if use_dropout else None
-
-        def loss_fn(p):
-            logits, targets, weights = task.forward(model, p, batch, deterministic=not use_dropout, rngs=rngs)
-            loss_sum, weight_sum = cross_entropy(logits, targets, weights)
-            return loss_sum / jnp.maximum(weight_sum, 1.0)
-
-        return jax.value_and_grad(loss_fn)(params)
+        (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, step)
+        return loss, grads
 
     return jax.jit(grad_fn)
 

@@ -20,32 +20,37 @@ from transformer.training.losses import chunked_cross_entropy, cross_entropy
 from transformer.training.state import TrainState
 
 
-def make_train_step(model: nn.Module, task: Task, tx: optax.GradientTransformation, *, seed: int,
-                    use_dropout: bool, loss_chunk_size: int = 0) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """One optimizer update. Metrics: loss (weighted token mean), grad_norm, tokens, finite.
-
-    loss_chunk_size > 0 (train.loss_chunk_size): the loss from the task's final hidden states in
-    sequence chunks of that many positions (losses.chunked_cross_entropy), for large vocabularies.
-    """
+def make_loss_fn(model: nn.Module, task: Task, *, seed: int, use_dropout: bool,
+                 loss_chunk_size: int = 0) -> Callable[[Any, Batch, jax.Array], tuple[jax.Array, jax.Array]]:
+    """(params, batch, step) -> (loss = weighted token mean, weight_sum): the training loss, dropout keyed
+    by the step. loss_chunk_size > 0: from the task's final hidden states in sequence chunks of that many
+    positions (losses.chunked_cross_entropy), for large vocabularies."""
     if loss_chunk_size and not hasattr(task, "forward_hidden"):
         raise ConfigError(f"train.loss_chunk_size={loss_chunk_size} needs a task with forward_hidden; "
                           f"task {task.name!r} has none (use 0)")
 
+    def loss_fn(params: Any, batch: Batch, step: jax.Array) -> tuple[jax.Array, jax.Array]:
+        rngs = {"dropout": jax.random.fold_in(jax.random.PRNGKey(seed), step)} if use_dropout else None
+        if loss_chunk_size:
+            hidden, logits_fn, targets, weights = task.forward_hidden(
+                model, params, batch, deterministic=not use_dropout, rngs=rngs)
+            loss_sum, weight_sum = chunked_cross_entropy(hidden, logits_fn, targets, weights, loss_chunk_size)
+        else:
+            logits, targets, weights = task.forward(model, params, batch, deterministic=not use_dropout, rngs=rngs)
+            loss_sum, weight_sum = cross_entropy(logits, targets, weights)
+        return loss_sum / jnp.maximum(weight_sum, 1.0), weight_sum
+
+    return loss_fn
+
+
+def make_train_step(model: nn.Module, task: Task, tx: optax.GradientTransformation, *, seed: int,
+                    use_dropout: bool, loss_chunk_size: int = 0) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """One optimizer update of `make_loss_fn`'s loss. Metrics: loss, grad_norm, tokens, finite."""
+
+    loss_fn = make_loss_fn(model, task, seed=seed, use_dropout=use_dropout, loss_chunk_size=loss_chunk_size)
+
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        rngs = {"dropout": jax.random.fold_in(jax.random.PRNGKey(seed), state.step)} if use_dropout else None
-
-        def loss_fn(params):
-            if loss_chunk_size:
-                hidden, logits_fn, targets, weights = task.forward_hidden(
-                    model, params, batch, deterministic=not use_dropout, rngs=rngs)
-                loss_sum, weight_sum = chunked_cross_entropy(hidden, logits_fn, targets, weights, loss_chunk_size)
-            else:
-                logits, targets, weights = task.forward(model, params, batch, deterministic=not use_dropout,
-                                                        rngs=rngs)
-                loss_sum, weight_sum = cross_entropy(logits, targets, weights)
-            return loss_sum / jnp.maximum(weight_sum, 1.0), weight_sum
-
-        (loss, weight_sum), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (loss, weight_sum), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, state.step)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
