@@ -111,10 +111,16 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
             row = result_row(run, None, "failed", f"{type(e).__name__}: {e} (after {attempt + 1} attempts)",
                              time.time() - t0, mode)
             return (row if results.append_result(workdir, row) else None), 1
+    return record(workdir, run, summary, mode, time.time() - t0)
+
+
+def record(workdir: str, run: dict[str, Any], summary: dict[str, Any], mode: str,
+           wall_seconds: float) -> tuple[dict[str, Any] | None, int]:
+    """Appends the results row of a run that trained to `summary`; (row or None, exit code) as train_run."""
     if summary["status"] == "preempted":
         return None, 3
     status = "ok" if summary["status"] == "ok" else "failed"
-    row = result_row(run, summary, status, summary.get("error"), summary.get("wall_seconds", time.time() - t0), mode)
+    row = result_row(run, summary, status, summary.get("error"), summary.get("wall_seconds", wall_seconds), mode)
     return (row if results.append_result(workdir, row) else None), (0 if status == "ok" else 1)
 
 
@@ -180,11 +186,18 @@ def claim(workdir: str, doc: dict[str, Any], run: dict[str, Any]) -> claims.Clai
 
 
 def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False) -> int:
-    """Runs the pending runs one after another in this process (compiled programs and caches reused).
-    Runs claimed by another runner on the same DIR are left to it."""
+    """Runs the pending runs one after another in this process (compiled programs and caches reused),
+    or, with sweep.multirun, group by group. Runs claimed by another runner on the same DIR are left to it."""
     todo, recorded = pending_runs(workdir, doc["runs"])
     progress = Progress(doc["runs"], recorded)
     progress.event(f"{len(todo)} runs to go in {workdir}")
+    if doc["sweep"].get("multirun"):
+        from experiments import run_groups
+
+        for group in run_groups.groups(workdir, todo):
+            if run_groups.train_group_runs(workdir, doc, group, progress, verbose) == 3:
+                return 3
+        return 0
     for run in todo:
         held = claim(workdir, doc, run)
         if held is None:

@@ -92,6 +92,9 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--config is required (e.g. --config=configs/sweeps/quick.py), except with --run_index")
     if _PARALLEL.value < 1:
         raise ConfigError(f"--parallel={_PARALLEL.value} must be at least 1")
+    if _CONFIG.value.sweep.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
+        raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
+                          f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
     from transformer.scaling import grid
 
     config = _CONFIG.value

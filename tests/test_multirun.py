@@ -1,5 +1,8 @@
-"""Runs trained at once (vmapped over a run axis) equal the same runs trained one by one."""
+"""Runs trained at once (vmapped over a run axis) equal the same runs trained one by one: the step
+(multirun.py) and the training loop of a group (group_loop.py, sweep.multirun)."""
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +12,10 @@ import pytest
 from configs import lm
 from transformer.models import build_model
 from transformer.tasks import get_task
-from transformer.training import multirun, sharding, steps, validate
-from transformer.training.optimizer import make_optimizer
+from transformer.training import group_loop, multirun, sharding, steps, validate
+from transformer.training.loop import train
+from transformer.training.metrics import read_metrics
+from transformer.training.optimizer import make_optimizer, make_schedule
 from transformer.training.state import init_state
 
 T, B, STEPS = 32, 4, 4
@@ -91,3 +96,80 @@ def test_mismatched_lengths():
     with pytest.raises(ValueError, match="learning rates"):
         multirun.init_states(model, multirun.make_optimizer(c.train), seeds=(0, 1), learning_rates=(1e-3,),
                              init_inputs=task.init_inputs(c))
+
+
+# ---- sweep.multirun: a group trained by group_loop.train_group, each run with its own files -------------
+
+GROUP_LRS, GROUP_SEEDS, GROUP_STEPS = (1e-3, 3e-3, 1e-2), (0, 1, 0), 6
+
+
+def _group_configs(corpus_dir: str) -> list:
+    configs = []
+    for lr, seed in zip(GROUP_LRS, GROUP_SEEDS):
+        c = lm.get_config("gpt2_tiny")
+        c.data.data_dir, c.data.seq_len = corpus_dir, 32
+        c.train.update(steps=GROUP_STEPS, warmup_steps=2, batch_size=8, eval_every=3, eval_steps=2,
+                       checkpoint_every=3, log_every=3, learning_rate=lr, seed=seed, schedule="cosine")
+        configs.append(c)
+    return configs
+
+
+def _losses(workdir) -> list[float]:
+    return [row["train_loss"] for row in read_metrics(str(workdir))]
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory, corpus_dir):
+    """The three runs trained as one group, uninterrupted: (workdirs, summaries)."""
+    dirs = [str(tmp_path_factory.mktemp(f"group_{r}")) for r in range(len(GROUP_LRS))]
+    return dirs, group_loop.train_group(_group_configs(corpus_dir), dirs, verbose=False)
+
+
+def test_group_equals_runs_trained_alone(grouped, corpus_dir, tmp_path):
+    dirs, summaries = grouped
+    for r, config in enumerate(_group_configs(corpus_dir)):
+        alone = train(config, str(tmp_path / f"alone_{r}"), verbose=False)
+        s = summaries[r]
+        assert s["status"] == "ok" and s["step"] == GROUP_STEPS and s["multirun"] == len(GROUP_LRS)
+        assert s["eval_loss"] == pytest.approx(alone["eval_loss"], rel=1e-4)
+        np.testing.assert_allclose(_losses(dirs[r]), _losses(tmp_path / f"alone_{r}"), rtol=1e-4)
+        for name in ("config.json", "metrics.jsonl", "summary.json"):
+            assert (tmp_path / f"alone_{r}" / name).exists() and os.path.exists(os.path.join(dirs[r], name))
+        # train()'s own rows: learning rate per run, evaluations where train() makes them
+        rows = read_metrics(dirs[r])
+        assert [row["step"] for row in rows] == [3, 6] and "eval_loss" in rows[-1]
+        assert rows[0]["learning_rate"] == pytest.approx(make_schedule(config.train)(2))
+    assert len({round(s["eval_loss"], 5) for s in summaries}) == len(GROUP_LRS)  # the runs really differ
+
+
+def test_group_preempted_resumes_alone_or_as_group_to_the_same_result(grouped, corpus_dir, tmp_path):
+    dirs = [str(tmp_path / f"run_{r}") for r in range(len(GROUP_LRS))]
+    configs = _group_configs(corpus_dir)
+    stopped = group_loop.train_group(configs, dirs, verbose=False, stop_at=4)
+    assert [s["status"] for s in stopped] == ["preempted"] * 3 and all(s["step"] == 4 for s in stopped)
+    # run 0 resumes alone from the group's checkpoint (train()'s format)...
+    alone = train(configs[0], dirs[0], verbose=False)
+    assert alone["eval_loss"] == pytest.approx(grouped[1][0]["eval_loss"], rel=1e-4)
+    # ... so it no longer matches the others' step: they cannot regroup with it
+    with pytest.raises(group_loop.GroupMismatch, match=r"steps \[4, 6\]"):
+        group_loop.train_group(configs, dirs, verbose=False)
+    # runs 1 and 2 resume together
+    resumed = group_loop.train_group(configs[1:], dirs[1:], verbose=False)
+    for r, s in zip((1, 2), resumed):
+        assert s["status"] == "ok" and s["eval_loss"] == pytest.approx(grouped[1][r]["eval_loss"], rel=1e-4)
+        np.testing.assert_allclose(_losses(dirs[r]), _losses(grouped[0][r]), rtol=1e-4)
+
+
+def test_group_key_groups_only_learning_rate_and_seed(corpus_dir):
+    a, b, c = _group_configs(corpus_dir)
+    assert group_loop.group_key(a) == group_loop.group_key(b) == group_loop.group_key(c)
+    other = a.copy_and_resolve_references()
+    other.train.steps += 1
+    assert group_loop.group_key(other) != group_loop.group_key(a)
+    other = a.copy_and_resolve_references()
+    other.model.dropout_rate = 0.1
+    assert group_loop.group_key(other) is None
+    with pytest.raises(ValueError, match="differ only in train.learning_rate and train.seed"):
+        other = a.copy_and_resolve_references()
+        other.model.num_layers += 1
+        group_loop.train_group([a, other], ["/nonexistent/a", "/nonexistent/b"], verbose=False)

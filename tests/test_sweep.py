@@ -234,14 +234,29 @@ def test_cli_errors_and_slurm_dry_run(tmp_path):
 
 
 def test_lr_scan_cli_writes_lr_fit_that_an_isoflop_sweep_uses(tmp_path, corpus_dir):
+    scan = ["--config.sweep.lr_scan.d_models=8,16", "--config.sweep.lr_scan.tokens=20000",
+            "--config.sweep.lr_scan.num_lrs=3", "--config.sweep.head_dim=8", "--config.base.data.seq_len=32",
+            "--config.base.train.batch_size=8", "--config.base.train.eval_steps=1",
+            f"--config.base.data.data_dir={corpus_dir}"]
     workdir = str(tmp_path / "scan")
-    out = _run(_sweep_cmd(workdir, "--config.sweep.lr_scan.d_models=8,16", "--config.sweep.lr_scan.tokens=20000",
-                          "--config.sweep.lr_scan.num_lrs=3", "--config.sweep.head_dim=8",
-                          "--config.base.data.seq_len=32", "--config.base.train.batch_size=8",
-                          "--config.base.train.eval_steps=1", f"--config.base.data.data_dir={corpus_dir}",
-                          config="configs/sweeps/lr_scan.py"))
+    out = _run(_sweep_cmd(workdir, *scan, config="configs/sweeps/lr_scan.py"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(results.read_results(workdir)) == 6
+    # sweep.multirun: each size's 3 learning rates train as one program, to the same rows and fit
+    grouped = str(tmp_path / "grouped")
+    out = _run(_sweep_cmd(grouped, *scan, "--config.sweep.multirun=True", config="configs/sweeps/lr_scan.py"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("3 running") == 2, out.stdout[-3000:]
+    for rid in os.listdir(os.path.join(grouped, "runs")):
+        assert json.load(open(os.path.join(grouped, "runs", rid, "summary.json")))["multirun"] == 3
+    alone = {r["run_id"]: r for r in results.read_results(workdir)}
+    for row in results.read_results(grouped):
+        assert row["status"] == "ok" and row["eval_loss"] == pytest.approx(alone[row["run_id"]]["eval_loss"], rel=1e-4)
+    assert json.load(open(os.path.join(grouped, "lr_fit.json")))["exponent"] == pytest.approx(
+        json.load(open(os.path.join(workdir, "lr_fit.json")))["exponent"], rel=1e-3)
+    out = _run(_sweep_cmd(grouped, *scan, "--config.sweep.multirun=True", "--parallel=2",
+                          config="configs/sweeps/lr_scan.py"))
+    assert out.returncode == 2 and "sweep.multirun=True" in out.stderr and "--parallel=1" in out.stderr
     fit = json.load(open(os.path.join(workdir, "lr_fit.json")))
     assert [s["size"] for s in fit["sizes"]] == sorted(r["params"] for r in results.read_results(workdir))[::3]
     c = quick.get_config()

@@ -63,6 +63,9 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.fit_bootstrap = 200              # bootstrap resamples for the fit's 95% intervals at the end of the sweep
     s.max_retries = 1                  # a run that raises is retried (resuming) this many times, then recorded failed
     s.claim_timeout_s = 600.0          # a run claim not refreshed for this long (its runner died) may be taken over
+    s.multirun = False                 # train runs that differ only in learning rate or seed (an LR scan's
+                                       # sizes) as one vmapped program; one device, --parallel=1, no SLURM.
+                                       # Off: slower on the 2-core CPU (BENCHMARKS.md), meant for a GPU.
 
     # Time estimate printed by --dry_run: per run, steps × (tokens_per_step · flops_per_token /
     # estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s.

@@ -34,7 +34,7 @@ class Preempted(Exception):
     """Raised inside the loop when SIGTERM/SIGINT arrived; the loop checkpoints first."""
 
 
-def _write_json(path: str, obj: Any) -> None:
+def write_json(path: str, obj: Any) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
@@ -44,7 +44,7 @@ def _write_json(path: str, obj: Any) -> None:
 LAUNCH_SECTIONS = ("distributed",)  # how a run is launched, not what it computes: may change on resume
 
 
-def _check_workdir_config(workdir: str, resolved: dict) -> None:
+def check_workdir_config(workdir: str, resolved: dict) -> None:
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return
@@ -87,7 +87,7 @@ def _global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sha
     return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local.items()}
 
 
-def _abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes of a global batch, to compile the train step before any data is read."""
     return {k: jax.ShapeDtypeStruct(shape, d, sharding=batch_sharding)
             for k, (shape, d) in task.batch_spec(config).items()}
@@ -123,7 +123,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     resolved = config.to_dict()
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
     os.makedirs(workdir, exist_ok=True)
-    _check_workdir_config(workdir, json.loads(json.dumps(resolved)))
+    check_workdir_config(workdir, json.loads(json.dumps(resolved)))
     summary_path = os.path.join(workdir, "summary.json")
     if os.path.exists(summary_path):
         with open(summary_path) as f:
@@ -149,7 +149,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                       shuffle=True, repeat=True)
     data_it = task.make_iterator(config, **train_data)
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
-        _write_json(os.path.join(workdir, "config.json"), resolved)
+        write_json(os.path.join(workdir, "config.json"), resolved)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
     def fresh_state(announce: bool = False):
@@ -247,7 +247,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     try:
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             t_compile = time.time()
-            train_fn = train_fn.lower(state, _abstract_batch(task, config, batch_s)).compile()
+            train_fn = train_fn.lower(state, abstract_batch(task, config, batch_s)).compile()
             compile_seconds = time.time() - t_compile
             window_start, window_steps = time.time(), 0
             while step < t.steps:
@@ -345,7 +345,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
         }
         summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
         if primary:
-            _write_json(summary_path, summary)
+            write_json(summary_path, summary)
         if nproc > 1:
             multihost_utils.sync_global_devices("train_done")
     if verbose and primary and status == "ok":

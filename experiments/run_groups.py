@@ -1,0 +1,85 @@
+"""sweep.multirun in the sweep runner: which pending runs train together, and training one group.
+
+Runs that share their shape and data and differ only in learning rate or seed (an LR scan's sizes,
+repeats) train as one vmapped program (transformer/training/group_loop.py); each is still claimed,
+recorded and resumable on its own, as runner.run_in_process does for single runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from typing import Any, Sequence
+
+import ml_collections
+
+from experiments import runner
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """sweep.multirun: the runs in order of their first member, gathered into groups that can train as
+    one program (group_loop.group_key: same shape and data, other learning rate or seed). A run that
+    already finished (summary.json "ok", its row not yet written) stays alone: train() records it at once."""
+    from transformer.training.group_loop import group_key
+
+    out: list[list[dict[str, Any]]] = []
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        summary = os.path.join(workdir, "runs", run["run_id"], "summary.json")
+        finished = os.path.exists(summary) and _read_json(summary).get("status") == "ok"
+        key = None if finished else group_key(ml_collections.ConfigDict(run["config"]))
+        if key is None or key not in by_key:
+            out.append([run])
+            if key is not None:
+                by_key[key] = out[-1]
+        else:
+            by_key[key].append(run)
+    return out
+
+
+def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str, Any]], progress: runner.Progress,
+                     verbose: bool = False) -> int:
+    """Claims the runs of `group` and trains them as one program (sweep.multirun; group_loop.py). Runs
+    another runner holds are left to it; if the group fails or its runs' checkpoints are at different
+    steps, its runs train one by one, resuming from the group's checkpoints. Returns 3 if preempted."""
+    from transformer.training.group_loop import train_group  # imported late: the caller sets up JAX first
+
+    held = []
+    for run in group:
+        c = runner.claim(workdir, doc, run)
+        if c is None:
+            progress.event(f"skip {run['run_id']}: claimed by another runner")
+        else:
+            held.append((run, c))
+    runs = [r for r, _ in held]
+    try:
+        summaries, t0 = None, time.time()
+        for run in runs:
+            progress.started(run)
+        if len(runs) > 1:
+            try:
+                summaries = train_group([ml_collections.ConfigDict(r["config"]) for r in runs],
+                                        [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose)
+            except Exception as e:  # the runs go on alone, from the group's checkpoints
+                if verbose:
+                    traceback.print_exc()
+                progress.event(f"group of {len(runs)} runs did not finish ({type(e).__name__}: {str(e)[:200]}); "
+                               f"training them one by one")
+        code = 0
+        for i, run in enumerate(runs):
+            if summaries is None:
+                row, c = runner.train_run(workdir, run, doc["mode"], verbose, doc["sweep"].get("max_retries", 0))
+            else:
+                row, c = runner.record(workdir, run, summaries[i], doc["mode"], (time.time() - t0) / len(runs))
+            progress.finished(run, row, "(preempted: rerun the command to resume)" if c == 3 else "")
+            code = max(code, 3 if c == 3 else 0)
+        return code
+    finally:
+        for _, c in held:
+            c.release()

@@ -1,0 +1,259 @@
+"""Several same-shape runs trained as one program (`sweep.multirun`): the group's training loop.
+
+Legend: R runs in the group.
+
+The runs of a group differ only in train.learning_rate and train.seed (an LR scan, repeats over seeds;
+`group_key` decides). One vmapped train step (multirun.py) trains all R, each from its own seed on its
+own data stream. Each run still gets, in its own workdir, everything `loop.train` writes: config.json,
+metrics.jsonl, checkpoints in train()'s format (the optimizer state holds no learning rate, so a run
+checkpointed in a group resumes alone under train(), and the other way round) and summary.json. The
+sweep therefore records, resumes and retries grouped runs as it does the others.
+
+What differs from train(): the group trains on one device (the first) in one process; under train.nonfinite="stop" a run whose loss
+turns non-finite is failed (without train()'s replay diagnosis) while the rest go on. Times and rates
+are accounted so that sums over a sweep's rows stay right: each run's wall/compile/train/eval seconds
+are its share (the group's / R), and tokens_per_second (in metrics.jsonl too) and mfu are the group's,
+so that tokens = tokens_per_second × train_seconds still holds per run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.data import get_tokenizer
+from transformer.models import build_model
+from transformer.models.config import ConfigError
+from transformer.scaling.accounting import flops_per_token, param_counts
+from transformer.tasks import get_task, model_vocab_size
+from transformer.training import checkpointing, hardware, multirun, nonfinite, sharding, steps, validate
+from transformer.training.loop import Preempted, abstract_batch, check_workdir_config, evaluate, write_json
+from transformer.training.metrics import MetricsWriter, read_metrics
+from transformer.training.optimizer import make_optimizer, make_schedule
+from transformer.training.state import TrainState, abstract_state
+
+FREE_KEYS = ("learning_rate", "seed")  # the train.* settings in which a group's runs may differ
+LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy")  # a run's last logged values go to its summary
+
+
+def group_key(config: Any) -> str | None:
+    """Runs with the same key can train as one group; None: this run trains alone (dropout masks
+    follow the step's one seed; warm starts are per run)."""
+    c = json.loads(json.dumps(config.to_dict()))
+    if c["model"].get("dropout_rate", 0) or c["train"].get("init_from"):
+        return None
+    c["train"] = {k: v for k, v in c["train"].items() if k not in FREE_KEYS}
+    return json.dumps(c, sort_keys=True)
+
+
+class GroupMismatch(RuntimeError):
+    """The runs' checkpoints are at different steps: they cannot continue as one group."""
+
+
+def _run_state(states: TrainState, r: int) -> TrainState:
+    """Run r's slice in train()'s layout: the optimizer state without the per-run learning-rate stage."""
+    inner, _ = states.opt_state
+    return TrainState(step=states.step[r], params=multirun.unstack(states.params, r),
+                      opt_state=multirun.unstack(inner, r))
+
+
+def _stack(run_states: Sequence[TrainState], learning_rates: Sequence[float]) -> TrainState:
+    """train()-layout states (one per run) → the group's state with the per-run learning-rate stage."""
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *run_states)
+    return stacked.replace(opt_state=(stacked.opt_state, multirun.RunLR(jnp.asarray(learning_rates, jnp.float32))))
+
+
+def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool = True,
+                stop_at: int | None = None) -> list[dict]:
+    """Trains (or resumes) R runs together; returns their summaries (also written to each summary.json).
+
+    Raises GroupMismatch, before any training, when the runs' checkpoints are at different steps.
+    `stop_at`: behave as if preempted right after this step.
+    """
+    t_start = time.time()
+    R = len(configs)
+    if jax.process_count() != 1:
+        raise ConfigError(f"sweep.multirun trains a group in one process, but this job has {jax.process_count()} "
+                          f"processes; set sweep.multirun=False")
+    if len({group_key(c) for c in configs} | {None}) != 2:
+        raise ValueError(f"a group's runs may differ only in train.{' and train.'.join(FREE_KEYS)} (no dropout, "
+                         "no train.init_from)")
+    config, t = configs[0], configs[0].train
+    model_cfg = validate.model_config(config, model_vocab_size(config, get_tokenizer(config.data)))
+    mesh_shape = validate.check_training(config, model_cfg, 1, 1)
+    resolved = []
+    for c, workdir in zip(configs, workdirs):
+        d = c.to_dict()
+        d["model"]["vocab_size"] = model_cfg.vocab_size
+        os.makedirs(workdir, exist_ok=True)
+        check_workdir_config(workdir, json.loads(json.dumps(d)))
+        resolved.append(d)
+    lrs = [float(c.train.learning_rate) for c in configs]
+    schedules = [make_schedule(c.train) for c in configs]
+    task, model = get_task(config), build_model(model_cfg)
+    tx = multirun.make_optimizer(t)
+    mesh, rules = sharding.make_mesh(config.mesh, jax.devices()[:1]), sharding.rules(config.mesh)
+    batch_s = sharding.batch_sharding(mesh, rules)
+    counts = param_counts(model_cfg)
+    fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
+    tokens_per_step = t.batch_size * config.data.seq_len  # per run
+
+    data_its = [task.make_iterator(c, split=c.data.train_split, global_batch_size=t.batch_size,
+                                   seed=c.data.shuffle_seed + c.train.seed, process_index=0, process_count=1,
+                                   shuffle=True, repeat=True) for c in configs]
+    for workdir, d in zip(workdirs, resolved):
+        write_json(os.path.join(workdir, "config.json"), d)
+    ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints) for w in workdirs]
+    writers: list[MetricsWriter] = []
+    try:
+        abstract, _ = abstract_state(model, make_optimizer(t), task.init_inputs(config), mesh, rules)
+        restored = [ck.restore(abstract, it) for ck, it in zip(ckpts, data_its)]
+        at = sorted({r[0] if r else 0 for r in restored})
+        if len(at) > 1:
+            raise GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
+        start_step = at[0]
+        states = (multirun.init_states(model, tx, seeds=[c.train.seed for c in configs], learning_rates=lrs,
+                                       init_inputs=task.init_inputs(config)) if start_step == 0
+                  else _stack([r[1] for r in restored], lrs))
+        states = jax.device_put(states, jax.devices()[0])
+        writers = [MetricsWriter(w, resume_step=start_step) for w in workdirs]
+        histories = [read_metrics(w) if start_step else [] for w in workdirs]
+        if verbose:
+            print(f"group of {R} runs ({model_cfg.family}, {counts['total']:,} params, learning rates "
+                  f"{', '.join(f'{lr:.3g}' for lr in lrs)}): "
+                  f"{'resuming from step ' + str(start_step) if start_step else 'starting'}", flush=True)
+        last = [{} for _ in range(R)]  # train_loss, eval_loss, eval_accuracy: a resumed run's last logged values
+        for r, history in enumerate(histories):
+            for row in history:
+                last[r].update({k: row[k] for k in LAST_KEYS if k in row})
+        spikes = [nonfinite.SpikeDetector([row.get("train_loss") for row in h]) for h in histories]
+        status, errors = ["ok"] * R, [None] * R
+        train_step = multirun.make_multi_train_step(model, task, tx, seed=t.seed, use_dropout=False,
+                                                    loss_chunk_size=t.get("loss_chunk_size", 0))
+        eval_fn = jax.jit(steps.make_eval_step(model, task))
+        spec = abstract_batch(task, configs[0], None)
+        stacked_spec = {k: jax.ShapeDtypeStruct((R, *s.shape), s.dtype) for k, s in spec.items()}
+        stop = {"signal": None}
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        for s in previous:
+            signal.signal(s, lambda signum, _frame: stop.update(signal=signum))
+        window: list[tuple[int, dict]] = []
+        compile_seconds = timed_seconds = eval_seconds = 0.0
+        timed_steps, step, last_saved = 0, start_step, start_step
+        alive = lambda: [r for r in range(R) if status[r] == "ok"]  # noqa: E731
+
+        def check_window(fetched: list) -> None:
+            for r in alive():
+                bad = nonfinite.first_bad([(s, {k: v[r] for k, v in m.items()}) for s, m in fetched])
+                if bad is not None and t.nonfinite == "stop":
+                    status[r] = "failed"
+                    errors[r] = (nonfinite.describe(*bad, None, None) + " (trained in a group; train it alone "
+                                 "for the name of the first non-finite gradient)")
+                    print(f"run {os.path.basename(workdirs[r])}: {errors[r]}; the group goes on without it",
+                          flush=True)
+                elif bad is not None:
+                    print(f"warning: run {os.path.basename(workdirs[r])}: non-finite loss or gradient at step "
+                          f"{bad[0]}; update skipped (train.nonfinite='skip')", flush=True)
+
+        try:
+            with jax.set_mesh(mesh):
+                t0 = time.time()
+                train_step = train_step.lower(states, stacked_spec).compile()
+                compile_seconds = time.time() - t0
+                window_start, window_steps = time.time(), 0
+                while step < t.steps and alive():
+                    if stop["signal"] is not None or (stop_at is not None and step >= stop_at):
+                        raise Preempted()
+                    rows = [next(it) for it in data_its]
+                    states, m = train_step(states, {k: np.stack([b[k] for b in rows]) for k in rows[0]})
+                    step, window_steps = step + 1, window_steps + 1
+                    window.append((step, {"loss": m["loss"], "finite": m["finite"]}))
+                    is_log = step % t.log_every == 0 or step == t.steps
+                    is_eval = step % t.eval_every == 0 or step == t.steps
+                    is_ckpt = step % t.checkpoint_every == 0 or step == t.steps
+                    if is_log or is_eval or is_ckpt:
+                        fetched, window = jax.device_get(window), []
+                        check_window(fetched)
+                    if is_log or is_eval:
+                        m = jax.device_get(m)
+                        elapsed = time.time() - window_start
+                        timed_seconds, timed_steps = timed_seconds + elapsed, timed_steps + window_steps
+                        tps = R * window_steps * tokens_per_step / max(elapsed, 1e-9)  # the group's
+                        for r in alive():
+                            row = {"train_loss": float(m["loss"][r]), "learning_rate": float(schedules[r](step - 1)),
+                                   "grad_norm": float(m["grad_norm"][r]), "tokens": step * tokens_per_step,
+                                   "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
+                            if t.nonfinite == "skip":
+                                row["skipped_updates"] = nonfinite.skipped_updates(_run_state(states, r).opt_state)
+                            spike = spikes[r].check([(s, {k: v[r] for k, v in x.items()}) for s, x in fetched],
+                                                    row["train_loss"])
+                            if spike is not None:
+                                row["loss_spike"] = spike[1]
+                            if is_eval:
+                                t_eval = time.time()
+                                row.update(evaluate(eval_fn, multirun.unstack(states.params, r), task, configs[r],
+                                                    batch_s, 0, 1))
+                                eval_seconds += time.time() - t_eval
+                            last[r].update({k: row[k] for k in LAST_KEYS if k in row})
+                            writers[r].write(step, row)
+                        if verbose:
+                            losses = " ".join(f"{float(m['loss'][r]):.4f}" if status[r] == "ok" else "failed"
+                                              for r in range(R))
+                            print(f"step {step:>6}/{t.steps} | losses {losses} | {tps:9,.0f} tok/s (group)",
+                                  flush=True)
+                        window_start, window_steps = time.time(), 0
+                    if is_ckpt:
+                        for r in alive():
+                            ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
+                        last_saved = step
+        except Preempted:
+            check_window(jax.device_get(window))  # never checkpoint a run's non-finite state
+            for r in alive():
+                status[r] = "preempted"
+                if last_saved != step:
+                    ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
+            why = f"received signal {stop['signal']}" if stop["signal"] is not None else f"stop_at={stop_at}"
+            print(f"{why}: checkpointed the group's runs at step {step}, exiting", flush=True)
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        tps = R * timed_steps * tokens_per_step / timed_seconds if timed_seconds else None  # the group's
+        peak = hardware.peak_flops(jax.devices()[0])
+        summaries = []
+        for r in range(R):
+            summary = {
+                "status": status[r], "error": errors[r], "step": step, "steps": t.steps,
+                "params": counts["total"], "params_non_embedding": counts["non_embedding"],
+                "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
+                "eval_loss": last[r].get("eval_loss"), "eval_accuracy": last[r].get("eval_accuracy"),
+                "train_loss": last[r].get("train_loss"), "task": task.name,
+                "skipped_updates": (nonfinite.skipped_updates(_run_state(states, r).opt_state)
+                                    if t.nonfinite == "skip" else None),
+                "wall_seconds": (time.time() - t_start) / R, "compile_seconds": compile_seconds / R,
+                "train_seconds": timed_seconds / R, "eval_seconds": eval_seconds / R, "tokens_per_second": tps,
+                "mfu": (tps * fpt / peak["flops"]) if (tps and peak["flops"]) else None,
+                "device": jax.devices()[0].device_kind, "num_devices": 1,  # the group's one device
+                "mesh": dict(zip(sharding.MESH_AXES, mesh_shape)), "multirun": R,
+            }
+            summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+            write_json(os.path.join(workdirs[r], "summary.json"), summary)
+            summaries.append(summary)
+        if verbose:
+            losses = ", ".join("-" if s["eval_loss"] is None else f"{s['eval_loss']:.4f}" for s in summaries)
+            print(f"group done: eval_loss {losses}, {time.time() - t_start:.0f}s wall, "
+                  f"{tps or 0:,.0f} tok/s (group)", flush=True)
+        return summaries
+    finally:
+        for ck in ckpts:
+            ck.close()
+        for w in writers:
+            w.close()
+
