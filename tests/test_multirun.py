@@ -173,3 +173,13 @@ def test_group_key_groups_only_learning_rate_and_seed(corpus_dir):
         other = a.copy_and_resolve_references()
         other.model.num_layers += 1
         group_loop.train_group([a, other], ["/nonexistent/a", "/nonexistent/b"], verbose=False)
+
+
+def test_a_diverging_run_fails_alone_and_the_group_goes_on(grouped, corpus_dir, tmp_path):
+    configs = _group_configs(corpus_dir)[:2]
+    configs[1].train.learning_rate = 1e30  # parameters overflow to inf within a step or two
+    dirs = [str(tmp_path / "ok"), str(tmp_path / "diverged")]
+    ok, bad = group_loop.train_group(configs, dirs, verbose=False)
+    assert bad["status"] == "failed" and "non-finite" in bad["error"] and "trained in a group" in bad["error"]
+    assert not os.path.exists(os.path.join(dirs[1], "checkpoints", str(GROUP_STEPS)))  # no NaN state saved
+    assert ok["status"] == "ok" and ok["eval_loss"] == pytest.approx(grouped[1][0]["eval_loss"], rel=1e-4)

@@ -148,7 +148,8 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
         window: list[tuple[int, dict]] = []
         compile_seconds = timed_seconds = eval_seconds = 0.0
         timed_steps, step, last_saved = 0, start_step, start_step
-        alive = lambda: [r for r in range(R) if status[r] == "ok"]  # noqa: E731
+        def alive() -> list[int]:
+            return [r for r in range(R) if status[r] == "ok"]
 
         def check_window(fetched: list) -> None:
             for r in alive():
