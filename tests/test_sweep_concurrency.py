@@ -8,8 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from configs.sweeps import quick
 from experiments import runner
 from transformer.scaling import claims, grid, results

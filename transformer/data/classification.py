@@ -21,7 +21,6 @@ import collections
 import functools
 import hashlib
 import json
-from typing import Any
 
 import grain
 import ml_collections

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

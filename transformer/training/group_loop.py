@@ -9,8 +9,9 @@ metrics.jsonl, checkpoints in train()'s format (the optimizer state holds no lea
 checkpointed in a group resumes alone under train(), and the other way round) and summary.json. The
 sweep therefore records, resumes and retries grouped runs as it does the others.
 
-What differs from train(): the group trains on one device (the first) in one process; under train.nonfinite="stop" a run whose loss
-turns non-finite is failed (without train()'s replay diagnosis) while the rest go on. Times and rates
+What differs from train(): the group trains on one device (the first) in one process; under
+train.nonfinite="stop" a run whose loss turns non-finite is failed (without train()'s replay diagnosis)
+while the rest go on. Times and rates
 are accounted so that sums over a sweep's rows stay right: each run's wall/compile/train/eval seconds
 are its share (the group's / R), and tokens_per_second (in metrics.jsonl too) and mfu are the group's,
 so that tokens = tokens_per_second × train_seconds still holds per run.
@@ -24,7 +25,6 @@ import signal
 import time
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -40,7 +40,6 @@ def peak_flops(device: Any) -> dict:
 def measure_matmul_flops(n: int = 2048, repeats: int = 7, dtype: str = "float32") -> float:
     """Best-of-`repeats` FLOP/s of one jitted n×n @ n×n matmul on the default device (2n³ FLOPs)."""
     import jax
-    import jax.numpy as jnp
 
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
