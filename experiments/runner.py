@@ -20,18 +20,12 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from transformer import files
 from transformer.models.config import ConfigError
 from transformer.scaling import claims, results
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
-
-
-def _write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def sweep_document(config: ml_collections.ConfigDict, runs: Sequence[Any], notes: Sequence[str],
@@ -55,7 +49,7 @@ def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
         if old_ids != new_ids:
             raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(old_ids ^ new_ids)} runs differ, "
                               f"e.g. {sorted(old_ids ^ new_ids)[0]}); use a new --workdir, or the same settings to resume")
-    _write_json(path, doc)
+    files.write_json(path, doc, indent=1)
 
 
 def load_sweep(workdir: str) -> dict[str, Any]:

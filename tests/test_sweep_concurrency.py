@@ -32,6 +32,25 @@ def test_claims_are_exclusive_across_processes(tmp_path):
     assert sum(map(len, held)) == 40  # no run claimed twice
 
 
+_JSON_WRITER = """
+import sys
+from transformer import files
+for i in range(300):
+    files.write_json(sys.argv[1], {"writer": sys.argv[2], "i": i, "pad": "x" * 4096})
+"""
+
+
+def test_two_processes_writing_one_json_file_neither_fails_nor_tears_it(tmp_path):
+    # two sweep runners starting on one DIR both write DIR/sweep.json: with one shared temporary name,
+    # one os.replace found the other's temporary file gone (FileNotFoundError; seen in CI)
+    path = str(tmp_path / "sweep.json")
+    procs = [subprocess.Popen([sys.executable, "-c", _JSON_WRITER, path, str(k)], cwd=REPO, env=ENV,
+                              stderr=subprocess.PIPE, text=True) for k in range(2)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert json.load(open(path))["i"] == 299 and os.listdir(tmp_path) == ["sweep.json"]
+
+
 def test_stale_claim_is_taken_over_and_a_live_one_is_not(tmp_path):
     first = claims.try_claim(str(tmp_path), "r", stale_after_s=60, heartbeat_s=0.05)
     assert first is not None and claims.try_claim(str(tmp_path), "r", stale_after_s=60) is None

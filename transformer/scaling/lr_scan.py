@@ -8,12 +8,13 @@ through --config.sweep.lr_fit=DIR/lr_fit.json.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any, Sequence
 
 import numpy as np
+
+from transformer import files
 
 
 def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
@@ -95,9 +96,6 @@ def plot(fit: dict[str, Any], path: str) -> None:
 def write_lr_fit(sweep_dir: str, rows: Sequence[dict[str, Any]], param_count: str = "total") -> dict[str, Any]:
     """Analyses the scan's rows; writes DIR/lr_fit.json and DIR/lr_scan.png; returns the fit."""
     fit = analyze(rows, param_count)
-    tmp = os.path.join(sweep_dir, "lr_fit.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(fit, f, indent=2)
-    os.replace(tmp, os.path.join(sweep_dir, "lr_fit.json"))
+    files.write_json(os.path.join(sweep_dir, "lr_fit.json"), fit)
     plot(fit, os.path.join(sweep_dir, "lr_scan.png"))
     return fit

@@ -4,10 +4,10 @@
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from transformer import files
 from transformer.scaling import fits, plots
 from transformer.scaling import points as points_lib
 
@@ -36,10 +36,7 @@ def run_fit(
                        isoflop_window=isoflop_window)
     fit["n_kind"] = n_kind
     os.makedirs(out_dir, exist_ok=True)
-    tmp = os.path.join(out_dir, "fit.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(fit, f, indent=1, allow_nan=False)
-    os.replace(tmp, os.path.join(out_dir, "fit.json"))
+    files.write_json(os.path.join(out_dir, "fit.json"), fit, indent=1, allow_nan=False)
     if make_plots:
         fit_figures = plots.write_all(fit, out_dir)
         fit["figures"] = [os.path.basename(p) for p in fit_figures]

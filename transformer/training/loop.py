@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer import files
 from transformer.data import get_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
@@ -35,10 +36,7 @@ class Preempted(Exception):
 
 
 def write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    files.write_json(path, obj, indent=2, sort_keys=True)
 
 
 LAUNCH_SECTIONS = ("distributed",)  # how a run is launched, not what it computes: may change on resume
