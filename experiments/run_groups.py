@@ -71,14 +71,17 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
                     traceback.print_exc()
                 progress.event(f"group of {len(runs)} runs did not finish ({type(e).__name__}: {str(e)[:200]}); "
                                f"training them one by one")
-        code = 0
+        code, preempted = 0, "(preempted: rerun the command to resume)"
         for i, run in enumerate(runs):
+            if code == 3:  # a signal stopped the run before: the rest stay pending for the next command
+                progress.finished(run, None, preempted)
+                continue
             if summaries is None:
-                row, c = runner.train_run(workdir, run, doc["mode"], verbose, doc["sweep"].get("max_retries", 0))
+                row, code = runner.train_run(workdir, run, doc["mode"], verbose, doc["sweep"].get("max_retries", 0))
             else:
-                row, c = runner.record(workdir, run, summaries[i], doc["mode"], (time.time() - t0) / len(runs))
-            progress.finished(run, row, "(preempted: rerun the command to resume)" if c == 3 else "")
-            code = max(code, 3 if c == 3 else 0)
+                row, code = runner.record(workdir, run, summaries[i], doc["mode"], (time.time() - t0) / len(runs))
+            progress.finished(run, row, preempted if code == 3 else "")
+            code = 3 if code == 3 else 0
         return code
     finally:
         for _, c in held:

@@ -16,7 +16,7 @@ import pytest
 
 from configs.sweeps import lr_scan as lr_scan_config
 from configs.sweeps import quick
-from experiments import runner
+from experiments import run_groups, runner
 from transformer.models.config import ConfigError
 from transformer.scaling import grid, lr_scan, results
 
@@ -214,6 +214,49 @@ def test_sweep_cli_killed_then_resumed_records_each_run_once(tmp_path, corpus_di
     assert again.returncode == 0, again.stderr[-2000:]
     assert "0 runs to go" in again.stdout
     assert len(results.read_results(workdir)) == 6
+
+
+def test_multirun_group_that_fails_falls_back_to_runs_one_by_one(tmp_path):
+    c = lr_scan_config.get_config()
+    c.sweep.multirun = True
+    runs, notes = grid.design(c)
+    doc = runner.sweep_document(c, runs[:2], notes, [1.0, 1.0])  # one size, two learning rates: one group
+    for r in doc["runs"]:
+        r["config"]["model"]["activation"] = "bogus"  # the group fails before any training, then each run
+    runner.write_sweep(str(tmp_path), doc)
+    assert len(run_groups.groups(str(tmp_path), doc["runs"])) == 1
+    assert runner.run_in_process(str(tmp_path), doc) == 0
+    rows = results.read_results(str(tmp_path))
+    assert [r["run_id"] for r in rows] == [r["run_id"] for r in doc["runs"]]
+    assert all(r["status"] == "failed" and "model.activation='bogus'" in r["error"] for r in rows)
+
+
+def test_multirun_sweep_stopped_by_sigterm_resumes_its_group(tmp_path, corpus_dir):
+    workdir = str(tmp_path / "scan")
+    cmd = _sweep_cmd(workdir, "--config.sweep.multirun=True", "--config.sweep.lr_scan.d_models=8,16",
+                     "--config.sweep.lr_scan.tokens=200000", "--config.sweep.lr_scan.num_lrs=3",
+                     "--config.sweep.head_dim=8", "--config.base.data.seq_len=32", "--config.base.train.batch_size=8",
+                     "--config.base.train.eval_steps=1", f"--config.base.data.data_dir={corpus_dir}",
+                     config="configs/sweeps/lr_scan.py")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    runs_dir = os.path.join(workdir, "runs")
+    while time.time() < deadline and proc.poll() is None and not (
+            os.path.isdir(runs_dir) and any(os.path.exists(m := os.path.join(runs_dir, d, "metrics.jsonl"))
+                                            and os.path.getsize(m) > 0 for d in os.listdir(runs_dir))):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # the group is training (its first rows are logged)
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 3, out[-3000:]
+    assert "checkpointed the group's runs" in out or "preempted" in out, out[-3000:]
+    assert results.read_results(workdir) == []
+    summaries = [json.load(open(os.path.join(runs_dir, d, "summary.json"))) for d in sorted(os.listdir(runs_dir))]
+    assert [s["status"] for s in summaries] == ["preempted"] * 3 and 0 < summaries[0]["step"] < summaries[0]["steps"]
+    again = _run(cmd)  # the first group resumes from its runs' checkpoints, then the second trains
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = results.read_results(workdir)
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    assert all(json.load(open(os.path.join(runs_dir, r["run_id"], "summary.json")))["multirun"] == 3 for r in rows)
 
 
 def test_cli_errors_and_slurm_dry_run(tmp_path):
