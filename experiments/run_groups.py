@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import traceback
 from typing import Any, Sequence
 
@@ -59,7 +58,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             held.append((run, c))
     runs = [r for r, _ in held]
     try:
-        summaries, t0 = None, time.time()
+        summaries = None
         for run in runs:
             progress.started(run)
         if len(runs) > 1:
@@ -79,7 +78,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             if summaries is None:
                 row, code = runner.train_run(workdir, run, doc["mode"], verbose, doc["sweep"].get("max_retries", 0))
             else:
-                row, code = runner.record(workdir, run, summaries[i], doc["mode"], (time.time() - t0) / len(runs))
+                row, code = runner.record(workdir, run, summaries[i], doc["mode"])
             progress.finished(run, row, preempted if code == 3 else "")
             code = 3 if code == 3 else 0
         return code

@@ -105,16 +105,16 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
             row = result_row(run, None, "failed", f"{type(e).__name__}: {e} (after {attempt + 1} attempts)",
                              time.time() - t0, mode)
             return (row if results.append_result(workdir, row) else None), 1
-    return record(workdir, run, summary, mode, time.time() - t0)
+    return record(workdir, run, summary, mode)
 
 
-def record(workdir: str, run: dict[str, Any], summary: dict[str, Any], mode: str,
-           wall_seconds: float) -> tuple[dict[str, Any] | None, int]:
+def record(workdir: str, run: dict[str, Any], summary: dict[str, Any],
+           mode: str) -> tuple[dict[str, Any] | None, int]:
     """Appends the results row of a run that trained to `summary`; (row or None, exit code) as train_run."""
     if summary["status"] == "preempted":
         return None, 3
     status = "ok" if summary["status"] == "ok" else "failed"
-    row = result_row(run, summary, status, summary.get("error"), summary.get("wall_seconds", wall_seconds), mode)
+    row = result_row(run, summary, status, summary.get("error"), summary["wall_seconds"], mode)
     return (row if results.append_result(workdir, row) else None), (0 if status == "ok" else 1)
 
 

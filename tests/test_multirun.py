@@ -183,3 +183,14 @@ def test_a_diverging_run_fails_alone_and_the_group_goes_on(grouped, corpus_dir, 
     assert bad["status"] == "failed" and "non-finite" in bad["error"] and "trained in a group" in bad["error"]
     assert not os.path.exists(os.path.join(dirs[1], "checkpoints", str(GROUP_STEPS)))  # no NaN state saved
     assert ok["status"] == "ok" and ok["eval_loss"] == pytest.approx(grouped[1][0]["eval_loss"], rel=1e-4)
+
+
+def test_skip_policy_counts_each_runs_skipped_updates(corpus_dir, tmp_path):
+    configs = _group_configs(corpus_dir)[:2]
+    for c in configs:
+        c.train.nonfinite = "skip"
+    configs[1].train.learning_rate = 1e30  # every update after the first overflows: skipped
+    ok, bad = group_loop.train_group(configs, [str(tmp_path / "ok"), str(tmp_path / "skips")], verbose=False)
+    assert ok["status"] == bad["status"] == "ok"
+    assert ok["skipped_updates"] == 0 and 0 < bad["skipped_updates"] < GROUP_STEPS
+    assert [row["skipped_updates"] for row in read_metrics(str(tmp_path / "skips"))][-1] == bad["skipped_updates"]

@@ -216,7 +216,7 @@ def test_sweep_cli_killed_then_resumed_records_each_run_once(tmp_path, corpus_di
     assert len(results.read_results(workdir)) == 6
 
 
-def test_multirun_group_that_fails_falls_back_to_runs_one_by_one(tmp_path):
+def test_multirun_group_that_fails_falls_back_to_runs_one_by_one(tmp_path, capsys):
     c = lr_scan_config.get_config()
     c.sweep.multirun = True
     runs, notes = grid.design(c)
@@ -226,6 +226,7 @@ def test_multirun_group_that_fails_falls_back_to_runs_one_by_one(tmp_path):
     runner.write_sweep(str(tmp_path), doc)
     assert len(run_groups.groups(str(tmp_path), doc["runs"])) == 1
     assert runner.run_in_process(str(tmp_path), doc) == 0
+    assert "group of 2 runs did not finish" in capsys.readouterr().out  # tried as a group first
     rows = results.read_results(str(tmp_path))
     assert [r["run_id"] for r in rows] == [r["run_id"] for r in doc["runs"]]
     assert all(r["status"] == "failed" and "model.activation='bogus'" in r["error"] for r in rows)

@@ -7,7 +7,9 @@ The runs of a group differ only in train.learning_rate and train.seed (an LR sca
 own data stream. Each run still gets, in its own workdir, everything `loop.train` writes: config.json,
 metrics.jsonl, checkpoints in train()'s format (the optimizer state holds no learning rate, so a run
 checkpointed in a group resumes alone under train(), and the other way round) and summary.json. The
-sweep therefore records, resumes and retries grouped runs as it does the others.
+sweep therefore records, resumes and retries grouped runs as it does the others. The runs share the
+eval split's batches, so one vmapped eval step (multirun.make_multi_eval_step) evaluates all R at once;
+train()'s summary and signal handling are loop.make_summary and loop.preemption_signals.
 
 What differs from train(): the group trains on one device (the first) in one process; under
 train.nonfinite="stop" a run whose loss turns non-finite is failed (without train()'s replay diagnosis)
@@ -19,23 +21,23 @@ so that tokens = tokens_per_second × train_seconds still holds per run.
 from __future__ import annotations
 
 import json
-import math
 import os
-import signal
 import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from transformer.data import get_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.tasks import get_task, model_vocab_size
-from transformer.training import checkpointing, hardware, multirun, nonfinite, sharding, steps, validate
-from transformer.training.loop import Preempted, abstract_batch, check_workdir_config, evaluate, write_json
+from transformer.training import checkpointing, multirun, nonfinite, sharding, validate
+from transformer.training.loop import (Preempted, abstract_batch, check_workdir_config, evaluate, make_summary,
+                                       preemption_signals, write_json)
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule
 from transformer.training.state import TrainState, abstract_state
@@ -63,6 +65,14 @@ def _run_state(states: TrainState, r: int) -> TrainState:
     inner, _ = states.opt_state
     return TrainState(step=states.step[r], params=multirun.unstack(states.params, r),
                       opt_state=multirun.unstack(inner, r))
+
+
+def _skipped_updates(states: TrainState) -> list[int] | None:
+    """Per run, the updates optax.apply_if_finite dropped (train.nonfinite="skip"), or None."""
+    inner, _ = states.opt_state
+    if not isinstance(inner, optax.ApplyIfFiniteState):
+        return None
+    return [int(n) for n in jax.device_get(inner.total_notfinite)]
 
 
 def _stack(run_states: Sequence[TrainState], learning_rates: Sequence[float]) -> TrainState:
@@ -138,16 +148,17 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
         status, errors = ["ok"] * R, [None] * R
         train_step = multirun.make_multi_train_step(model, task, tx, seed=t.seed, use_dropout=False,
                                                     loss_chunk_size=t.get("loss_chunk_size", 0))
-        eval_fn = jax.jit(steps.make_eval_step(model, task))
+        multi_eval = multirun.make_multi_eval_step(model, task)  # one pass over the shared eval batches
+
+        def eval_fn(params_R: Any, batch: dict) -> dict:
+            return multi_eval(params_R, multirun.stack_batch(batch, R))
+
         spec = abstract_batch(task, configs[0], None)
         stacked_spec = {k: jax.ShapeDtypeStruct((R, *s.shape), s.dtype) for k, s in spec.items()}
-        stop = {"signal": None}
-        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-        for s in previous:
-            signal.signal(s, lambda signum, _frame: stop.update(signal=signum))
         window: list[tuple[int, dict]] = []
         compile_seconds = timed_seconds = eval_seconds = 0.0
         timed_steps, step, last_saved = 0, start_step, start_step
+
         def alive() -> list[int]:
             return [r for r in range(R) if status[r] == "ok"]
 
@@ -164,87 +175,79 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
                     print(f"warning: run {os.path.basename(workdirs[r])}: non-finite loss or gradient at step "
                           f"{bad[0]}; update skipped (train.nonfinite='skip')", flush=True)
 
-        try:
-            with jax.set_mesh(mesh):
-                t0 = time.time()
-                train_step = train_step.lower(states, stacked_spec).compile()
-                compile_seconds = time.time() - t0
-                window_start, window_steps = time.time(), 0
-                while step < t.steps and alive():
-                    if stop["signal"] is not None or (stop_at is not None and step >= stop_at):
-                        raise Preempted()
-                    rows = [next(it) for it in data_its]
-                    states, m = train_step(states, {k: np.stack([b[k] for b in rows]) for k in rows[0]})
-                    step, window_steps = step + 1, window_steps + 1
-                    window.append((step, {"loss": m["loss"], "finite": m["finite"]}))
-                    is_log = step % t.log_every == 0 or step == t.steps
-                    is_eval = step % t.eval_every == 0 or step == t.steps
-                    is_ckpt = step % t.checkpoint_every == 0 or step == t.steps
-                    if is_log or is_eval or is_ckpt:
-                        fetched, window = jax.device_get(window), []
-                        check_window(fetched)
-                    if is_log or is_eval:
-                        m = jax.device_get(m)
-                        elapsed = time.time() - window_start
-                        timed_seconds, timed_steps = timed_seconds + elapsed, timed_steps + window_steps
-                        tps = R * window_steps * tokens_per_step / max(elapsed, 1e-9)  # the group's
-                        for r in alive():
-                            row = {"train_loss": float(m["loss"][r]), "learning_rate": float(schedules[r](step - 1)),
-                                   "grad_norm": float(m["grad_norm"][r]), "tokens": step * tokens_per_step,
-                                   "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
-                            if t.nonfinite == "skip":
-                                row["skipped_updates"] = nonfinite.skipped_updates(_run_state(states, r).opt_state)
-                            spike = spikes[r].check([(s, {k: v[r] for k, v in x.items()}) for s, x in fetched],
-                                                    row["train_loss"])
-                            if spike is not None:
-                                row["loss_spike"] = spike[1]
+        with preemption_signals() as stop:  # a signal checkpoints the runs, then stops
+            try:
+                with jax.set_mesh(mesh):
+                    t0 = time.time()
+                    train_step = train_step.lower(states, stacked_spec).compile()
+                    compile_seconds = time.time() - t0
+                    window_start, window_steps = time.time(), 0
+                    while step < t.steps and alive():
+                        if stop["signal"] is not None or (stop_at is not None and step >= stop_at):
+                            raise Preempted()
+                        rows = [next(it) for it in data_its]
+                        states, m = train_step(states, {k: np.stack([b[k] for b in rows]) for k in rows[0]})
+                        step, window_steps = step + 1, window_steps + 1
+                        window.append((step, {"loss": m["loss"], "finite": m["finite"]}))
+                        is_log = step % t.log_every == 0 or step == t.steps
+                        is_eval = step % t.eval_every == 0 or step == t.steps
+                        is_ckpt = step % t.checkpoint_every == 0 or step == t.steps
+                        if is_log or is_eval or is_ckpt:
+                            fetched, window = jax.device_get(window), []
+                            check_window(fetched)
+                        if is_log or is_eval:
+                            m = jax.device_get(m)
+                            elapsed = time.time() - window_start
+                            timed_seconds, timed_steps = timed_seconds + elapsed, timed_steps + window_steps
+                            tps = R * window_steps * tokens_per_step / max(elapsed, 1e-9)  # the group's
+                            skipped = _skipped_updates(states)
                             if is_eval:
                                 t_eval = time.time()
-                                row.update(evaluate(eval_fn, multirun.unstack(states.params, r), task, configs[r],
-                                                    batch_s, 0, 1))
+                                evals = evaluate(eval_fn, states.params, task, config, batch_s, 0, 1)  # lists of R
                                 eval_seconds += time.time() - t_eval
-                            last[r].update({k: row[k] for k in LAST_KEYS if k in row})
-                            writers[r].write(step, row)
-                        if verbose:
-                            losses = " ".join(f"{float(m['loss'][r]):.4f}" if status[r] == "ok" else "failed"
-                                              for r in range(R))
-                            print(f"step {step:>6}/{t.steps} | losses {losses} | {tps:9,.0f} tok/s (group)",
-                                  flush=True)
-                        window_start, window_steps = time.time(), 0
-                    if is_ckpt:
-                        for r in alive():
-                            ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
-                        last_saved = step
-        except Preempted:
-            check_window(jax.device_get(window))  # never checkpoint a run's non-finite state
-            for r in alive():
-                status[r] = "preempted"
-                if last_saved != step:
-                    ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
-            why = f"received signal {stop['signal']}" if stop["signal"] is not None else f"stop_at={stop_at}"
-            print(f"{why}: checkpointed the group's runs at step {step}, exiting", flush=True)
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+                            for r in alive():
+                                row = {"train_loss": float(m["loss"][r]),
+                                       "learning_rate": float(schedules[r](step - 1)),
+                                       "grad_norm": float(m["grad_norm"][r]), "tokens": step * tokens_per_step,
+                                       "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
+                                if skipped is not None:
+                                    row["skipped_updates"] = skipped[r]
+                                spike = spikes[r].check([(s, {k: v[r] for k, v in x.items()}) for s, x in fetched],
+                                                        row["train_loss"])
+                                if spike is not None:
+                                    row["loss_spike"] = spike[1]
+                                if is_eval:
+                                    row.update({k: v[r] for k, v in evals.items()})
+                                last[r].update({k: row[k] for k in LAST_KEYS if k in row})
+                                writers[r].write(step, row)
+                            if verbose:
+                                losses = " ".join(f"{float(m['loss'][r]):.4f}" if status[r] == "ok" else "failed"
+                                                  for r in range(R))
+                                print(f"step {step:>6}/{t.steps} | losses {losses} | {tps:9,.0f} tok/s (group)",
+                                      flush=True)
+                            window_start, window_steps = time.time(), 0
+                        if is_ckpt:
+                            for r in alive():
+                                ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
+                            last_saved = step
+            except Preempted:
+                check_window(jax.device_get(window))  # never checkpoint a run's non-finite state
+                for r in alive():
+                    status[r] = "preempted"
+                    if last_saved != step:
+                        ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
+                why = f"received signal {stop['signal']}" if stop["signal"] is not None else f"stop_at={stop_at}"
+                print(f"{why}: checkpointed the group's runs at step {step}, exiting", flush=True)
         tps = R * timed_steps * tokens_per_step / timed_seconds if timed_seconds else None  # the group's
-        peak = hardware.peak_flops(jax.devices()[0])
+        skipped = _skipped_updates(states)
+        seconds = dict(wall=time.time() - t_start, compile=compile_seconds, train=timed_seconds, eval=eval_seconds)
         summaries = []
         for r in range(R):
-            summary = {
-                "status": status[r], "error": errors[r], "step": step, "steps": t.steps,
-                "params": counts["total"], "params_non_embedding": counts["non_embedding"],
-                "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
-                "eval_loss": last[r].get("eval_loss"), "eval_accuracy": last[r].get("eval_accuracy"),
-                "train_loss": last[r].get("train_loss"), "task": task.name,
-                "skipped_updates": (nonfinite.skipped_updates(_run_state(states, r).opt_state)
-                                    if t.nonfinite == "skip" else None),
-                "wall_seconds": (time.time() - t_start) / R, "compile_seconds": compile_seconds / R,
-                "train_seconds": timed_seconds / R, "eval_seconds": eval_seconds / R, "tokens_per_second": tps,
-                "mfu": (tps * fpt / peak["flops"]) if (tps and peak["flops"]) else None,
-                "device": jax.devices()[0].device_kind, "num_devices": 1,  # the group's one device
-                "mesh": dict(zip(sharding.MESH_AXES, mesh_shape)), "multirun": R,
-            }
-            summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+            summary = make_summary(
+                status=status[r], error=errors[r], step=step, steps=t.steps, counts=counts,
+                tokens_per_step=tokens_per_step, fpt=fpt, last=last[r], task_name=task.name,
+                skipped=None if skipped is None else skipped[r], seconds={k: v / R for k, v in seconds.items()},
+                tps=tps, num_devices=1, mesh_shape=mesh_shape, multirun=R)
             write_json(os.path.join(workdirs[r], "summary.json"), summary)
             summaries.append(summary)
         if verbose:

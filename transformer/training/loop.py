@@ -6,6 +6,7 @@ resumes from the latest checkpoint (model, optimizer, data position; the dropout
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -102,9 +103,45 @@ def evaluate(eval_fn: Callable, params: Any, task, config: Any, batch_sharding, 
     for _ in range(config.train.eval_steps):
         out = jax.device_get(eval_fn(params, _global_batch(next(it), batch_sharding)))
         for k in sums:
-            sums[k] += float(out[k])
-    n = max(sums["weight_sum"], 1.0)
-    return {"eval_loss": sums["loss_sum"] / n, "eval_accuracy": sums["correct_sum"] / n}
+            sums[k] = sums[k] + np.asarray(out[k], np.float64)
+    n = np.maximum(sums["weight_sum"], 1.0)
+    # floats; lists of R floats when eval_fn is a group's vmapped eval step (sums of shape (R,))
+    return {"eval_loss": (sums["loss_sum"] / n).tolist(), "eval_accuracy": (sums["correct_sum"] / n).tolist()}
+
+
+@contextlib.contextmanager
+def preemption_signals():
+    """Within the block, SIGTERM/SIGINT only set flag["signal"] (the loop checkpoints, then stops);
+    the previous handlers come back on leaving it."""
+    flag = {"signal": None}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, lambda signum, _frame: flag.update(signal=signum))
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def make_summary(*, status: str, error: str | None, step: int, steps: int, counts: dict, tokens_per_step: int,
+                 fpt: float, last: dict, task_name: str, skipped: int | None, seconds: dict, tps: float | None,
+                 num_devices: int, mesh_shape: Any, **extra: Any) -> dict:
+    """summary.json: what a run reached and measured. `last`: its last train_loss/eval_loss/eval_accuracy;
+    `seconds`: wall/compile/train/eval seconds; `tps`: tokens/s of the timed steps (mfu follows)."""
+    peak = hardware.peak_flops(jax.devices()[0])
+    summary = {
+        "status": status, "error": error, "step": step, "steps": steps,
+        "params": counts["total"], "params_non_embedding": counts["non_embedding"],
+        "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
+        "eval_loss": last.get("eval_loss"), "eval_accuracy": last.get("eval_accuracy"),
+        "train_loss": last.get("train_loss"), "task": task_name, "skipped_updates": skipped,
+        **{f"{k}_seconds": v for k, v in seconds.items()}, "tokens_per_second": tps,
+        "mfu": (tps * fpt / (peak["flops"] * num_devices)) if (tps and peak["flops"]) else None,
+        "device": jax.devices()[0].device_kind, "num_devices": num_devices,
+        "mesh": dict(zip(sharding.MESH_AXES, mesh_shape)), **extra,
+    }
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
 
 
 def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | None = None) -> dict:
@@ -203,14 +240,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
         except Exception as e:  # noqa: BLE001 - the diagnosis must not hide the fault itself
             return nonfinite.describe(bad_step, bad_loss, None, None) + f" ({type(e).__name__}: {e})"
 
-    stop = {"signal": None}
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def on_signal(signum, _frame):
-        stop["signal"] = signum
-
-    for s in previous:
-        signal.signal(s, on_signal)
+    signals = contextlib.ExitStack()  # the handlers come back in the `finally` below
+    stop = signals.enter_context(preemption_signals())
 
     def should_stop(sync_point: bool) -> bool:
         """Preempted? Every process must agree on the step: with several, the flags are gathered at
@@ -322,31 +353,21 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        signals.close()
         ckpt.close()
         writer.close()
-        tps = timed_tokens / timed_seconds if timed_seconds else None
-        peak = hardware.peak_flops(jax.devices()[0])
-        summary = {
-            "status": status, "error": error, "step": step, "steps": t.steps,
-            "params": counts["total"], "params_non_embedding": counts["non_embedding"],
-            "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
-            "eval_loss": eval_loss, "eval_accuracy": eval_accuracy, "train_loss": train_loss, "task": task.name,
-            "skipped_updates": skipped,
-            "wall_seconds": time.time() - t_start, "compile_seconds": compile_seconds,
-            "train_seconds": timed_seconds, "eval_seconds": eval_seconds,
-            "tokens_per_second": tps,
-            "mfu": (tps * fpt / (peak["flops"] * jax.device_count())) if (tps and peak["flops"]) else None,
-            "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
-            "mesh": dict(zip(sharding.MESH_AXES, mesh_shape)),
-        }
-        summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+        summary = make_summary(
+            status=status, error=error, step=step, steps=t.steps, counts=counts, tokens_per_step=tokens_per_step,
+            fpt=fpt, last=dict(eval_loss=eval_loss, eval_accuracy=eval_accuracy, train_loss=train_loss),
+            task_name=task.name, skipped=skipped,
+            seconds=dict(wall=time.time() - t_start, compile=compile_seconds, train=timed_seconds, eval=eval_seconds),
+            tps=timed_tokens / timed_seconds if timed_seconds else None, num_devices=jax.device_count(),
+            mesh_shape=mesh_shape)
         if primary:
             write_json(summary_path, summary)
         if nproc > 1:
             multihost_utils.sync_global_devices("train_done")
     if verbose and primary and status == "ok":
         print(f"done: eval_loss {eval_loss:.4f}, {summary['wall_seconds']:.0f}s wall, "
-              f"{(tps or 0):,.0f} tok/s", flush=True)
+              f"{(summary['tokens_per_second'] or 0):,.0f} tok/s", flush=True)
     return summary
