@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     del argv
     common.setup_jax()
     from transformer.inference.attention_maps import attention_maps, layer_index, plot_attention, token_labels
-    from transformer.inference.restore import load_run
+    from transformer.training.restore import load_run
 
     layers, heads = _indices("layers", _LAYERS.value), _indices("heads", _HEADS.value)
     run = load_run(_WORKDIR.value, step=_STEP.value)

@@ -46,7 +46,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from transformer.inference.generate import generate, generate_seq2seq
-    from transformer.inference.restore import load_run
+    from transformer.training.restore import load_run
     from transformer.inference.sampling import SamplingConfig
 
     if _NUM_SAMPLES.value <= 0:

@@ -1,7 +1,7 @@
 """Run a sweep: python -m experiments.sweep --config=configs/sweeps/NAME.py --workdir=DIR
     [--parallel=K] [--launcher=local|slurm] [--dry_run] [--retry_failed] [--verbose] [--config.KEY=V ...]
 
-Expands the sweep config into runs (transformer/scaling/grid.py), writes DIR/sweep.json, trains every
+Expands the sweep config into runs (transformer/sweeps/grid.py), writes DIR/sweep.json, trains every
 run not yet in DIR/results.jsonl (in this process by default; --parallel=K worker processes; or a SLURM
 job array with --launcher=slurm), then fits: DIR/fit/ for IsoFLOP sweeps, DIR/lr_fit.json for LR scans.
 Rerunning the command skips finished runs and resumes interrupted ones. --dry_run prints the runs and
@@ -18,7 +18,8 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from experiments import common, runner
+from experiments import common
+from transformer.sweeps import runner
 from transformer.models.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
@@ -38,7 +39,7 @@ def _duration(seconds: float) -> str:
 
 def print_table(doc: dict) -> None:
     """The dry run's table of runs and the time estimate."""
-    from transformer.scaling.grid import format_flops
+    from transformer.sweeps.grid import format_flops
 
     print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
     print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'steps':>7} {'batch':>5} {'lr':>9} "
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> None:
     if _CONFIG.value.sweep.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
         raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
                           f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
-    from transformer.scaling import grid
+    from transformer.sweeps import grid
 
     config = _CONFIG.value
     runs, notes = grid.design(config)

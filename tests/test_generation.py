@@ -195,7 +195,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_sample_cli_prints_continuations_from_params_only(tiny_lm_run):
-    from transformer.inference.restore import load_run
+    from transformer.training.restore import load_run
 
     run = load_run(tiny_lm_run)
     assert run.step == 4 and set(run.params) >= {"token_embedding", "blocks"}

@@ -16,9 +16,10 @@ import pytest
 
 from configs.sweeps import lr_scan as lr_scan_config
 from configs.sweeps import quick
-from experiments import run_groups, runner
+from transformer.sweeps import run_groups, runner
 from transformer.models.config import ConfigError
-from transformer.scaling import grid, lr_scan, results
+from transformer.scaling import lr_scan
+from transformer.sweeps import grid, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

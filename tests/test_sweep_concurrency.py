@@ -9,15 +9,15 @@ import sys
 import time
 
 from configs.sweeps import quick
-from experiments import runner
-from transformer.scaling import claims, grid, results
+from transformer.sweeps import runner
+from transformer.sweeps import claims, grid, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO}
 
 _CLAIMER = """
 import sys, time
-from transformer.scaling import claims
+from transformer.sweeps import claims
 held = [i for i in range(40) if claims.try_claim(sys.argv[1], f"run{i}") is not None]
 print(" ".join(map(str, held)), flush=True)
 time.sleep(1.0)  # hold every claim until all claimers are done
@@ -66,7 +66,7 @@ def test_stale_claim_is_taken_over_and_a_live_one_is_not(tmp_path):
     assert claims.owner(str(tmp_path), "r") is None
 
     # A runner killed on this host: its pid is gone, so its fresh claim is taken at once.
-    dead = subprocess.run([sys.executable, "-c", "import sys; from transformer.scaling import claims; "
+    dead = subprocess.run([sys.executable, "-c", "import sys; from transformer.sweeps import claims; "
                            "claims.try_claim(sys.argv[1], 'k'); import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
                            str(tmp_path)], cwd=REPO, env=ENV)
     assert dead.returncode == -9 and claims.owner(str(tmp_path), "k")["age_s"] < 60

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from configs import mlm
-from transformer.inference.restore import load_run
+from transformer.training.restore import load_run
 from transformer.models.config import ConfigError
 from transformer.training.loop import train
 

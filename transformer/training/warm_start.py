@@ -20,7 +20,7 @@ def warm_start(state: TrainState, init_from: str) -> tuple[TrainState, dict[str,
 
     Returns the new state and {"copied": [...], "kept": [...]} parameter paths.
     """
-    from transformer.inference.restore import load_run  # reads DIR/config.json + the latest checkpoint
+    from transformer.training.restore import load_run  # reads DIR/config.json + the latest checkpoint
 
     try:
         source = load_run(init_from)

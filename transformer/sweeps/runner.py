@@ -22,9 +22,12 @@ import ml_collections
 
 from transformer import files
 from transformer.models.config import ConfigError
-from transformer.scaling import claims, results
+from transformer.sweeps import claims, results
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The command line that trains one run of DIR as a worker process (--parallel, SLURM array tasks). A process
+# boundary, not an import: the library depends on no command-line module.
+WORKER_MODULE = "experiments.sweep"
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
 
 
@@ -186,7 +189,7 @@ def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False) -> 
     progress = Progress(doc["runs"], recorded)
     progress.event(f"{len(todo)} runs to go in {workdir}")
     if doc["sweep"].get("multirun"):
-        from experiments import run_groups
+        from transformer.sweeps import run_groups
 
         for group in run_groups.groups(workdir, todo):
             if run_groups.train_group_runs(workdir, doc, group, progress, verbose) == 3:
@@ -263,7 +266,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                 os.makedirs(run_dir, exist_ok=True)
                 env, cpus = worker_env(slot, parallel)
                 log = open(os.path.join(run_dir, "worker.log"), "a")
-                cmd = [sys.executable, "-m", "experiments.sweep", f"--workdir={workdir}",
+                cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
                        f"--run_index={index[run['run_id']]}"]
                 procs[slot] = (subprocess.Popen(
                     cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -315,7 +318,7 @@ def slurm_script(workdir: str, doc: dict[str, Any]) -> str:
               "set -euo pipefail", f"cd {REPO_ROOT}"]
     if s["setup"]:
         lines.append(s["setup"])
-    lines.append(f"srun {sys.executable} -m experiments.sweep --workdir={workdir} "
+    lines.append(f"srun {sys.executable} -m {WORKER_MODULE} --workdir={workdir} "
                  "--run_index=$SLURM_ARRAY_TASK_ID --fit_when_done")
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from experiments import runner
+from transformer.sweeps import runner
 
 
 def _read_json(path: str) -> dict[str, Any]:

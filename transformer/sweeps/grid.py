@@ -20,7 +20,7 @@ from typing import Any, Callable
 import ml_collections
 import numpy as np
 
-from configs.sweeps.common import MODES, PARAM_COUNTS, sweep_defaults
+from transformer.sweeps.defaults import MODES, PARAM_COUNTS, sweep_defaults
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.training import validate
@@ -112,7 +112,7 @@ def validate_sweep(config: ml_collections.ConfigDict) -> None:
     """Checks the sweep section's keys and values; raises ConfigError naming the setting."""
     if "sweep" not in config or "base" not in config:
         raise ConfigError("a sweep config needs a `sweep` section and a `base` training config "
-                          "(see configs/sweeps/common.py)")
+                          "(see transformer/sweeps/defaults.py)")
     s = config.sweep
     _check_keys(s, sweep_defaults(), "sweep.")
     if s.mode not in MODES:
@@ -352,7 +352,7 @@ def design(config: ml_collections.ConfigDict) -> tuple[list[Run], list[str]]:
 
 
 def estimate_seconds(runs: list[Run], sweep: ml_collections.ConfigDict) -> float:
-    """The dry run's time estimate (see sweep.estimate_* in configs/sweeps/common.py)."""
+    """The dry run's time estimate (see sweep.estimate_* in transformer/sweeps/defaults.py)."""
     total = 0.0
     for r in runs:
         step = r.batch_size * r.seq_len * r.flops_per_token / sweep.estimate_flops_per_second
