@@ -60,9 +60,7 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
     for budget in a2.get("budgets", []):
         colour = colors.to_hex(ScalarMappable(norm=norm, cmap=cmap).to_rgba(budget["flops"]))
         ax.scatter(budget["params"], budget["loss"], s=16, color=colour, zorder=2)
-        c2, c1, c0 = budget["parabola"]
-        x_G = np.linspace(*np.log(budget["fit_range"]), 100)
-        ax.plot(np.exp(x_G), c2 * x_G**2 + c1 * x_G + c0, color=colour, lw=1.2, zorder=2)
+        ax.plot(budget["curve"]["params"], budget["curve"]["loss"], color=colour, lw=1.2, zorder=2)
         ax.scatter([budget["N_opt"]], [budget["loss_opt"]], marker="*", s=120, color=colour,
                    edgecolor="k", linewidth=0.6, zorder=3)
     for budget in a2.get("budgets_excluded", []):
