@@ -296,6 +296,8 @@ def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None) -> dict[
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
         out.update(_intervals(draws, ("E", "gamma")))
+        out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
+                            "draws": {k: v.tolist() for k, v in draws.items()}}
         out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
     return out
 
