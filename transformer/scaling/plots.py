@@ -201,6 +201,14 @@ def trust_problems(fit: dict[str, Any]) -> list[str]:
     return problems
 
 
+def contour_levels(loss_GG: np.ndarray, measured: np.ndarray, count: int = 16) -> np.ndarray:
+    """Log-spaced loss levels from the lowest predicted (or measured) loss to the highest measured one:
+    a fit that runs off to huge losses away from the runs saturates there instead of flattening the
+    colours where the runs are."""
+    bottom = float(min(np.nanmin(loss_GG), np.min(measured)))
+    return np.geomspace(bottom, max(float(np.max(measured)), bottom * 1.01), count)
+
+
 def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     """Approach 3's L(N, D) contours (log-spaced levels, clipped at the highest measured loss), the
     IsoFLOP lines and the compute-optimal line; says on the plot when the fit is not to be trusted."""
@@ -212,9 +220,8 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     d_G = np.geomspace(pts["tokens"].min() / 3, pts["tokens"].max() * 3, 200)
     with np.errstate(over="ignore"):
         loss_GG = a3["E"] + a3["A"] / n_G[None, :] ** a3["alpha"] + a3["B"] / d_G[:, None] ** a3["beta"]
-    top = float(pts["loss"].max())  # beyond the measured losses the colours saturate (extend="max")
-    bottom = float(min(np.nanmin(loss_GG), pts["loss"].min()))
-    levels = np.geomspace(bottom, max(top, bottom * 1.01), 16)
+    levels = contour_levels(loss_GG, pts["loss"])
+    top = levels[-1]
     fig = figure.Figure(figsize=(7.5, 5.5), layout="constrained")
     ax = fig.add_subplot()
     norm = colors.LogNorm(vmin=levels[0], vmax=levels[-1])
