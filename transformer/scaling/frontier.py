@@ -74,6 +74,9 @@ def predictions(
             pred["params"] = float(approach2["N_coef"] * c ** approach2["a"])
             pred["tokens"] = float(approach2["D_coef"] * c ** approach2["b"])
         pred["loss"] = float(loss_at(law, c)) if law else None
+        if approach2.get("a") is None or not law:
+            pred["note"] = ("approach 2 has no power law; " if approach2.get("a") is None else "") + \
+                ("no frontier (fewer than 3 budget minima)" if not law else "")
         if draws is not None:
             with np.errstate(over="ignore", invalid="ignore"):
                 pred["params_ci95"] = _ci(draws["N_coef"] * c ** draws["a"])
