@@ -120,7 +120,9 @@ def _loss_fit_dict(fit: parametric.LossFit) -> dict[str, Any]:
 def near_optimum(points: Points, approach2_result: dict[str, Any], near: float) -> tuple[np.ndarray, str]:
     """Which points approach 3 fits: those within a factor `near` in N of their budget's optimum (the
     budget's approach-2 minimum, else the approach-2 power law at its C); all where there is neither."""
-    if not near or approach2_result.get("a") is None:
+    if not near:
+        return np.ones(len(points), bool), "all points (approach3_near=0)"
+    if approach2_result.get("a") is None:
         return np.ones(len(points), bool), "all points (approach 2 gives no optimum to centre on)"
     n_opt_by_id = {i: b["N_opt"] for b in approach2_result["budgets"] for i in b["ids"]}
     keep_P = np.zeros(len(points), bool)
@@ -268,9 +270,13 @@ def fit_all(
                            "budget_minima_clamped": int(draws2["clamped"].sum()),
                            "draws": {k: draws2[k].tolist() for k in ("a", "b", "N_coef", "D_coef")}}
     if samples and sigma["sigma"] and a3.get("a") is not None:
-        draws3 = approach3_draws(chosen, a3, sigma["sigma"], samples, rng)
+        # Where the form misfits (residual RMS > σ), the draws use the residual RMS: the interval then
+        # carries the misfit too, not only the noise.
+        sigma3 = max(sigma["sigma"], a3["residual_rms"])
+        draws3 = approach3_draws(chosen, a3, sigma3, samples, rng)
         a3.update(_intervals(draws3, tuple(draws3)))
-        a3["bootstrap"] = {"kind": "parametric: losses redrawn with the noise σ", "samples": samples,
+        a3["bootstrap"] = {"kind": "parametric: losses redrawn with σ = max(noise σ, residual RMS)",
+                           "sigma": sigma3, "samples": samples,
                            "failed": int(np.isnan(draws3["a"]).sum()),
                            "draws": {k: v.tolist() for k, v in draws3.items()}}
     result["conventions"] = _conventions(used, names, headline, a2, a3, isoflop_window, isoflop_method,
