@@ -187,12 +187,14 @@ def approach2_draws(result: dict[str, Any], sigma: float, samples: int,
 
 def approach3_draws(points: Points, fitted: dict[str, Any], sigma: float, samples: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Approach 3 refitted on `samples` noisy copies of the losses (from the fit's solution and 5 grid starts)."""
+    """Approach 3 refitted on `samples` draws L̂(N, D)·exp(σz) around its own fitted losses (a parametric
+    bootstrap; each refit starts from the fit's solution and the 5 best grid starts)."""
     best_5 = np.array([[np.log(fitted["A"]), np.log(fitted["B"]), np.log(fitted["E"]),
                         fitted["alpha"], fitted["beta"]]])
     keys = ("a", "b", "E", "A", "B", "alpha", "beta", "N_coef", "D_coef")
     draws: dict[str, list[float]] = {k: [] for k in keys}
-    for loss_P in noise.draw_losses(points.loss_P, sigma, samples, rng):
+    fitted_P = fitted["E"] + fitted["A"] / points.params_P ** fitted["alpha"] + fitted["B"] / points.tokens_P ** fitted["beta"]
+    for loss_P in noise.draw_losses(fitted_P, sigma, samples, rng):
         fit = _loss_fit_dict(parametric.fit_loss(points.params_P, points.tokens_P, loss_P,
                                                  n_starts=5, extra_starts=best_5))
         for k in keys:
@@ -275,7 +277,7 @@ def fit_all(
         sigma3 = max(sigma["sigma"], a3["residual_rms"])
         draws3 = approach3_draws(chosen, a3, sigma3, samples, rng)
         a3.update(_intervals(draws3, tuple(draws3)))
-        a3["bootstrap"] = {"kind": "parametric: losses redrawn with σ = max(noise σ, residual RMS)",
+        a3["bootstrap"] = {"kind": "parametric: fitted losses redrawn with σ = max(noise σ, residual RMS)",
                            "sigma": sigma3, "samples": samples,
                            "failed": int(np.isnan(draws3["a"]).sum()),
                            "draws": {k: v.tolist() for k, v in draws3.items()}}

@@ -106,7 +106,7 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
                        zorder=1, label="envelope points (approach 1)")
         budgets = fit["approach2"].get("budgets", [])
         if budgets:
-            ax.scatter([b["flops"] for b in budgets], [b[f"{kind}_opt"] for b in budgets], s=30, color="C1",
+            ax.scatter([b["C_opt"] for b in budgets], [b[f"{kind}_opt"] for b in budgets], s=30, color="C1",
                        edgecolor="k", linewidth=0.5, zorder=3, label="IsoFLOP minima")
         for name, (colour, style, text) in APPROACH_STYLE.items():
             res = fit[name]
