@@ -37,7 +37,8 @@ _DROP_HIGHEST = flags.DEFINE_integer("drop_highest", 0, "Leave out the K highest
 _BOOTSTRAP = flags.DEFINE_integer("bootstrap", 200, "Loss-noise draws for 95% intervals (0: none).",
                                   lower_bound=0)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the noise draws.")
-_N_KIND = flags.DEFINE_enum("n_kind", "params", points_lib.N_KINDS, "Which parameter count is N (sweeps).")
+_N_KIND = flags.DEFINE_enum("n_kind", "params", points_lib.N_KINDS, "Which parameter count a sweep's points "
+                            "load as params; the fit's N is --headline's, every convention is reported.")
 _ISOFLOP_WINDOW = flags.DEFINE_integer(
     "isoflop_window", None,
     "Approach 2 with --isoflop_method=parabola: fit each parabola to the lowest-loss size and this many "
