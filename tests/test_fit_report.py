@@ -15,7 +15,6 @@ from matplotlib import image
 from sweep_fixture import E, TRUE_A, g_coef, law, write_sweep
 from transformer.scaling import conventions, fits, noise, plots
 from transformer.scaling import points as points_lib
-from transformer.scaling.report import run_fit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

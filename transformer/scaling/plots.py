@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import numpy as np
-from matplotlib import colors, figure, ticker
+from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
 LABEL_C = "compute C (FLOPs)"
