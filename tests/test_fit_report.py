@@ -113,6 +113,21 @@ def test_predictions_with_intervals(tmp_path):
     json.dumps(fit, allow_nan=False)
 
 
+def test_frontier_keeps_e_and_falls_back_to_approach3_when_the_minima_do_not_pin_it():
+    from transformer.scaling import frontier
+
+    flops_B = np.geomspace(1e12, 1e14, 5)
+    exact = frontier.fit(flops_B, 1.7 + 400.0 * flops_B**-0.2)
+    assert exact["E"] == pytest.approx(1.7, abs=1e-3) and exact["gamma"] == pytest.approx(0.2, abs=1e-3)
+    held = frontier.fit(flops_B, 1.7 + 400.0 * flops_B**-0.2, e_fixed=1.7)
+    assert held["k"] == pytest.approx(400.0, rel=1e-3)
+    # Minima of a pure power law (no E): the free fit drives E to 0; approach 3's E is used instead.
+    budgets = [{"C_opt": c, "loss_opt": 40.0 * c**-0.1} for c in flops_B]
+    out = fits._frontier({"budgets": budgets}, None, {"E": 1.0})
+    assert out["E_from"].startswith("approach 3") and out["law"]["E"] == 1.0
+    assert fits._frontier({"budgets": budgets}, None, {})["law"]["E"] < 1e-3
+
+
 def test_lower_envelope_never_rises():
     flops = np.array([1, 2, 3, 4, 5, 6], float)
     loss = np.array([3.0, 3.2, 2.9, 3.1, 2.8, 2.85])  # curves of the next budget start higher

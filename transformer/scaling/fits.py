@@ -283,7 +283,7 @@ def fit_all(
                            "draws": {k: v.tolist() for k, v in draws3.items()}}
     result["conventions"] = _conventions(used, names, headline, a2, a3, isoflop_window, isoflop_method,
                                          approach3_near, sigma["sigma"], samples, rng)
-    result["frontier"] = _frontier(a2, draws2)
+    result["frontier"] = _frontier(a2, draws2, a3)
     if predict_flops:
         result["predictions"] = frontier.predictions(predict_flops, a2, result["frontier"].get("law"),
                                                      result["frontier"].get("_draws"))
@@ -291,16 +291,30 @@ def fit_all(
     return result
 
 
-def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None) -> dict[str, Any]:
-    """L_opt(C) = E + k·C^-γ through approach 2's minima, with its noise draws (kept under `_draws`)."""
+def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict[str, Any]) -> dict[str, Any]:
+    """L_opt(C) = E + k·C^-γ through approach 2's minima, with its noise draws (kept under `_draws`).
+
+    When the minima do not pin E down (the fit drives it to ~0, a pure power law), E is held at
+    approach 3's (its draws too, where they are there), and the frontier says so."""
     budgets = a2.get("budgets", [])
-    law = frontier.fit([b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets])
-    out: dict[str, Any] = {"law": law, "form": "L_opt(C) = E + k·C^-gamma through approach 2's minima"}
+    flops_B, loss_B = [b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets]
+    law = frontier.fit(flops_B, loss_B)
+    out: dict[str, Any] = {"form": "L_opt(C) = E + k·C^-gamma through approach 2's minima", "E_from": "the minima"}
+    e_draws = None
+    if law and law["E"] < frontier.E_UNIDENTIFIED * min(loss_B) and a3.get("E") and a3["E"] < min(loss_B):
+        law = frontier.fit(flops_B, loss_B, e_fixed=a3["E"])
+        out["E_from"] = "approach 3 (the minima alone drive E to 0: they do not identify it)"
+        e_draws = a3.get("bootstrap", {}).get("draws", {}).get("E")
+    out["law"] = law
     if law is None:
         out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
         return out
     if draws2 is not None:
-        fits_K = [frontier.fit(draws2["C_opt"][:, k], draws2["loss_opt"][:, k]) for k in range(draws2["a"].size)]
+        fits_K = []
+        for k in range(draws2["a"].size):
+            e_k = None if out["E_from"] == "the minima" else (e_draws[k] if e_draws and np.isfinite(e_draws[k])
+                                                               else law["E"])
+            fits_K.append(frontier.fit(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
         out.update(_intervals(draws, ("E", "gamma")))

@@ -16,34 +16,44 @@ from scipy import optimize
 E_STARTS = (0.2, 0.5, 0.8, 0.95)  # E as fractions of the lowest minimum
 
 
-def fit(flops_B: np.ndarray, loss_B: np.ndarray) -> dict[str, float] | None:
-    """{"E", "k", "gamma", "rms_log_residual"} or None with fewer than 3 budgets or a failed fit."""
+E_UNIDENTIFIED = 1e-3  # a fitted E below this fraction of the lowest minimum: the minima do not pin E down
+
+
+def fit(flops_B: np.ndarray, loss_B: np.ndarray, e_fixed: float | None = None) -> dict[str, float] | None:
+    """{"E", "k", "gamma", "rms_log_residual"} or None with fewer than 3 budgets (2 with `e_fixed`) or a
+    failed fit. `e_fixed`: E held at that value (only k and γ fitted)."""
     flops_B, loss_B = np.asarray(flops_B, float), np.asarray(loss_B, float)
-    if len(flops_B) < 3 or not np.all(np.isfinite(loss_B) & (loss_B > 0)):
+    if len(flops_B) < (2 if e_fixed else 3) or not np.all(np.isfinite(loss_B) & (loss_B > 0)):
+        return None
+    if e_fixed is not None and not 0 < e_fixed < loss_B.min():
         return None
     log_c_B, log_l_B = np.log(flops_B), np.log(loss_B)
     centre = float(np.mean(log_c_B))  # k at the centre keeps the fit well scaled: k·C^-γ = exp(ln k_c − γ(ln C − centre))
     upper = float(np.log(loss_B.min())) - 1e-9
 
     def residual(p: np.ndarray) -> np.ndarray:
-        ln_kc, gamma, ln_e = p
+        ln_kc, gamma, ln_e = p if e_fixed is None else (*p, np.log(e_fixed))
         return np.logaddexp(ln_kc - gamma * (log_c_B - centre), ln_e) - log_l_B
 
     best = None
-    for fraction in E_STARTS:
+    for fraction in E_STARTS if e_fixed is None else (e_fixed / loss_B.min(),):
         e0 = fraction * loss_B.min()
         gap_B = np.log(np.maximum(loss_B - e0, 1e-12))
         slope, level = np.polyfit(log_c_B - centre, gap_B, 1)
         x0 = np.array([level, max(-slope, 1e-3), np.log(e0)])
+        lower_b, upper_b = [-np.inf, 0.0, -np.inf], [np.inf, 10.0, upper]
+        if e_fixed is not None:
+            x0, lower_b, upper_b = x0[:2], lower_b[:2], upper_b[:2]
         try:
-            res = optimize.least_squares(residual, x0, bounds=([-np.inf, 0.0, -np.inf], [np.inf, 10.0, upper]))
+            res = optimize.least_squares(residual, np.clip(x0, np.array(lower_b) + 1e-9, np.array(upper_b) - 1e-9),
+                                         bounds=(lower_b, upper_b))
         except ValueError:
             continue
         if res.success and (best is None or res.cost < best.cost):
             best = res
     if best is None:
         return None
-    ln_kc, gamma, ln_e = best.x
+    ln_kc, gamma, ln_e = best.x if e_fixed is None else (*best.x, np.log(e_fixed))
     k = float(np.exp(ln_kc + gamma * centre))
     if not np.isfinite(k):
         return None

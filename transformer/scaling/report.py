@@ -92,7 +92,8 @@ def summary(fit: dict[str, Any]) -> str:
     law = fit["frontier"].get("law")
     if law:
         lines.append(f"frontier: L_opt(C) = {law['E']:.3f} + {law['k']:.4g}·C^-{law['gamma']:.3f}"
-                     f"{_ci(fit['frontier'], 'gamma')}")
+                     f"{_ci(fit['frontier'], 'gamma')}"
+                     + (f" (E from {fit['frontier']['E_from']})" if fit["frontier"]["E_from"] != "the minima" else ""))
     for p in fit.get("predictions", []):
         lines.append(f"prediction at C = {p['flops']:.3g}: N_opt {p.get('params', float('nan')):.4g}"
                      f"{_ci(p, 'params', '.4g')}  D_opt {p.get('tokens', float('nan')):.4g}"
