@@ -11,8 +11,10 @@ The minimum is then found by one of two methods:
   parabola in ln N no longer holds) do not move it.
 - `parabola`: a parabola in ln N through ln L of the lowest-loss size and `window` sizes each side (None:
   every size), its vertex (Hoffmann et al. 2022).
-A budget whose minimum is not inside the sampled sizes (Akima: at an end of the grid, as Porian et al.;
-parabola: also when the lowest loss is at an end) is left out with the reason. D and C at the optimum come from the budget's own ln D–ln N and
+A budget whose lowest loss is at its smallest or largest size, or whose fitted minimum is not inside the
+sampled sizes, is left out with the reason. (Porian et al. keep a budget whose lowest loss is at an end when
+the interpolation dips just inside it; such a dip is an artefact of the end slopes, and the optimum may lie
+beyond the sizes: on their points the stricter rule moves no exponent by more than 0.02.) D and C at the optimum come from the budget's own ln D–ln N and
 ln C–ln N lines (C = 6·N·D in the convention's N, see `conventions`).
 
 Everything that the noise bootstrap repeats takes losses as (S, K) columns, so K draws cost one call.
@@ -117,7 +119,7 @@ def budget_minimum(points: Points, idx: np.ndarray, method: str = "akima",
     log_n_S, y_S = s["log_n"], s["log_loss"]
     if len(log_n_S) < 3:
         return {**budget, "reason": f"{len(log_n_S)} model size(s); a minimum needs at least 3"}
-    if method == "parabola" and int(np.argmin(y_S)) in (0, len(y_S) - 1):
+    if int(np.argmin(y_S)) in (0, len(y_S) - 1):
         return {**budget, "reason": "the lowest loss is at the smallest or largest sampled size"}
     fit = window_slice(y_S, window if method == "parabola" else None)
     if len(log_n_S[fit]) < 3:
