@@ -230,7 +230,8 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     ax.contour(n_G, d_G, loss_GG, levels=levels, colors="k", linewidths=0.3)
     fig.colorbar(filled, ax=ax, ticks=levels[::3], format="%.2f",
                  label="predicted loss (log scale; clipped at the highest run's)")
-    budgets = sorted({b["flops"] for b in fit["approach2"].get("budgets", [])})
+    a2 = fit["approach2"]
+    budgets = sorted({b["flops"] for b in a2.get("budgets", []) + a2.get("budgets_excluded", [])})
     if not budgets:
         budgets = list(np.geomspace(pts["flops"].min(), pts["flops"].max(), 5))
     for c in budgets:
