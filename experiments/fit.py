@@ -1,10 +1,13 @@
 """Fit compute-optimal scaling laws (Chinchilla Approaches 1–3) to a sweep or a CSV of points.
 
-  python -m experiments.fit (--sweep=DIR | --points=FILE.csv) --out=OUT \
-      [--drop_highest=K] [--bootstrap=K] [--seed=S] [--n_kind=params|params_non_embedding]
-      [--isoflop_window=W]
+  python -m experiments.fit (--sweep=DIR | --points=FILE.csv [--where=COLUMN=VALUE ...]) --out=OUT \
+      [--predict_flops=C[,C2,...]] [--bootstrap=K] [--seed=S] [--headline=CONVENTION]
+      [--isoflop_method=akima|parabola] [--isoflop_window=W] [--approach3_near=F] [--drop_highest=K]
+      [--n_kind=params|params_non_embedding]
 
-Writes OUT/fit.json and OUT/*.png and prints a short summary.
+Writes OUT/fit.json and OUT/*.png and prints a short summary. Example, one setting of Porian et al.'s
+points: --points=experiments/reference_data/porian2024_isoflop_points.csv --where=dataset=RefinedWeb
+--where="experiment=Cosine decay".
 """
 from __future__ import annotations
 
@@ -14,26 +17,47 @@ from absl import flags
 
 from experiments import common
 
+from transformer.scaling import conventions, fits, isoflop, report
 from transformer.scaling import points as points_lib
-from transformer.scaling import report
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
-_POINTS = flags.DEFINE_string("points", None, "CSV with a header naming params, tokens, loss (optional flops).")
+_POINTS = flags.DEFINE_string("points", None, "CSV with a header naming params (or N), tokens (or D), loss "
+                              "(optional flops).")
+_WHERE = flags.DEFINE_multi_string("where", [], "COLUMN=VALUE: keep the CSV rows of one setting (repeatable).")
+_PREDICT = flags.DEFINE_list("predict_flops", [], "Budgets C to predict N_opt, D_opt and the optimal loss at "
+                             "(with 95% intervals), into fit.json['predictions'].")
+_HEADLINE = flags.DEFINE_enum("headline", None, list(conventions.DESCRIPTIONS),
+                              "The N/C convention of the main fit (default: eff where the points have it).")
+_METHOD = flags.DEFINE_enum("isoflop_method", None, list(isoflop.METHODS),
+                            "Approach 2's per-budget minimum (default akima; parabola when --isoflop_window).")
+_NEAR = flags.DEFINE_float("approach3_near", fits.APPROACH3_NEAR, "Approach 3 fits points within this "
+                           "factor in N of their budget's optimum (0: all points).", lower_bound=0.0)
 _OUT = flags.DEFINE_string("out", None, "Output directory for fit.json and the figures.")
 _DROP_HIGHEST = flags.DEFINE_integer("drop_highest", 0, "Leave out the K highest-loss points.", lower_bound=0)
-_BOOTSTRAP = flags.DEFINE_integer("bootstrap", 0, "Bootstrap resamples for 95% intervals (0: none).",
+_BOOTSTRAP = flags.DEFINE_integer("bootstrap", 200, "Loss-noise draws for 95% intervals (0: none).",
                                   lower_bound=0)
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the bootstrap resampling.")
-_N_KIND = flags.DEFINE_enum("n_kind", "params", points_lib.N_KINDS, "Which parameter count is N (sweeps).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the noise draws.")
+_N_KIND = flags.DEFINE_enum("n_kind", "params", points_lib.N_KINDS, "Which parameter count a sweep's points "
+                            "load as params; the fit's N is --headline's, every convention is reported.")
 _ISOFLOP_WINDOW = flags.DEFINE_integer(
     "isoflop_window", None,
-    "Approach 2: fit each parabola to the lowest-loss size and this many neighbours per side "
-    "(unset: all sizes of the budget).", lower_bound=1)
+    "Approach 2 with --isoflop_method=parabola: fit each parabola to the lowest-loss size and this many "
+    "neighbours per side (unset: all sizes of the budget).", lower_bound=1)
 
 
 def _fail(message: str) -> None:
     print(f"fit: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def _predict_flops() -> list[float]:
+    values = []
+    for text in _PREDICT.value:
+        try:
+            values.append(float(text))
+        except ValueError:
+            raise ValueError(f"--predict_flops: {text!r} is not a number; give FLOP counts, e.g. 4e13,1e14") from None
+    return values
 
 
 def main(argv: list[str]) -> None:
@@ -43,15 +67,18 @@ def main(argv: list[str]) -> None:
         _fail("give exactly one of --sweep=DIR or --points=FILE.csv")
     if not _OUT.value:
         _fail("--out=DIR is required")
+    if _WHERE.value and _POINTS.value is None:
+        _fail("--where filters the rows of --points=FILE.csv; a sweep directory has one setting")
     try:
         if _SWEEP.value is not None:
             points = points_lib.read_sweep(_SWEEP.value, n_kind=_N_KIND.value)
         else:
-            points = points_lib.read_csv(_POINTS.value)
+            points = points_lib.read_csv(_POINTS.value, where=points_lib.parse_where(_WHERE.value))
         fit = report.run_fit(
             points, _OUT.value, n_kind=_N_KIND.value,
             drop_highest=_DROP_HIGHEST.value, bootstrap=_BOOTSTRAP.value, seed=_SEED.value,
-            isoflop_window=_ISOFLOP_WINDOW.value,
+            isoflop_window=_ISOFLOP_WINDOW.value, isoflop_method=_METHOD.value, headline=_HEADLINE.value,
+            predict_flops=_predict_flops(), approach3_near=_NEAR.value,
         )
     except (ValueError, OSError) as e:
         _fail(str(e))

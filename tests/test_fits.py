@@ -170,7 +170,7 @@ def test_sweep_excludes_failed_and_nonfinite_runs(tmp_path):
 
 def test_chinchilla_approach3_reproduces_epoch_ai():
     """Besiroglu et al. 2024: 5 highest losses dropped, Huber δ=1e-3 summed → E 1.817, α .347, β .367."""
-    fit = fits.fit_all(chinchilla_points(), drop_highest=5)
+    fit = fits.fit_all(chinchilla_points(), drop_highest=5, approach3_near=0)  # all points, as Epoch AI
     a3 = fit["approach3"]
     assert len(a3["points_used"]) == 240 and len(fit["points_excluded"]) == 5
     assert a3["E"] == pytest.approx(1.817, abs=0.02)
@@ -194,7 +194,7 @@ def test_porian_approach2_matches_published_exponent():
                                  flops=[float(r["flops"]) for r in rows])
     local = fits.approach2(pts, window=1)  # a parabola through the 3 sizes around each minimum
     assert 0.4907 <= local["a"] <= 0.5045
-    assert fits.approach2(pts)["a"] == pytest.approx(0.4969, abs=0.03)  # all sizes: biased up a little
+    assert fits.approach2(pts, method="parabola")["a"] > 0.5045  # one parabola through all sizes: biased up
     assert fits.approach1(pts)["a"] == pytest.approx(0.4969, abs=0.02)
 
 
@@ -248,7 +248,7 @@ def write_csv(path, header, rows):
 def test_csv_errors_name_file_column_and_row(tmp_path):
     path = str(tmp_path / "p.csv")
     write_csv(path, ["params", "tokens"], [[1e8, 1e9]])
-    with pytest.raises(ValueError, match=r"p\.csv: column 'loss' is missing.*params, tokens, loss"):
+    with pytest.raises(ValueError, match=r"p\.csv: column 'loss' is missing.*params \(or N\), tokens \(or D\), loss"):
         points_lib.read_csv(path)
     write_csv(path, ["params", "tokens", "loss"], [[1e8, 1e9, 3.0], [1e8, 0, 3.0]])
     with pytest.raises(ValueError, match=r"p\.csv: row 3, column 'tokens' = '0' is not a positive"):

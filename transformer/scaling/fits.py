@@ -1,6 +1,11 @@
-"""Compute-optimal scaling fits: Chinchilla Approaches 1, 2 and 3 (Hoffmann et al. 2022).
+"""Compute-optimal scaling fits: Chinchilla Approaches 1, 2 and 3 (Hoffmann et al. 2022), their
+intervals from loss noise, the conventions side by side, the loss frontier and predictions.
 
-Legend: P = points, G = compute grid values, K = bootstrap samples.
+Legend: P = points, G = compute grid values, K = noise draws, B = budgets.
+
+Intervals are a parametric bootstrap: the losses are redrawn with the noise σ of `noise.estimate`
+(seed replicates, else residuals) and everything is refitted; the design points stay as they are
+(resampling points would delete design points and mix budget subsets).
 
 Each approach returns a JSON-ready dict with the exponents `a` (N_opt ∝ C^a) and `b` (D_opt ∝ C^b),
 the prefactors `N_coef`, `D_coef` (N_opt = N_coef·C^a, D_opt = D_coef·C^b), the ids of the points
@@ -8,14 +13,16 @@ used and excluded (with reasons), and a `note` instead of numbers when it cannot
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import parametric
+from transformer.scaling import conventions, frontier, isoflop, noise, parametric
+from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points
 
-BUDGET_RTOL = 0.01  # points whose compute agrees within 1% belong to one IsoFLOP budget
+APPROACH3_NEAR = 3.0  # approach 3 fits the points within this factor in N of their budget's optimum
+RESIDUAL_FLAG = 3.0  # a point's residual beyond this many σ is flagged
 ENVELOPE_GRID = 200  # compute values of Approach 1's envelope when loss curves are available
 
 
@@ -92,87 +99,6 @@ def approach1(points: Points) -> dict[str, Any]:
     return {"a": a, "b": b, "N_coef": n_coef, "D_coef": d_coef, **record}
 
 
-# ---------------------------------------------------------------- Approach 2
-
-
-def group_budgets(flops_P: np.ndarray, rtol: float = BUDGET_RTOL,
-                  budget_P: np.ndarray | None = None) -> list[np.ndarray]:
-    """Indices of the points in each IsoFLOP budget: the sweep's designed `budget_P` where given (runs
-    of one budget may differ by more than 1% in measured FLOPs), else compute within `rtol` of the
-    budget's smallest (CSV points)."""
-    if budget_P is not None:
-        return [np.flatnonzero(budget_P == b) for b in np.unique(budget_P)]
-    order_P = np.argsort(flops_P, kind="stable")
-    groups: list[list[int]] = []
-    for i in order_P:
-        if groups and flops_P[i] <= flops_P[groups[-1][0]] * (1 + rtol):
-            groups[-1].append(int(i))
-        else:
-            groups.append([int(i)])
-    return [np.array(g) for g in groups]
-
-
-def isoflop_minimum(points: Points, idx: np.ndarray, window: int | None = None) -> dict[str, Any]:
-    """A parabola in log N through one budget's losses; its minimum, or why there is none.
-
-    `window`: fit only the sampled size with the lowest loss and its `window` neighbours on each
-    side (a local parabola, less biased when the sizes span far beyond the minimum); None: all.
-    """
-    idx = idx[np.argsort(points.params_P[idx], kind="stable")]
-    flops = float(np.exp(np.mean(np.log(points.flops_P[idx]))))
-    log_n = np.log(points.params_P[idx])
-    loss = points.loss_P[idx]
-    budget: dict[str, Any] = {"flops": flops, "ids": [points.ids[i] for i in idx],
-                              "params": points.params_P[idx].tolist(), "loss": loss.tolist()}
-    sizes = len(np.unique(log_n))
-    if sizes < 3:
-        return {**budget, "reason": f"{sizes} model size(s); a parabola needs at least 3"}
-    best = int(np.argmin(loss))
-    if log_n[best] in (log_n[0], log_n[-1]):
-        return {**budget, "reason": "the lowest loss is at the smallest or largest sampled size"}
-    fit = slice(0, len(idx)) if window is None else slice(max(0, best - window), best + window + 1)
-    if len(np.unique(log_n[fit])) < 3:
-        return {**budget, "reason": f"fewer than 3 sizes within window={window} of the lowest loss"}
-    c2, c1, c0 = np.polyfit(log_n[fit], loss[fit], 2)
-    budget["parabola"] = [float(c2), float(c1), float(c0)]  # loss = c2·x² + c1·x + c0, x = ln N
-    budget["fit_range"] = [float(np.exp(log_n[fit][0])), float(np.exp(log_n[fit][-1]))]
-    if c2 <= 0:
-        return {**budget, "reason": "the parabola opens downwards (no minimum)"}
-    x_opt = -c1 / (2 * c2)
-    if not (log_n[0] < x_opt < log_n[-1]):
-        return {**budget, "reason": "the parabola's minimum lies outside the sampled sizes"}
-    # D at the optimum from the budget's own log D–log N line (= C/(6 N_opt) when C = 6·N·D).
-    s, k = np.polyfit(log_n, np.log(points.tokens_P[idx]), 1)
-    return {**budget, "N_opt": float(np.exp(x_opt)), "D_opt": float(np.exp(s * x_opt + k)),
-            "loss_opt": float(c0 - c1**2 / (4 * c2))}
-
-
-def approach2(points: Points, window: int | None = None, rtol: float = BUDGET_RTOL) -> dict[str, Any]:
-    """IsoFLOP parabolas per budget (see `isoflop_minimum`), then power laws through their minima.
-
-    Budgets group points whose compute agrees within `rtol`.
-    """
-    budgets = [isoflop_minimum(points, idx, window) for idx in group_budgets(points.flops_P, rtol, points.budget_P)]
-    kept = [b for b in budgets if "N_opt" in b]
-    dropped = [b for b in budgets if "N_opt" not in b]
-    excluded = list(points.excluded) + [
-        {"id": i, "reason": f"budget C={b['flops']:.3g}: {b['reason']}"} for b in dropped for i in b["ids"]
-    ]
-    result: dict[str, Any] = {
-        "window": window, "budgets": kept, "budgets_excluded": dropped,
-        "points_used": [i for b in kept for i in b["ids"]], "points_excluded": excluded,
-    }
-    if len(kept) < 2:
-        return {**result, "a": None, "b": None,
-                "note": f"{len(kept)} usable IsoFLOP budget(s); approach 2 needs at least 2"}
-    flops = np.array([b["flops"] for b in kept])
-    a, n_coef = power_law(flops, np.array([b["N_opt"] for b in kept]))
-    b_exp, d_coef = power_law(flops, np.array([b["D_opt"] for b in kept]))
-    if not np.all(np.isfinite([a, b_exp, n_coef, d_coef])):
-        return {**result, "a": None, "b": None, "note": "the power-law fit through the minima overflowed"}
-    return {"a": a, "b": b_exp, "N_coef": n_coef, "D_coef": d_coef, **result}
-
-
 # ---------------------------------------------------------------- Approach 3
 
 
@@ -191,6 +117,43 @@ def _loss_fit_dict(fit: parametric.LossFit) -> dict[str, Any]:
     return out
 
 
+def near_optimum(points: Points, approach2_result: dict[str, Any], near: float) -> tuple[np.ndarray, str]:
+    """Which points approach 3 fits: those within a factor `near` in N of their budget's optimum (the
+    budget's approach-2 minimum, else the approach-2 power law at its C); all where there is neither."""
+    if not near:
+        return np.ones(len(points), bool), "all points (approach3_near=0)"
+    if approach2_result.get("a") is None:
+        return np.ones(len(points), bool), "all points (approach 2 gives no optimum to centre on)"
+    n_opt_by_id = {i: b["N_opt"] for b in approach2_result["budgets"] for i in b["ids"]}
+    keep_P = np.zeros(len(points), bool)
+    for idx in group_budgets(points.flops_P, budget_P=points.budget_P):
+        c = float(np.exp(np.mean(np.log(points.flops_P[idx]))))
+        n_opt = n_opt_by_id.get(points.ids[idx[0]], approach2_result["N_coef"] * c ** approach2_result["a"])
+        keep_P[idx] = np.abs(np.log(points.params_P[idx] / n_opt)) <= np.log(near)
+    if keep_P.sum() < 5:
+        return np.ones(len(points), bool), f"all points (fewer than 5 within {near:g}x of an optimum)"
+    return keep_P, f"points within {near:g}x in N of their budget's optimum (approach 2)"
+
+
+def residual_report(fit: dict[str, Any], points: Points, sigma: float | None) -> dict[str, Any]:
+    """ln L − ln L̂ per fitted point, their RMS and max, points beyond RESIDUAL_FLAG·σ, and whether the
+    RMS is within 2σ (the form fits the points to their noise)."""
+    if fit.get("E") is None:
+        return {}
+    pred_P = fit["E"] + fit["A"] / points.params_P ** fit["alpha"] + fit["B"] / points.tokens_P ** fit["beta"]
+    r_P = np.log(points.loss_P) - np.log(pred_P)
+    rms = float(np.sqrt(np.mean(r_P**2)))
+    out: dict[str, Any] = {"residuals": {i: float(r) for i, r in zip(points.ids, r_P)},
+                           "residual_rms": rms, "residual_max": float(np.abs(r_P).max())}
+    if sigma:
+        out["beyond_noise"] = [i for i, r in zip(points.ids, r_P) if abs(r) > RESIDUAL_FLAG * sigma]
+        out["form_fits"] = bool(rms <= 2 * sigma)
+        if not out["form_fits"]:
+            out["warning"] = (f"residual RMS {rms:.4f} is {rms / sigma:.1f}x the loss noise σ {sigma:.4f}: "
+                              "L(N, D) = E + A/N^α + B/D^β does not describe these points to their noise")
+    return out
+
+
 def approach3(points: Points, **fit_kwargs: Any) -> dict[str, Any]:
     """The parametric fit L(N, D) = E + A/N^α + B/D^β (see `parametric.fit_loss`)."""
     if len(points) < 5:
@@ -201,29 +164,42 @@ def approach3(points: Points, **fit_kwargs: Any) -> dict[str, Any]:
             "points_excluded": list(points.excluded)}
 
 
-# ---------------------------------------------------------------- bootstrap and the whole fit
+# ---------------------------------------------------------------- noise bootstrap and the whole fit
 
 
-def bootstrap_intervals(
-    points: Points, refit: Callable[[Points], dict[str, Any]], keys: tuple[str, ...],
-    samples: int, rng: np.random.Generator,
-) -> dict[str, Any]:
-    """Refit on `samples` resamples (with replacement) of the points; 95% percentile intervals."""
-    draws: dict[str, list[float]] = {k: [] for k in keys}
-    failed = 0
-    for _ in range(samples):
-        fit = refit(points.take(rng.integers(0, len(points), len(points))))
-        if any(fit.get(k) is None or not np.isfinite(fit[k]) for k in keys):
-            failed += 1
-            continue
-        for k in keys:
-            draws[k].append(float(fit[k]))
-    out: dict[str, Any] = {"bootstrap": {"samples": samples, "failed": failed, "draws": draws}}
-    if samples - failed >= 2:
-        for k in keys:
-            lo, hi = np.percentile(draws[k], [2.5, 97.5])
-            out[f"{k}_ci95"] = [float(lo), float(hi)]
+def _intervals(draws: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, Any]:
+    out = {}
+    for k in keys:
+        v = np.asarray(draws[k], float)
+        v = v[np.isfinite(v)]
+        if len(v) >= 2:
+            out[f"{k}_ci95"] = [float(x) for x in np.percentile(v, [2.5, 97.5])]
     return out
+
+
+def approach2_draws(result: dict[str, Any], sigma: float, samples: int,
+                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Approach 2 refitted under `samples` loss-noise draws: a, b, N_coef, D_coef (K,) and the budgets'
+    C_opt, N_opt, D_opt, loss_opt (B, K)."""
+    minima = isoflop.resample_minima(result, sigma, samples, rng)
+    return {**minima, **isoflop.power_laws(minima["C_opt"], minima["N_opt"], minima["D_opt"])}
+
+
+def approach3_draws(points: Points, fitted: dict[str, Any], sigma: float, samples: int,
+                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Approach 3 refitted on `samples` draws L̂(N, D)·exp(σz) around its own fitted losses (a parametric
+    bootstrap; each refit starts from the fit's solution and the 5 best grid starts)."""
+    best_5 = np.array([[np.log(fitted["A"]), np.log(fitted["B"]), np.log(fitted["E"]),
+                        fitted["alpha"], fitted["beta"]]])
+    keys = ("a", "b", "E", "A", "B", "alpha", "beta", "N_coef", "D_coef")
+    draws: dict[str, list[float]] = {k: [] for k in keys}
+    fitted_P = fitted["E"] + fitted["A"] / points.params_P ** fitted["alpha"] + fitted["B"] / points.tokens_P ** fitted["beta"]
+    for loss_P in noise.draw_losses(fitted_P, sigma, samples, rng):
+        fit = _loss_fit_dict(parametric.fit_loss(points.params_P, points.tokens_P, loss_P,
+                                                 n_starts=5, extra_starts=best_5))
+        for k in keys:
+            draws[k].append(np.nan if fit.get(k) is None else float(fit[k]))
+    return {k: np.array(v) for k, v in draws.items()}
 
 
 def drop_highest_loss(points: Points, k: int) -> Points:
@@ -235,38 +211,134 @@ def drop_highest_loss(points: Points, k: int) -> Points:
     return points.subset(keep_P, reason=f"among the {k} highest losses (drop_highest={k})")
 
 
+def _approach3_near(points: Points, a2: dict[str, Any], near: float, sigma: float | None,
+                    **fit_kwargs: Any) -> tuple[dict[str, Any], Points]:
+    keep_P, selection = near_optimum(points, a2, near)
+    chosen = points.subset(keep_P, reason=f"further than {near:g}x in N from its budget's optimum")
+    a3 = approach3(chosen, **fit_kwargs)
+    a3["selection"] = selection
+    if a3.get("E") is not None:
+        a3.update(residual_report(a3, chosen, sigma))
+    return a3, chosen
+
+
 def fit_all(
     points: Points, *, drop_highest: int = 0, bootstrap: int = 0, seed: int = 0,
-    isoflop_window: int | None = None,
+    isoflop_window: int | None = None, isoflop_method: str | None = None, headline: str | None = None,
+    predict_flops: Sequence[float] = (), approach3_near: float = APPROACH3_NEAR,
 ) -> dict[str, Any]:
-    """The fit.json content: the three approaches on `points`, with bootstrap intervals if asked.
+    """The fit.json content.
 
-    `isoflop_window` is Approach 2's `window` (None: each parabola through all of its budget).
+    Approaches 1–3 under the headline convention (`conventions`; None: the first available), approach 2
+    (and 3's a) under every convention, the loss noise σ, the frontier L_opt(C) = E + k·C^-γ and, for
+    `predict_flops`, predictions. `bootstrap` > 0: that many loss-noise draws give 95% intervals (200
+    are drawn when predictions are asked for without it). `isoflop_window`/`isoflop_method`: see
+    `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points).
     """
     if bootstrap < 0:
         raise ValueError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
+    if any(not (np.isfinite(c) and c > 0) for c in predict_flops):
+        raise ValueError(f"predict_flops={list(predict_flops)} is not valid; give positive FLOP counts")
     used = drop_highest_loss(points, drop_highest)
+    names = conventions.available(used)
+    headline = headline or names[0]
+    if headline not in names:
+        raise ValueError(f"headline={headline!r} is not valid for these points; available: {', '.join(names)}")
+    samples = bootstrap or (200 if predict_flops else 0)
+    rng = np.random.default_rng(seed)
+    sigma = noise.estimate(used)
+    main = conventions.apply(used, headline)
+    a2 = approach2(main, isoflop_window, method=isoflop_method)
+    a3, chosen = _approach3_near(main, a2, approach3_near, sigma["sigma"])
     result: dict[str, Any] = {
         "source": points.source,
-        "options": {"drop_highest": drop_highest, "bootstrap": bootstrap, "seed": seed,
-                    "isoflop_window": isoflop_window},
-        "points": used.as_records(),
+        "options": {"drop_highest": drop_highest, "bootstrap": samples, "seed": seed,
+                    "isoflop_window": isoflop_window, "isoflop_method": a2["method"],
+                    "approach3_near": approach3_near, "predict_flops": [float(c) for c in predict_flops]},
+        "headline": {"convention": headline, "definition": conventions.DESCRIPTIONS[headline],
+                     "why": conventions.HEADLINE_WHY.get(headline, "chosen with headline=")},
+        "noise": sigma,
+        "points": main.as_records(),
         "points_excluded": list(used.excluded),
-        "approach1": approach1(used),
-        "approach2": approach2(used, isoflop_window),
-        "approach3": approach3(used),
+        "approach1": approach1(main),
+        "approach2": a2,
+        "approach3": a3,
     }
-    if bootstrap:
-        rng = np.random.default_rng(seed)
-        fitted2, fitted3 = result["approach2"], result["approach3"]
-        if fitted2.get("a") is not None:
-            fitted2.update(bootstrap_intervals(
-                used, lambda p: approach2(p, isoflop_window), ("a", "b", "N_coef", "D_coef"), bootstrap, rng))
-        if fitted3.get("a") is not None:
-            best_5 = np.array([[np.log(fitted3["A"]), np.log(fitted3["B"]), np.log(fitted3["E"]),
-                                fitted3["alpha"], fitted3["beta"]]])
-            keys3 = ("a", "b", "E", "A", "B", "alpha", "beta", "N_coef", "D_coef")
-            fitted3.update(bootstrap_intervals(
-                used, lambda p: approach3(p, n_starts=5, extra_starts=best_5), keys3, bootstrap, rng))
+    draws2 = None
+    if samples and sigma["sigma"] and a2.get("a") is not None:
+        draws2 = approach2_draws(a2, sigma["sigma"], samples, rng)
+        a2.update(_intervals(draws2, ("a", "b", "N_coef", "D_coef")))
+        a2["bootstrap"] = {"kind": "parametric: losses redrawn with the noise σ", "samples": samples,
+                           "budget_minima_clamped": int(draws2["clamped"].sum()),
+                           "draws": {k: draws2[k].tolist() for k in ("a", "b", "N_coef", "D_coef")}}
+    if samples and sigma["sigma"] and a3.get("a") is not None:
+        # Where the form misfits (residual RMS > σ), the draws use the residual RMS: the interval then
+        # carries the misfit too, not only the noise.
+        sigma3 = max(sigma["sigma"], a3["residual_rms"])
+        draws3 = approach3_draws(chosen, a3, sigma3, samples, rng)
+        a3.update(_intervals(draws3, tuple(draws3)))
+        a3["bootstrap"] = {"kind": "parametric: fitted losses redrawn with σ = max(noise σ, residual RMS)",
+                           "sigma": sigma3, "samples": samples,
+                           "failed": int(np.isnan(draws3["a"]).sum()),
+                           "draws": {k: v.tolist() for k, v in draws3.items()}}
+    result["conventions"] = _conventions(used, names, headline, a2, a3, isoflop_window, isoflop_method,
+                                         approach3_near, sigma["sigma"], samples, rng)
+    result["frontier"] = _frontier(a2, draws2, a3)
+    if predict_flops:
+        result["predictions"] = frontier.predictions(predict_flops, a2, result["frontier"].get("law"),
+                                                     result["frontier"].get("_draws"))
+    result["frontier"].pop("_draws", None)
     return result
 
+
+def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict[str, Any]) -> dict[str, Any]:
+    """L_opt(C) = E + k·C^-γ through approach 2's minima, with its noise draws (kept under `_draws`).
+
+    When the minima do not pin E down (the fit drives it to ~0, a pure power law), E is held at
+    approach 3's (its draws too, where they are there), and the frontier says so."""
+    budgets = a2.get("budgets", [])
+    flops_B, loss_B = [b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets]
+    law = frontier.fit(flops_B, loss_B)
+    out: dict[str, Any] = {"form": "L_opt(C) = E + k·C^-gamma through approach 2's minima", "E_from": "the minima"}
+    e_draws = None
+    if law and law["E"] < frontier.E_UNIDENTIFIED * min(loss_B) and a3.get("E") and a3["E"] < min(loss_B):
+        law = frontier.fit(flops_B, loss_B, e_fixed=a3["E"])
+        out["E_from"] = "approach 3 (the minima alone drive E to 0: they do not identify it)"
+        e_draws = a3.get("bootstrap", {}).get("draws", {}).get("E")
+    out["law"] = law
+    if law is None:
+        out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
+        return out
+    if draws2 is not None:
+        fits_K = []
+        for k in range(draws2["a"].size):
+            e_k = None if out["E_from"] == "the minima" else (e_draws[k] if e_draws and np.isfinite(e_draws[k])
+                                                               else law["E"])
+            fits_K.append(frontier.fit(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
+        nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
+        draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
+        out.update(_intervals(draws, ("E", "gamma")))
+        out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
+                            "draws": {k: v.tolist() for k, v in draws.items()}}
+        out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
+    return out
+
+
+def _conventions(used: Points, names: list[str], headline: str, a2: dict[str, Any], a3: dict[str, Any],
+                 window: int | None, method: str | None, near: float, sigma: float | None, samples: int,
+                 rng: np.random.Generator) -> dict[str, Any]:
+    """a and b of approach 2 (with intervals) and approach 3 under each convention."""
+    out = {}
+    for name in names:
+        if name == headline:
+            c2, c3 = a2, a3
+        else:
+            pts = conventions.apply(used, name)
+            c2 = approach2(pts, window, method=method)
+            c3, _ = _approach3_near(pts, c2, near, sigma, n_starts=20)
+            if samples and sigma and c2.get("a") is not None:
+                c2 = {**c2, **_intervals(approach2_draws(c2, sigma, samples, rng), ("a", "b"))}
+        out[name] = {"definition": conventions.DESCRIPTIONS[name],
+                     "approach2": {k: c2.get(k) for k in ("a", "b", "a_ci95", "b_ci95", "note") if k in c2},
+                     "approach3": {k: c3.get(k) for k in ("a", "b", "note") if k in c3}}
+    return out

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import numpy as np
-from matplotlib import colors, figure, ticker
+from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
 LABEL_C = "compute C (FLOPs)"
@@ -51,29 +51,38 @@ def _save(fig: figure.Figure, path: str) -> str:
     return path
 
 
+DISCRETE_LEGEND_MAX = 6  # up to this many budgets get a legend entry each instead of a colour bar
+
+
 def plot_isoflops(fit: dict[str, Any], path: str) -> str:
-    """Loss against N per IsoFLOP budget, the fitted parabolas and their minima (stars)."""
+    """Loss against N per IsoFLOP budget: each budget's fitted curve over the sizes it was fitted to,
+    and its minimum (star) where the fit puts it."""
     fig = figure.Figure(figsize=(7.5, 5), layout="constrained")
     ax = fig.add_subplot()
     norm, cmap = _flops_norm(fit), "viridis"
     a2 = fit["approach2"]
-    for budget in a2.get("budgets", []):
+    budgets = a2.get("budgets", [])
+    discrete = len(budgets) + len(a2.get("budgets_excluded", [])) <= DISCRETE_LEGEND_MAX
+    method = a2.get("method", "parabola")
+    for budget in budgets:
         colour = colors.to_hex(ScalarMappable(norm=norm, cmap=cmap).to_rgba(budget["flops"]))
-        ax.scatter(budget["params"], budget["loss"], s=16, color=colour, zorder=2)
-        c2, c1, c0 = budget["parabola"]
-        x_G = np.linspace(*np.log(budget["fit_range"]), 100)
-        ax.plot(np.exp(x_G), c2 * x_G**2 + c1 * x_G + c0, color=colour, lw=1.2, zorder=2)
+        ax.scatter(budget["params"], budget["loss"], s=16, color=colour, zorder=2,
+                   label=f"C = {budget['flops']:.3g}" if discrete else None)
+        ax.plot(budget["curve"]["params"], budget["curve"]["loss"], color=colour, lw=1.2, zorder=2)
         ax.scatter([budget["N_opt"]], [budget["loss_opt"]], marker="*", s=120, color=colour,
                    edgecolor="k", linewidth=0.6, zorder=3)
     for budget in a2.get("budgets_excluded", []):
         ax.scatter(budget["params"], budget["loss"], s=22, marker="x", color="C3", lw=0.8, zorder=2)
     if a2.get("budgets_excluded"):
-        ax.scatter([], [], s=22, marker="x", color="C3", label="budgets left out (approach 2)")
-    ax.scatter([], [], marker="*", s=120, color="w", edgecolor="k", label="parabola minimum")
-    ax.set(xscale="log", xlabel=LABEL_N, ylabel=LABEL_LOSS, title="IsoFLOP curves")
-    ax.legend(loc="upper right", fontsize=8)
+        ax.scatter([], [], s=22, marker="x", color="C3", label="budgets left out (no interior minimum)")
+    ax.scatter([], [], marker="*", s=120, color="w", edgecolor="k",
+               label=f"fitted minimum ({'Akima interpolation' if method == 'akima' else 'parabola'})")
+    ax.set(xscale="log", xlabel=LABEL_N, ylabel=LABEL_LOSS,
+           title=f"IsoFLOP curves (N: {fit.get('headline', {}).get('convention', 'as given')})")
+    ax.legend(loc="best", fontsize=8)
     ax.grid(True, which="major", alpha=0.3)
-    _colorbar(fig, ax, norm, cmap)
+    if not discrete:
+        _colorbar(fig, ax, norm, cmap)
     return _save(fig, path)
 
 
@@ -97,7 +106,7 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
                        zorder=1, label="envelope points (approach 1)")
         budgets = fit["approach2"].get("budgets", [])
         if budgets:
-            ax.scatter([b["flops"] for b in budgets], [b[f"{kind}_opt"] for b in budgets], s=30, color="C1",
+            ax.scatter([b["C_opt"] for b in budgets], [b[f"{kind}_opt"] for b in budgets], s=30, color="C1",
                        edgecolor="k", linewidth=0.5, zorder=3, label="IsoFLOP minima")
         for name, (colour, style, text) in APPROACH_STYLE.items():
             res = fit[name]
@@ -119,51 +128,110 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
     return _save(fig, path)
 
 
+def lower_envelope(flops: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lowest loss reached with compute ≤ C, at each C (sorted): monotone non-increasing."""
+    order = np.argsort(flops, kind="stable")
+    return np.asarray(flops)[order], np.minimum.accumulate(np.asarray(loss)[order])
+
+
 def plot_frontier(fit: dict[str, Any], path: str) -> str:
-    """Loss against compute: all points, the envelope, approach 2 minima, approach 3's optimum."""
+    """Loss against compute: all runs, their lower envelope, approach 2's minima, the frontier
+    L_opt(C) = E + k·C^-γ with its 95% band, approach 3's optimum, and predictions with intervals."""
     fig = figure.Figure(figsize=(7.5, 5), layout="constrained")
     ax = fig.add_subplot()
     pts = _points(fit)
     ax.scatter(pts["flops"], pts["loss"], s=10, c="0.75", label="runs (final loss)", zorder=1)
     env = fit["approach1"].get("envelope")
     if env:
-        order = np.argsort(env["flops"])
-        ax.plot(np.array(env["flops"])[order], np.array(env["loss"])[order], color="C0", lw=1.5,
-                drawstyle="default" if fit["approach1"]["envelope_from"] == "loss curves" else "steps-post",
-                label=f"envelope ({fit['approach1']['envelope_from']})", zorder=2)
+        env_c, env_l = lower_envelope(np.array(env["flops"]), np.array(env["loss"]))
+        ax.plot(env_c, env_l, color="C0", lw=1.5, drawstyle="steps-post",
+                label=f"lower envelope: best loss at compute ≤ C ({fit['approach1']['envelope_from']})", zorder=2)
     budgets = fit["approach2"].get("budgets", [])
     if budgets:
-        ax.scatter([b["flops"] for b in budgets], [b["loss_opt"] for b in budgets], marker="*", s=90,
+        ax.scatter([b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets], marker="*", s=90,
                    color="C1", edgecolor="k", linewidth=0.5, label="IsoFLOP minima (approach 2)", zorder=3)
+    flops_G = _flops_range(fit)
+    predictions = fit.get("predictions", [])
+    if predictions:
+        flops_G = np.geomspace(flops_G[0], max(flops_G[-1], max(p["flops"] for p in predictions) * 1.5), 200)
+    front = fit.get("frontier", {})
+    law = front.get("law")
+    if law:
+        ax.plot(flops_G, law["E"] + law["k"] * flops_G ** -law["gamma"], color="C1", ls="--", lw=1.4,
+                label=f"frontier {law['E']:.3f} + k·C^-{law['gamma']:.3f}", zorder=2)
+        draws = front.get("bootstrap", {}).get("draws")
+        if draws:
+            e_K, k_K, g_K = (np.array(draws[k], float)[:, None] for k in ("E", "k", "gamma"))
+            with np.errstate(over="ignore", invalid="ignore"):
+                band_KG = e_K + k_K * flops_G[None, :] ** -g_K
+            ok_K = np.all(np.isfinite(band_KG), axis=1)
+            if ok_K.sum() >= 2:
+                lo_G, hi_G = np.percentile(band_KG[ok_K], [2.5, 97.5], axis=0)
+                ax.fill_between(flops_G, lo_G, hi_G, color="C1", alpha=0.15, lw=0)
+    for p in predictions:
+        if p.get("loss") is None:
+            continue
+        ci = p.get("loss_ci95") or [p["loss"], p["loss"]]
+        ax.errorbar([p["flops"]], [p["loss"]], yerr=[[p["loss"] - ci[0]], [ci[1] - p["loss"]]], fmt="D",
+                    color="C3", ms=5, capsize=3, zorder=4)
+    if predictions:
+        ax.errorbar([], [], yerr=[], fmt="D", color="C3", ms=5, capsize=3, label="prediction (95% interval)")
     a3 = fit["approach3"]
     if a3.get("a") is not None:
-        flops_G = _flops_range(fit)
         n_G, d_G = a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"]
         loss_G = a3["E"] + a3["A"] / n_G ** a3["alpha"] + a3["B"] / d_G ** a3["beta"]
-        ax.plot(flops_G, loss_G, color="C2", lw=1.6, label="approach 3: L(N_opt(C), D_opt(C))", zorder=2)
-        ax.axhline(a3["E"], color="C2", ls=":", lw=1, label=f"approach 3: E = {a3['E']:.3f}")
+        ax.plot(flops_G, loss_G, color="C2", lw=1.2, label="approach 3: L(N_opt(C), D_opt(C))", zorder=2)
     ax.set(xscale="log", xlabel=LABEL_C, ylabel=LABEL_LOSS, title="loss frontier")
+    ax.set_ylim(top=min(ax.get_ylim()[1], float(np.quantile(pts["loss"], 0.9)) * 1.05))
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     return _save(fig, path)
 
 
+def trust_problems(fit: dict[str, Any]) -> list[str]:
+    """Why approach 3's L(N, D) should not be trusted (empty: no reason found)."""
+    a3, a2 = fit["approach3"], fit["approach2"]
+    problems = []
+    if a3.get("warning"):
+        problems.append(f"residual RMS {a3['residual_rms']:.3f} ≫ noise")
+    if max(a3.get("alpha") or 0, a3.get("beta") or 0) > 1.5:
+        problems.append(f"α = {a3['alpha']:.2f}, β = {a3['beta']:.2f} run away")
+    if a3.get("a") is not None and a2.get("a") is not None and abs(a3["a"] - a2["a"]) > 0.1:
+        problems.append(f"a = {a3['a']:.2f} vs approach 2's {a2['a']:.2f}")
+    return problems
+
+
+def contour_levels(loss_GG: np.ndarray, measured: np.ndarray, count: int = 16) -> np.ndarray:
+    """Log-spaced loss levels from the lowest predicted (or measured) loss to the highest measured one:
+    a fit that runs off to huge losses away from the runs saturates there instead of flattening the
+    colours where the runs are."""
+    bottom = float(min(np.nanmin(loss_GG), np.min(measured)))
+    return np.geomspace(bottom, max(float(np.max(measured)), bottom * 1.01), count)
+
+
 def plot_contours(fit: dict[str, Any], path: str) -> str | None:
-    """Approach 3's L(N, D) contours with the IsoFLOP lines and the compute-optimal line."""
+    """Approach 3's L(N, D) contours (log-spaced levels, clipped at the highest measured loss), the
+    IsoFLOP lines and the compute-optimal line; says on the plot when the fit is not to be trusted."""
     a3 = fit["approach3"]
     if a3.get("a") is None:
         return None
     pts = _points(fit)
     n_G = np.geomspace(pts["params"].min() / 3, pts["params"].max() * 3, 200)
     d_G = np.geomspace(pts["tokens"].min() / 3, pts["tokens"].max() * 3, 200)
-    loss_GG = a3["E"] + a3["A"] / n_G[None, :] ** a3["alpha"] + a3["B"] / d_G[:, None] ** a3["beta"]
+    with np.errstate(over="ignore"):
+        loss_GG = a3["E"] + a3["A"] / n_G[None, :] ** a3["alpha"] + a3["B"] / d_G[:, None] ** a3["beta"]
+    levels = contour_levels(loss_GG, pts["loss"])
+    top = levels[-1]
     fig = figure.Figure(figsize=(7.5, 5.5), layout="constrained")
     ax = fig.add_subplot()
-    levels = ticker.MaxNLocator(16).tick_values(loss_GG.min(), np.quantile(loss_GG, 0.97))
-    filled = ax.contourf(n_G, d_G, loss_GG, levels=levels, cmap="magma_r", extend="max")
+    norm = colors.LogNorm(vmin=levels[0], vmax=levels[-1])
+    filled = ax.contourf(n_G, d_G, np.minimum(loss_GG, top * 10), levels=levels, cmap="magma_r",
+                         norm=norm, extend="max")
     ax.contour(n_G, d_G, loss_GG, levels=levels, colors="k", linewidths=0.3)
-    fig.colorbar(filled, ax=ax, label=f"predicted {LABEL_LOSS}")
-    budgets = sorted({b["flops"] for b in fit["approach2"].get("budgets", [])})
+    fig.colorbar(filled, ax=ax, ticks=levels[::3], format="%.2f",
+                 label="predicted loss (log scale; clipped at the highest run's)")
+    a2 = fit["approach2"]
+    budgets = sorted({b["flops"] for b in a2.get("budgets", []) + a2.get("budgets_excluded", [])})
     if not budgets:
         budgets = list(np.geomspace(pts["flops"].min(), pts["flops"].max(), 5))
     for c in budgets:
@@ -175,6 +243,10 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     ax.scatter(pts["params"], pts["tokens"], s=8, color="C0", edgecolor="w", linewidth=0.3, label="runs")
     ax.set(xscale="log", yscale="log", xlabel=LABEL_N, ylabel=LABEL_D,
            xlim=(n_G[0], n_G[-1]), ylim=(d_G[0], d_G[-1]), title="approach 3: L(N, D) contours")
+    problems = trust_problems(fit)
+    if problems:
+        ax.text(0.02, 0.02, "fit not trusted: " + "; ".join(problems), transform=ax.transAxes, fontsize=8,
+                color="w", bbox={"facecolor": "C3", "alpha": 0.85, "edgecolor": "none"}, zorder=5)
     leg = ax.legend(fontsize=8, loc="upper right", facecolor="0.3", labelcolor="w", framealpha=0.8)
     leg.get_frame().set_edgecolor("w")
     return _save(fig, path)

@@ -2,8 +2,9 @@
 
 Legend: P = number of points (finished runs), S = number of logged evaluations in one run's curve.
 
-A CSV names at least `params`, `tokens`, `loss` in its header (optional `flops`; when absent,
-C = 6·N·D). A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object
+A CSV names at least `params`, `tokens`, `loss` in its header (`N` and `D` are accepted for params and
+tokens; optional `flops`; when absent, C = 6·N·D); `where={"column": "value"}` keeps the rows of one
+setting of a multi-setting file (e.g. Porian et al.'s `experiment`). A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object
 per finished run and `DIR/runs/RUN_ID/metrics.jsonl` its logged metrics; the loss is `eval_loss`.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 N_KINDS = ("params", "params_non_embedding")
 CSV_REQUIRED = ("params", "tokens", "loss")
+CSV_ALIASES = {"N": "params", "D": "tokens"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,9 @@ class Points:
     excluded: tuple[dict[str, str], ...] = ()
     source: str = ""
     budget_P: np.ndarray | None = None  # each run's designed IsoFLOP budget (sweeps), else None
+    # Other per-point arrays, (P,) each: "params_total", "params_non_embedding", "flops_no_attention"
+    # where the source has them (sweeps); see `conventions`.
+    extra_P: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.loss_P)
@@ -64,6 +69,7 @@ class Points:
             flops_P=self.flops_P[keep_P],
             loss_P=self.loss_P[keep_P],
             budget_P=None if self.budget_P is None else self.budget_P[keep_P],
+            extra_P={k: v[keep_P] for k, v in self.extra_P.items()},
             ids=tuple(i for i, k in zip(self.ids, keep_P) if k),
             curves=tuple(c for c in self.curves if c.run_id in kept_ids),
             excluded=self.excluded + dropped,
@@ -78,6 +84,7 @@ class Points:
             flops_P=self.flops_P[index_K],
             loss_P=self.loss_P[index_K],
             budget_P=None if self.budget_P is None else self.budget_P[index_K],
+            extra_P={k: v[index_K] for k, v in self.extra_P.items()},
             ids=tuple(self.ids[i] for i in index_K),
             curves=(),
         )
@@ -128,39 +135,88 @@ def _positive_number(path: str, line: int, column: str, text: str) -> float:
     return value
 
 
-def read_csv(path: str) -> Points:
+def parse_where(terms: Sequence[str]) -> dict[str, str]:
+    """`["col=value", ...]` as {col: value} (a value may hold commas); ValueError on a malformed term."""
+    where = {}
+    for term in terms:
+        column, sep, value = term.partition("=")
+        if not sep or not column.strip():
+            raise ValueError(f"--where={term!r}: expected COLUMN=VALUE (repeat --where for more columns)")
+        where[column.strip()] = value.strip()
+    return where
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _settings(rows: list[dict[str, str]], columns: Sequence[str]) -> list[str]:
+    """The distinct values of `columns` among `rows`, as 'col=value,...' strings (for error messages)."""
+    seen = dict.fromkeys(",".join(f"{c}={(r.get(c) or '').strip()}" for c in columns) for r in rows)
+    return list(seen)
+
+
+def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
     """Points from a CSV whose header names params, tokens, loss (and optionally flops).
 
-    Row ids are `row<L>` with L the file's line number (the header is line 1).
+    `N`/`D` are aliases of params/tokens. `where` keeps only rows whose columns equal the given values;
+    when it matches nothing the error lists the settings the file holds. Row ids are `row<L>` with L
+    the file's line number (the header is line 1).
     """
     if not os.path.isfile(path):
         problem = "is a directory, not a points file" if os.path.isdir(path) else "no such points file"
         raise FileNotFoundError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
+    where = where or {}
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        header = [h.strip() for h in (reader.fieldnames or [])]
+        raw_header = [h.strip() for h in (reader.fieldnames or [])]
+        header = [CSV_ALIASES.get(h, h) if CSV_ALIASES.get(h) not in raw_header else h for h in raw_header]
         missing = [c for c in CSV_REQUIRED if c not in header]
         if missing:
             raise ValueError(
                 f"{path}: column '{missing[0]}' is missing; the header must name "
-                f"params, tokens, loss (optional flops), found: {', '.join(header) or 'no header'}"
+                f"params (or N), tokens (or D), loss (optional flops), found: {', '.join(raw_header) or 'no header'}"
             )
+        unknown = [c for c in where if c not in header]
+        if unknown:
+            raise ValueError(f"{path}: --where names column '{unknown[0]}', which the file does not have; "
+                             f"columns: {', '.join(raw_header)}")
         reader.fieldnames = header
-        has_flops = "flops" in header
-        columns: dict[str, list[float]] = {c: [] for c in (*CSV_REQUIRED, "flops")}
-        ids = []
-        for row in reader:
-            line = reader.line_num
-            if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
-                continue  # a blank line
-            for c in CSV_REQUIRED + (("flops",) if has_flops else ()):
-                columns[c].append(_positive_number(path, line, c, (row.get(c) or "").strip()))
-            ids.append(f"row{line}")
+        rows = [(reader.line_num, row) for row in reader]
+    has_flops = "flops" in header
+    columns: dict[str, list[float]] = {c: [] for c in (*CSV_REQUIRED, "flops")}
+    ids = []
+    for line, row in rows:
+        if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
+            continue  # a blank line
+        if any((row.get(c) or "").strip() != v for c, v in where.items()):
+            continue
+        for c in CSV_REQUIRED + (("flops",) if has_flops else ()):
+            columns[c].append(_positive_number(path, line, c, (row.get(c) or "").strip()))
+        ids.append(f"row{line}")
+    # Text columns other than the numbers name a setting (e.g. dataset, experiment): one setting per fit.
+    text_columns = [c for c in header if c not in (*CSV_REQUIRED, "flops")
+                    and any(not _is_number((r.get(c) or "").strip()) for _, r in rows)]
+    if not ids and where:
+        settings = _settings([r for _, r in rows], text_columns or list(where))
+        raise ValueError(f"{path}: no rows match --where {' '.join(f'{c}={v}' for c, v in where.items())}; "
+                         f"the file holds {len(settings)} setting(s): " + "; ".join(settings))
+    kept_ids = set(ids)
+    kept = [r for line, r in rows if f"row{line}" in kept_ids]
+    mixed = _settings(kept, text_columns) if text_columns else []
+    if len(mixed) > 1:
+        raise ValueError(f"{path}: the rows kept mix {len(mixed)} settings; pick one with --where COLUMN=VALUE "
+                         f"(repeatable), one of: " + "; ".join(mixed))
     if not ids:
         raise ValueError(f"{path}: no data rows after the header")
+    source = path + (f" [{', '.join(f'{c}={v}' for c, v in where.items())}]" if where else "")
     return from_arrays(
         columns["params"], columns["tokens"], columns["loss"],
-        flops=columns["flops"] if has_flops else None, ids=ids, source=path,
+        flops=columns["flops"] if has_flops else None, ids=ids, source=source,
     )
 
 
@@ -211,6 +267,17 @@ def _read_curve(path: str, run_id: str, params: float) -> Curve | None:
     )
 
 
+def _flops_no_attention(record: dict[str, Any]) -> float | None:
+    """The run's FLOPs without the attention-score term: flops − tokens·12·L·T·heads·head_dim (the
+    `with_attention − six_n` difference of `accounting.flops_per_token`, from the row's shape keys);
+    None when the row lacks them."""
+    keys = ("num_layers", "seq_len", "num_heads", "head_dim")
+    if not all(_finite_positive(record.get(k)) for k in (*keys, "flops", "tokens")):
+        return None
+    layers, seq_len, heads, head_dim = (float(record[k]) for k in keys)
+    return float(record["flops"]) - float(record["tokens"]) * 12.0 * layers * seq_len * heads * head_dim
+
+
 def read_sweep(directory: str, n_kind: str = "params") -> Points:
     """Points from a sweep directory's results.jsonl (+ each run's metrics.jsonl curve).
 
@@ -232,6 +299,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
             excluded.append({"id": run_id, "reason": f"line {by_id[run_id][0]} superseded by line {line_no}"})
         by_id[run_id] = (line_no, record)
     params, tokens, flops, loss, ids, curves, budgets = [], [], [], [], [], [], []
+    extras: dict[str, list[float]] = {"params_total": [], "params_non_embedding": [], "flops_no_attention": []}
     for run_id, (line_no, record) in by_id.items():
         status = record.get("status")
         if status != "ok":
@@ -252,6 +320,9 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         flops.append(float(record["flops"]))
         loss.append(float(record["eval_loss"]))
         budgets.append(record.get("budget"))
+        extras["params_total"].append(record.get("params"))
+        extras["params_non_embedding"].append(record.get("params_non_embedding"))
+        extras["flops_no_attention"].append(_flops_no_attention(record))
         curve = _read_curve(os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1])
         if curve is not None:
             curves.append(curve)
@@ -259,7 +330,9 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         raise ValueError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
     points = from_arrays(params, tokens, loss, flops=flops, ids=ids, source=directory)
     budget_P = np.array(budgets, dtype=float) if all(_finite_positive(b) for b in budgets) else None
-    return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P)
+    extra_P = {k: np.array(v, dtype=float) for k, v in extras.items() if all(_finite_positive(x) for x in v)}
+    return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P,
+                               extra_P=extra_P)
 
 
 def load(source: str, n_kind: str = "params") -> Points:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from transformer import files
 from transformer.scaling import fits, plots
@@ -22,18 +22,23 @@ def run_fit(
     seed: int = 0,
     isoflop_window: int | None = None,
     make_plots: bool = True,
+    isoflop_method: str | None = None,
+    headline: str | None = None,
+    predict_flops: Sequence[float] = (),
+    approach3_near: float = fits.APPROACH3_NEAR,
 ) -> dict[str, Any]:
     """Fit the points (a CSV path, a sweep directory or `Points`) and write `out_dir/fit.json` + PNGs.
 
-    Everything is validated and fitted before `out_dir` is created, so a bad input writes nothing.
-    Returns the fit.json content.
+    The options are `fits.fit_all`'s. Everything is validated and fitted before `out_dir` is created, so
+    a bad input writes nothing. Returns the fit.json content.
     """
     if isinstance(points_source, points_lib.Points):
         pts = points_source
     else:
         pts = points_lib.load(str(points_source), n_kind=n_kind)
     fit = fits.fit_all(pts, drop_highest=drop_highest, bootstrap=bootstrap, seed=seed,
-                       isoflop_window=isoflop_window)
+                       isoflop_window=isoflop_window, isoflop_method=isoflop_method, headline=headline,
+                       predict_flops=predict_flops, approach3_near=approach3_near)
     fit["n_kind"] = n_kind
     os.makedirs(out_dir, exist_ok=True)
     files.write_json(os.path.join(out_dir, "fit.json"), fit, indent=1, allow_nan=False)
@@ -43,15 +48,21 @@ def run_fit(
     return fit
 
 
-def _ci(res: dict[str, Any], key: str) -> str:
+def _ci(res: dict[str, Any], key: str, fmt: str = ".3f") -> str:
     interval = res.get(f"{key}_ci95")
-    return f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+    return f" [{interval[0]:{fmt}}, {interval[1]:{fmt}}]" if interval else ""
 
 
 def summary(fit: dict[str, Any]) -> str:
-    """A few lines for people: a and b per approach (with 95% intervals), and E, α, β."""
+    """A few lines for people: the headline convention, σ, a and b per approach (95% intervals), approach
+    3's parameters and residuals, a and b under every convention, the frontier and predictions."""
     excluded = len(fit["points_excluded"])
-    lines = [f"{len(fit['points'])} points used, {excluded} excluded (source: {fit['source']})"]
+    head = fit["headline"]
+    lines = [f"{len(fit['points'])} points used, {excluded} excluded (source: {fit['source']})",
+             f"headline convention: {head['convention']}: {head['definition']} ({head['why']})"]
+    sigma = fit["noise"]
+    lines.append(f"loss noise: sigma = {sigma['sigma']:.4f} in ln L from {sigma['source']}" if sigma["sigma"]
+                 else f"loss noise: {sigma['source']}: no intervals")
     for name in ("approach1", "approach2", "approach3"):
         res = fit[name]
         if res.get("a") is None:
@@ -59,7 +70,8 @@ def summary(fit: dict[str, Any]) -> str:
             continue
         line = f"{name}: a = {res['a']:.3f}{_ci(res, 'a')}  b = {res['b']:.3f}{_ci(res, 'b')}"
         if name == "approach2":
-            line += f"  ({len(res['budgets'])} budgets, {len(res['budgets_excluded'])} left out)"
+            line += (f"  ({res['method']}; {len(res['budgets'])} budgets, "
+                     f"{len(res['budgets_excluded'])} left out)")
         lines.append(line)
     a3 = fit["approach3"]
     if a3.get("E") is not None:
@@ -67,4 +79,24 @@ def summary(fit: dict[str, Any]) -> str:
             f"approach3: E = {a3['E']:.3f}{_ci(a3, 'E')}  A = {a3['A']:.4g}  B = {a3['B']:.4g}  "
             f"alpha = {a3['alpha']:.3f}{_ci(a3, 'alpha')}  beta = {a3['beta']:.3f}{_ci(a3, 'beta')}"
         )
+        lines.append(f"approach3 fits {a3['selection']}: {len(a3['points_used'])} points, log residual RMS "
+                     f"{a3['residual_rms']:.4f}, max {a3['residual_max']:.4f}"
+                     + (f", {len(a3['beyond_noise'])} beyond 3 sigma" if "beyond_noise" in a3 else ""))
+        if a3.get("warning"):
+            lines.append(f"approach3 WARNING: {a3['warning']}")
+    for name, conv in fit["conventions"].items():
+        c2, c3 = conv["approach2"], conv["approach3"]
+        a2_text = f"a = {c2['a']:.3f}{_ci(c2, 'a')}" if c2.get("a") is not None else "a = n/a"
+        a3_text = f"{c3['a']:.3f}" if c3.get("a") is not None else "n/a"
+        lines.append(f"  convention {name:17s} approach2 {a2_text}  approach3 a = {a3_text}")
+    law = fit["frontier"].get("law")
+    if law:
+        lines.append(f"frontier: L_opt(C) = {law['E']:.3f} + {law['k']:.4g}·C^-{law['gamma']:.3f}"
+                     f"{_ci(fit['frontier'], 'gamma')}"
+                     + (f" (E from {fit['frontier']['E_from']})" if fit["frontier"]["E_from"] != "the minima" else ""))
+    for p in fit.get("predictions", []):
+        lines.append(f"prediction at C = {p['flops']:.3g}: N_opt {p.get('params', float('nan')):.4g}"
+                     f"{_ci(p, 'params', '.4g')}  D_opt {p.get('tokens', float('nan')):.4g}"
+                     f"{_ci(p, 'tokens', '.4g')}  loss "
+                     + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a"))
     return "\n".join(lines)
