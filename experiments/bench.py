@@ -22,7 +22,8 @@ from typing import Any
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import common
+from experiments import cli
+from experiments.jax_setup import setup_jax
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:default.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
@@ -167,7 +168,7 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
 
 def main(argv: list[str]) -> None:
     del argv
-    common.setup_jax(_CONFIG.value)
+    setup_jax(_CONFIG.value)
     result = bench(_CONFIG.value, _STEPS.value, _COMPARE_TORCH.value, _ROUNDS.value)
     if _JSON.value:
         print(json.dumps(result))
@@ -188,4 +189,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config"])
-    common.run(main)
+    cli.run(main)

@@ -12,7 +12,7 @@ import sys
 
 from absl import flags
 
-from experiments import common
+from experiments import cli
 
 from transformer.scaling import points as points_lib
 from transformer.scaling import report
@@ -60,4 +60,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    common.run(main)  # flag errors (e.g. --drop_highest=-1) as one `error:` line, exit 2
+    cli.run(main)  # flag errors (e.g. --drop_highest=-1) as one `error:` line, exit 2

@@ -9,7 +9,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import common
+from experiments import cli
+from experiments.jax_setup import setup_jax
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:llama_tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics, checkpoints, summary.")
@@ -17,7 +18,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics,
 
 def main(argv: list[str]) -> None:
     del argv
-    common.setup_jax(_CONFIG.value)
+    setup_jax(_CONFIG.value)
     from transformer.training.loop import train  # after JAX's distributed/compilation-cache set-up
     try:
         summary = train(_CONFIG.value, _WORKDIR.value)
@@ -30,4 +31,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config", "workdir"])
-    common.run(main)
+    cli.run(main)

@@ -1,9 +1,10 @@
-"""What every command-line entry point shares: JAX set-up and user-facing error handling.
+"""What every command-line entry point shares: `run(main)`, which turns a user's mistake into one line.
 
-A user's mistake — a bad flag value, an unknown `--config.KEY`, a missing config file or dataset, an
-invalid setting — prints one `error: ...` line naming the setting (and the valid values where there
-is a short list) and exits with status 2, without a traceback and before anything is written. Set
-TRANSFORMER_TRACEBACK=1 to see the traceback as well.
+A user's mistake — a bad flag value, an unknown `--config.KEY`, a missing config file, an invalid
+setting (the project's `ConfigError`, raised before anything expensive or written) — prints one
+`error: ...` line naming the setting (and the valid values where there is a short list) and exits
+with status 2. Any other exception is a bug, not bad input: it keeps its traceback (exit 1). Set
+TRANSFORMER_TRACEBACK=1 to see the traceback of a user error as well.
 """
 from __future__ import annotations
 
@@ -14,52 +15,10 @@ from typing import Any, Callable
 
 from absl import app, flags, logging as absl_logging
 
+from experiments.huge_pages import use_huge_pages
 from transformer.models.config import ConfigError
 
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)
-_HUGE_PAGES = "glibc.malloc.hugetlb=1"
-
-
-def use_huge_pages() -> None:
-    """Re-executes this process once with glibc's malloc on transparent huge pages (Linux, glibc >= 2.35).
-
-    XLA:CPU allocates the step's temporaries (hundreds of MB) afresh on every call; on 4 KiB pages
-    each step page-faults them all in again (186k faults and 0.5 cores of kernel time per step of the
-    GPT-2 benchmark; 2 MiB pages: 1.2k faults, and the step 1.4x faster, BENCHMARKS.md). The variable
-    is read only at process start, hence the re-exec. TRANSFORMER_HUGE_PAGES=0 turns it off.
-    """
-    import platform
-
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if os.environ.get("TRANSFORMER_HUGE_PAGES", "1") == "0" or "glibc.malloc.hugetlb" in tunables:
-        return
-    libc, version = platform.libc_ver()
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            thp = f.read()
-    except OSError:
-        return
-    if libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 35) or "[never]" in thp:
-        return
-    os.environ["GLIBC_TUNABLES"] = f"{tunables}:{_HUGE_PAGES}" if tunables else _HUGE_PAGES
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-
-
-def setup_jax(config: Any | None = None) -> None:
-    """Persistent compilation cache, then `jax.distributed` when the config or cluster asks for it."""
-    import logging
-
-    import jax
-
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU/GPU backend" notices
-    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/transformer/jax"))
-    jax.config.update("jax_compilation_cache_dir", cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    if config is not None and "distributed" in config:
-        from transformer.training import distributed
-        distributed.initialize(config.distributed)
 
 
 def _fail(message: str) -> None:
@@ -94,26 +53,42 @@ def _load_config(argv: list[str], root: str) -> Any:
     return module.get_config(*args)
 
 
-def _unknown_key(argv: list[str], error: Exception) -> str:
-    """Message for `--config.a.b=V` naming a key the config lacks, with the valid keys at that level."""
-    missing = str(error).strip("\"' ")
+def _missing_key(error: BaseException) -> tuple[str, str | None]:
+    """(the key a config lookup missed, ml_collections' suggestion or None) from its KeyError/AttributeError.
+
+    ml_collections raises KeyError("'step'\\nDid you mean \\"steps\\" instead of \\"step\\"?"), wrapped in an
+    AttributeError for attribute access; str() of either is the repr of that text."""
+    while isinstance(error, AttributeError) and error.args and isinstance(error.args[0], BaseException):
+        error = error.args[0]
+    text = str(error.args[0]) if error.args else str(error)
+    first, _, rest = text.partition("\n")
+    suggestion = re.search(r'Did you mean "([^"]+)"', rest)
+    return first.strip("\"' "), suggestion.group(1) if suggestion else None
+
+
+def _unknown_key(argv: list[str], error: BaseException) -> str:
+    """Message for `--config.a.b=V` naming a key the config lacks: the suggestion and the valid keys there."""
+    missing, suggestion = _missing_key(error)
     for arg in argv[1:]:
         name = arg.lstrip("-").split("=")[0]
         root, _, dotted = name.partition(".")
         if not dotted or not _is_config_flag(root) or missing not in dotted.split("."):
             continue
         path = dotted.split(".")
-        valid = ""
+        parent = path[:path.index(missing)]
+        where = ".".join(parent)
+        message = f"--{name}: {missing!r} is not a setting of this config"
+        if suggestion:
+            message += f"; did you mean {'.'.join(parent + [suggestion])!r}?"
         try:
             node = _load_config(argv, root)
-            for part in path[:path.index(missing)]:
+            for part in parent:
                 node = node[part]
-            valid = f"; valid keys{' under ' + '.'.join(path[:path.index(missing)]) if path.index(missing) else ''}: " \
-                    f"{', '.join(sorted(node.keys()))}"
+            message += f"; valid keys{' under ' + where if where else ''}: {', '.join(sorted(node.keys()))}"
         except Exception:  # noqa: BLE001 - the config itself failed to load: no list to offer
             pass
-        return f"--{name}: {missing!r} is not a setting of this config{valid}"
-    return f"unknown config setting {missing!r}"
+        return message
+    return f"unknown config setting {missing!r}" + (f"; did you mean {suggestion!r}?" if suggestion else "")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -146,7 +121,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run(main: Callable[[list[str]], None]) -> None:
-    """absl's app.run, but a user's mistake (bad flag, bad config, missing file) prints one line and exits 2."""
+    """absl's app.run after the huge-page re-exec; a user error prints one line and exits 2, a bug keeps
+    its traceback and exits 1."""
 
     def guarded(argv: list[str]) -> None:
         try:
