@@ -24,6 +24,7 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
+from transformer.models.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:default.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
@@ -116,7 +117,7 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
         if model_cfg.positional != "learned" or model_cfg.activation not in torch_gpt.ACTIVATIONS \
                 or model_cfg.norm != "layernorm" or not model_cfg.tie_embeddings \
                 or model_cfg.kv_heads != model_cfg.num_heads:
-            raise ValueError("--compare_torch needs a GPT-2-shaped model (learned positions, LayerNorm, "
+            raise ConfigError("--compare_torch needs a GPT-2-shaped model (learned positions, LayerNorm, "
                              f"activation {'/'.join(torch_gpt.ACTIVATIONS)}, tied head, multi-head attention), "
                              "e.g. --config=configs/lm.py:default")
         threads = hardware.xla_cpu_threads()

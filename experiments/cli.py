@@ -18,7 +18,8 @@ from absl import app, flags, logging as absl_logging
 from experiments.huge_pages import use_huge_pages
 from transformer.models.config import ConfigError
 
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)
+USER_ERRORS = (ConfigError,)  # the project's input errors (MissingInputError is one); nothing else
+_USER_ERROR_NAMES = {"ConfigError", "MissingInputError"}  # the same, as a config file's quoted traceback names them
 
 
 def _fail(message: str) -> None:
@@ -26,13 +27,15 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def _last_error_line(text: str) -> str:
-    """The `SomeError: message` line a nested traceback (quoted by config_flags) ends with."""
+def _quoted_error(text: str) -> tuple[str, str]:
+    """(exception class name, message) of the `pkg.SomeError: message` line a traceback quoted by config_flags
+    ends with; ("", last line) when there is none."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
-        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line):
-            return re.sub(r"^[A-Za-z_.]*(Error|Exception):\s*", "", line)
-    return lines[-1] if lines else text
+        m = re.match(r"^([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception))\b:?\s*(.*)$", line)
+        if m:
+            return m.group(1).rsplit(".", 1)[-1], m.group(2)
+    return "", lines[-1] if lines else text
 
 
 def _is_config_flag(name: str) -> bool:
@@ -66,8 +69,9 @@ def _missing_key(error: BaseException) -> tuple[str, str | None]:
     return first.strip("\"' "), suggestion.group(1) if suggestion else None
 
 
-def _unknown_key(argv: list[str], error: BaseException) -> str:
-    """Message for `--config.a.b=V` naming a key the config lacks: the suggestion and the valid keys there."""
+def _unknown_key(argv: list[str], error: BaseException) -> str | None:
+    """Message for `--config.a.b=V` naming a key the config lacks: the suggestion and the valid keys there.
+    None when no override names the missing key (a config file's own bad lookup: a bug)."""
     missing, suggestion = _missing_key(error)
     for arg in argv[1:]:
         name = arg.lstrip("-").split("=")[0]
@@ -79,7 +83,7 @@ def _unknown_key(argv: list[str], error: BaseException) -> str:
         where = ".".join(parent)
         message = f"--{name}: {missing!r} is not a setting of this config"
         if suggestion:
-            message += f"; did you mean {'.'.join(parent + [suggestion])!r}?"
+            message += f" (did you mean {'.'.join(parent + [suggestion])!r}?)"
         try:
             node = _load_config(argv, root)
             for part in parent:
@@ -88,7 +92,7 @@ def _unknown_key(argv: list[str], error: BaseException) -> str:
         except Exception:  # noqa: BLE001 - the config itself failed to load: no list to offer
             pass
         return message
-    return f"unknown config setting {missing!r}" + (f"; did you mean {suggestion!r}?" if suggestion else "")
+    return None
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -103,18 +107,26 @@ def parse_flags(argv: list[str]) -> list[str]:
         name = str(e).split("'")[1] if "'" in str(e) else ""
         root, _, dotted = name.partition(".")
         if dotted and _is_config_flag(root):
-            _fail(_unknown_key(argv, KeyError(dotted.split(".")[-1])))
+            _fail(_unknown_key(argv, KeyError(dotted.split(".")[-1])) or f"unknown config setting {name!r}")
         _fail(f"{e}; see --helpfull for the flags")
     except flags.Error as e:
         text = str(e)
+        if "\n" not in text:
+            _fail(text)
+        # config_flags quotes the config file's traceback: one line for the project's input errors, else a bug
+        kind, message = _quoted_error(text)
+        if kind not in _USER_ERROR_NAMES or os.environ.get("TRANSFORMER_TRACEBACK"):
+            print(text, file=sys.stderr, flush=True)
+            raise SystemExit(1)
         m = re.match(r"^flag (--[^=\s]+)(=[^:]*)?:", text)
-        if "\n" in text:  # config_flags quotes the config file's traceback
-            _fail(f"{m.group(1) if m else 'flags'}: {_last_error_line(text)}")
-        _fail(text)
+        _fail(f"{m.group(1) if m else 'flags'}: {message}")
     except (AttributeError, KeyError) as e:  # config_flags: an override names a key the config lacks
-        _fail(_unknown_key(argv, e))
-    except (OSError, ValueError, TypeError) as e:  # e.g. the config file is missing or does not import
-        line = _last_error_line(str(e))
+        message = _unknown_key(argv, e)
+        if message is None:
+            raise
+        _fail(message)
+    except OSError as e:  # config_flags: the config file is missing or unreadable
+        line = _quoted_error(str(e))[1]
         named = [a.split("=")[0] for a in argv[1:] if "=" in a and f"'{a.split('=', 1)[1].split(':')[0]}'" in line]
         _fail(f"{named[0]}: {line}" if named else line)
     return argv  # unreachable

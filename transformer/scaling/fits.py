@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from transformer.models.config import ConfigError
 from transformer.scaling import parametric
 from transformer.scaling.points import Points
 
@@ -229,7 +230,7 @@ def bootstrap_intervals(
 def drop_highest_loss(points: Points, k: int) -> Points:
     """Leave out the k highest-loss points (Besiroglu et al. 2024's outlier rule)."""
     if not 0 <= k < len(points):
-        raise ValueError(f"drop_highest={k} is not valid; choose 0 ≤ K < {len(points)} (the number of points)")
+        raise ConfigError(f"drop_highest={k} is not valid; choose 0 ≤ K < {len(points)} (the number of points)")
     keep_P = np.ones(len(points), dtype=bool)
     keep_P[np.argsort(points.loss_P, kind="stable")[len(points) - k :]] = False
     return points.subset(keep_P, reason=f"among the {k} highest losses (drop_highest={k})")
@@ -244,7 +245,7 @@ def fit_all(
     `isoflop_window` is Approach 2's `window` (None: each parabola through all of its budget).
     """
     if bootstrap < 0:
-        raise ValueError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
+        raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
     used = drop_highest_loss(points, drop_highest)
     result: dict[str, Any] = {
         "source": points.source,

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from transformer.models.config import ConfigError, MissingInputError
+
 N_KINDS = ("params", "params_non_embedding")
 CSV_REQUIRED = ("params", "tokens", "loss")
 
@@ -105,9 +107,9 @@ def from_arrays(
     flops_P = 6.0 * params_P * tokens_P if flops is None else np.asarray(flops, dtype=float)
     for name, x in (("params", params_P), ("tokens", tokens_P), ("flops", flops_P), ("loss", loss_P)):
         if x.shape != params_P.shape or x.ndim != 1:
-            raise ValueError(f"{source}: {name} has shape {x.shape}; expected {params_P.shape}")
+            raise ConfigError(f"{source}: {name} has shape {x.shape}; expected {params_P.shape}")
         if not np.all(np.isfinite(x) & (x > 0)):
-            raise ValueError(f"{source}: {name} must be positive finite numbers")
+            raise ConfigError(f"{source}: {name} must be positive finite numbers")
     ids = tuple(ids) if ids is not None else tuple(f"p{i}" for i in range(len(params_P)))
     return Points(params_P, tokens_P, flops_P, loss_P, ids, source=source)
 
@@ -121,7 +123,7 @@ def _positive_number(path: str, line: int, column: str, text: str) -> float:
     else:
         problem = "is not a positive finite number"
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(
+        raise ConfigError(
             f"{path}: row {line}, column '{column}' = {text!r} {problem}; "
             "params, tokens, flops and loss must be positive finite numbers"
         )
@@ -135,13 +137,13 @@ def read_csv(path: str) -> Points:
     """
     if not os.path.isfile(path):
         problem = "is a directory, not a points file" if os.path.isdir(path) else "no such points file"
-        raise FileNotFoundError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
+        raise MissingInputError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header = [h.strip() for h in (reader.fieldnames or [])]
         missing = [c for c in CSV_REQUIRED if c not in header]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: column '{missing[0]}' is missing; the header must name "
                 f"params, tokens, loss (optional flops), found: {', '.join(header) or 'no header'}"
             )
@@ -157,7 +159,7 @@ def read_csv(path: str) -> Points:
                 columns[c].append(_positive_number(path, line, c, (row.get(c) or "").strip()))
             ids.append(f"row{line}")
     if not ids:
-        raise ValueError(f"{path}: no data rows after the header")
+        raise ConfigError(f"{path}: no data rows after the header")
     return from_arrays(
         columns["params"], columns["tokens"], columns["loss"],
         flops=columns["flops"] if has_flops else None, ids=ids, source=path,
@@ -219,10 +221,10 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
     "params_non_embedding".
     """
     if n_kind not in N_KINDS:
-        raise ValueError(f"n_kind={n_kind!r} is not valid; choose one of {', '.join(N_KINDS)}")
+        raise ConfigError(f"n_kind={n_kind!r} is not valid; choose one of {', '.join(N_KINDS)}")
     results = os.path.join(directory, "results.jsonl")
     if not os.path.isfile(results):
-        raise FileNotFoundError(f"{results}: no such file; --sweep must be a sweep directory with results.jsonl")
+        raise MissingInputError(f"{results}: no such file; --sweep must be a sweep directory with results.jsonl")
     by_id: dict[str, tuple[int, dict[str, Any]]] = {}
     records, bad_lines = _read_jsonl(results)
     excluded = [{"id": f"line{n}", "reason": "not a JSON object (a torn write?)"} for n in bad_lines]
@@ -242,7 +244,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
             continue
         for key in (n_kind, "tokens", "flops"):
             if not _finite_positive(record.get(key)):
-                raise ValueError(
+                raise ConfigError(
                     f"{results}: line {line_no} (run {run_id}), key '{key}' = {record.get(key)!r} "
                     "must be a positive finite number"
                 )
@@ -256,7 +258,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         if curve is not None:
             curves.append(curve)
     if not ids:
-        raise ValueError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
+        raise ConfigError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
     points = from_arrays(params, tokens, loss, flops=flops, ids=ids, source=directory)
     budget_P = np.array(budgets, dtype=float) if all(_finite_positive(b) for b in budgets) else None
     return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P)
