@@ -2,7 +2,7 @@
 
   --config.KEY=V     any config override (model shape, data.seq_len, train.batch_size, ...)
   --steps=N          timed steps after the warm-up (median reported)
-  --json             print exactly one JSON object (the Bench contract in design.md)
+  --json             print exactly one JSON object (the Bench contract in docs/design.md)
   --compare_torch    also time a PyTorch eager GPT-2 reference (experiments/torch_gpt.py) on the same
                      machine, alternating with ours round by round, and report the tokens/s ratio
 

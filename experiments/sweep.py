@@ -105,6 +105,9 @@ def main(argv: list[str]) -> None:
         print(runner.slurm_script(workdir, doc) if _LAUNCHER.value == "slurm" else "", end="")
         if _LAUNCHER.value == "local":
             print_table(doc)
+            left, done = runner.pending_runs(workdir, doc["runs"])
+            print(f"{len(left)} runs would train" + (f" ({len(done)} already recorded in {workdir}/results.jsonl)"
+                                                     if done else ""))
         return
     if _LAUNCHER.value == "slurm":
         runner.require_sbatch()
