@@ -8,6 +8,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
+from transformer.models.config import ConfigError
 
 # The GPT-2 shape: learned positions, pre-LN LayerNorm, tanh-approximated GELU (GPT-2's "gelu_new"),
 # biases, tied head.
@@ -33,7 +34,7 @@ PRESETS = {
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
     preset = preset or "default"
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r} for configs/lm.py; valid presets: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {preset!r} for configs/lm.py; valid presets: {', '.join(PRESETS)}")
     c = base_config()
     c.model = ml_collections.ConfigDict(dict(
         family="decoder", vocab_size=0,  # 0: the tokenizer's vocabulary size

@@ -11,6 +11,7 @@ import ml_collections
 
 from configs.common import base_config
 from transformer.data.classification import DEFAULT_CLASSES
+from transformer.models.config import ConfigError
 
 # The BERT shape: learned positions, embedding LayerNorm, post-LN LayerNorm (eps 1e-12), exact GELU,
 # biases, tied MLM decoder.
@@ -32,7 +33,7 @@ PRESETS = {
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
     name, _, variant = (preset or "default").partition(",")
     if name not in PRESETS or variant not in ("", "classify"):
-        raise ValueError(f"unknown preset {preset!r} for configs/mlm.py; valid: {', '.join(PRESETS)}, "
+        raise ConfigError(f"unknown preset {preset!r} for configs/mlm.py; valid: {', '.join(PRESETS)}, "
                          f"each optionally followed by ',classify'")
     c = base_config()
     c.model = ml_collections.ConfigDict(dict(

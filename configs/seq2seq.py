@@ -9,6 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
+from transformer.models.config import ConfigError
 
 # "Attention is all you need": sinusoidal positions, post-LN LayerNorm, ReLU, biases, embeddings × sqrt(D),
 # one tied table for source, target and output.
@@ -31,7 +32,7 @@ PRESETS = {
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
     preset = preset or "default"
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r} for configs/seq2seq.py; valid presets: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {preset!r} for configs/seq2seq.py; valid presets: {', '.join(PRESETS)}")
     c = base_config()
     c.model = ml_collections.ConfigDict(dict(
         family="encoder_decoder", vocab_size=0,  # 0: the tokenizer's vocabulary + sentinels, padded to 128

@@ -14,7 +14,8 @@ import os
 import numpy as np
 from absl import flags
 
-from experiments import common
+from experiments import cli
+from experiments.jax_setup import setup_jax
 from transformer.models.config import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
@@ -37,7 +38,7 @@ def _indices(name: str, values: list[str]) -> list[int] | None:
 
 def main(argv: list[str]) -> None:
     del argv
-    common.setup_jax()
+    setup_jax()
     from transformer.inference.attention_maps import attention_maps, layer_index, plot_attention, token_labels
     from transformer.training.restore import load_run
 
@@ -72,4 +73,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["workdir", "text", "out"])
-    common.run(main)
+    cli.run(main)

@@ -2,14 +2,16 @@
 
   --config.KEY=V     any config override (model shape, data.seq_len, train.batch_size, ...)
   --steps=N          timed steps after the warm-up (median reported)
-  --json             print exactly one JSON object (the Bench contract in design.md)
-  --compare_torch    also time a PyTorch eager GPT-2 reference (experiments/torch_gpt.py) on the same
-                     machine, alternating with ours round by round, and report the tokens/s ratio
+  --json             print exactly one JSON object (the Bench contract in docs/design.md)
+  --compare_torch    also time a PyTorch eager GPT-2 reference (experiments/torch_gpt.py, fused AdamW) on
+                     the same machine: alone (as ours), then alternating with ours round by round; the
+                     ratio ours_over_torch is from the alternating rounds
 
 It times the same jitted, sharded, state-donating step the training loop runs (transformer/training/
 steps.py) on synthetic token batches, so no data pipeline is in the measurement. MFU = tokens/s ×
 flops_per_token / (peak FLOP/s × devices); the peak comes from hardware.PEAK_FLOPS by device kind or,
-on CPU, from a measured float32 matmul.
+on CPU, from a measured float32 matmul, which uses all of the process's cores (so on CPU the peak counts
+once per process, however many simulated devices share them).
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from typing import Any
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import common
+from experiments import cli
+from experiments.jax_setup import setup_jax
+from transformer.models.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:default.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
@@ -106,26 +110,34 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
     built = build(config)
     model_cfg, compiled, state, batch = built["model_cfg"], built["compiled"], built["state"], built["batch"]
     tokens_per_step = config.train.batch_size * config.data.seq_len
-    state, _ = time_steps(compiled, state, batch, 2)  # warm-up
+    state, metrics = compiled(state, batch)  # warm-up; the first step's loss is the initial model's
+    initial_loss = float(metrics["loss"])
+    state, _ = time_steps(compiled, state, batch, 1)
     device = jax.devices()[0]
-    out: dict[str, Any] = {}
+    state, times = time_steps(compiled, state, batch, steps)  # ours alone
+    out: dict[str, Any] = {"initial_loss": initial_loss}
     if compare_torch:
         from experiments import torch_gpt
 
         if model_cfg.positional != "learned" or model_cfg.activation not in torch_gpt.ACTIVATIONS \
                 or model_cfg.norm != "layernorm" or not model_cfg.tie_embeddings \
                 or model_cfg.kv_heads != model_cfg.num_heads:
-            raise ValueError("--compare_torch needs a GPT-2-shaped model (learned positions, LayerNorm, "
+            raise ConfigError("--compare_torch needs a GPT-2-shaped model (learned positions, LayerNorm, "
                              f"activation {'/'.join(torch_gpt.ACTIVATIONS)}, tied head, multi-head attention), "
                              "e.g. --config=configs/lm.py:default")
         threads = hardware.xla_cpu_threads()
-        torch_step = torch_gpt.make_step(model_cfg, config.train, config.train.batch_size, config.data.seq_len,
-                                         threads)
-        for _ in range(2):
+        torch_step, torch_model = torch_gpt.make_step(model_cfg, config.train, config.train.batch_size,
+                                                      config.data.seq_len, threads)
+        torch_initial_loss = torch_step()
+        torch_step()
+        torch_alone = []
+        for _ in range(steps):  # torch alone, as ours above
+            t0 = time.perf_counter()
             torch_step()
+            torch_alone.append(time.perf_counter() - t0)
         ours_s, torch_s = [], []
         per_round = max(1, steps // rounds)
-        for r in range(rounds):
+        for r in range(rounds):  # alternating, so that both see the same machine state
             state, t = time_steps(compiled, state, batch, per_round)
             ours_s += t
             tt = []
@@ -136,21 +148,25 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
             torch_s += tt
             print(f"round {r + 1}/{rounds}: ours {statistics.median(t) * 1e3:.1f} ms, "
                   f"torch {statistics.median(tt) * 1e3:.1f} ms", file=log, flush=True)
-        times = ours_s
         torch_step_s = statistics.median(torch_s)
         out.update(torch_tokens_per_second=tokens_per_step / torch_step_s, torch_step_seconds=torch_step_s,
+                   interleaved_tokens_per_second=tokens_per_step / statistics.median(ours_s),
+                   torch_alone_tokens_per_second=tokens_per_step / statistics.median(torch_alone),
+                   torch_params=sum(p.numel() for p in torch_model.parameters()),
+                   torch_initial_loss=torch_initial_loss, torch_optimizer="AdamW(fused=True)",
                    torch_threads=threads, torch_version=__import__("torch").__version__)
-    else:
-        state, times = time_steps(compiled, state, batch, steps)
     step_s = statistics.median(times)
     tps = tokens_per_step / step_s
     fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
     peak = hardware.device_peak_flops(device)
+    # a table peak is per device; on CPU the measured matmul used the whole process's cores, which simulated
+    # devices (--xla_force_host_platform_device_count) share: one peak per process
+    peak_units = jax.process_count() if device.platform == "cpu" else jax.device_count()
     mem = hardware.peak_memory(device, compiled)
     out = {
         "tokens_per_second": tps, "step_seconds": step_s, "step_seconds_min": min(times),
         "compile_seconds": built["compile_seconds"], "flops_per_token": fpt,
-        "mfu": tps * fpt / (peak["flops"] * jax.device_count()) if peak["flops"] else None,
+        "mfu": tps * fpt / (peak["flops"] * peak_units) if peak["flops"] else None,
         "peak_flops": peak["flops"], "peak_flops_source": peak["source"],
         "peak_memory_bytes": mem["bytes"], "peak_memory_source": mem["source"],
         "process_rss_bytes": hardware.process_rss_bytes(),
@@ -161,13 +177,13 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
         "loss_chunk_size": config.train.get("loss_chunk_size", 0), **out,
     }
     if compare_torch:
-        out["ours_over_torch"] = out["tokens_per_second"] / out["torch_tokens_per_second"]
+        out["ours_over_torch"] = out["interleaved_tokens_per_second"] / out["torch_tokens_per_second"]
     return out
 
 
 def main(argv: list[str]) -> None:
     del argv
-    common.setup_jax(_CONFIG.value)
+    setup_jax(_CONFIG.value)
     result = bench(_CONFIG.value, _STEPS.value, _COMPARE_TORCH.value, _ROUNDS.value)
     if _JSON.value:
         print(json.dumps(result))
@@ -182,10 +198,12 @@ def main(argv: list[str]) -> None:
     if r["peak_memory_bytes"] is not None:
         print(f"peak memory {r['peak_memory_bytes'] / 2**20:.1f} MiB ({r['peak_memory_source']})")
     if "ours_over_torch" in r:
-        print(f"torch eager ({r['torch_threads']} threads): {r['torch_tokens_per_second']:,.0f} tokens/s; "
+        print(f"alone: ours {r['tokens_per_second']:,.0f} tokens/s, torch eager ({r['torch_threads']} threads, "
+              f"{r['torch_optimizer']}) {r['torch_alone_tokens_per_second']:,.0f} tokens/s; interleaved rounds: "
+              f"ours {r['interleaved_tokens_per_second']:,.0f}, torch {r['torch_tokens_per_second']:,.0f} tokens/s, "
               f"ours/torch = {r['ours_over_torch']:.2f}x")
 
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config"])
-    common.run(main)
+    cli.run(main)

@@ -15,7 +15,8 @@ import sys
 
 from absl import flags
 
-from experiments import common
+from experiments import cli
+from transformer.models.config import ConfigError
 
 from transformer.scaling import conventions, fits, isoflop, report
 from transformer.scaling import points as points_lib
@@ -56,7 +57,7 @@ def _predict_flops() -> list[float]:
         try:
             values.append(float(text))
         except ValueError:
-            raise ValueError(f"--predict_flops: {text!r} is not a number; give FLOP counts, e.g. 4e13,1e14") from None
+            raise ConfigError(f"--predict_flops: {text!r} is not a number; give FLOP counts, e.g. 4e13,1e14") from None
     return values
 
 
@@ -80,11 +81,11 @@ def main(argv: list[str]) -> None:
             isoflop_window=_ISOFLOP_WINDOW.value, isoflop_method=_METHOD.value, headline=_HEADLINE.value,
             predict_flops=_predict_flops(), approach3_near=_NEAR.value,
         )
-    except (ValueError, OSError) as e:
+    except ConfigError as e:  # the user's input; anything else is a bug and keeps its traceback
         _fail(str(e))
     print(report.summary(fit))
     print(f"wrote {_OUT.value}/fit.json and {', '.join(fit.get('figures', []))}")
 
 
 if __name__ == "__main__":
-    common.run(main)  # flag errors (e.g. --drop_highest=-1) as one `error:` line, exit 2
+    cli.run(main)  # flag errors (e.g. --drop_highest=-1) as one `error:` line, exit 2

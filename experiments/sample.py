@@ -14,7 +14,8 @@ import time
 
 from absl import flags
 
-from experiments import common
+from experiments import cli
+from experiments.jax_setup import setup_jax
 from transformer.models.config import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
@@ -42,7 +43,7 @@ def _with_sentinels(tok, ids: list[int]) -> str:
 
 def main(argv: list[str]) -> None:
     del argv
-    common.setup_jax()
+    setup_jax()
     import jax
 
     from transformer.inference.generate import generate, generate_seq2seq
@@ -84,4 +85,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["workdir"])
-    common.run(main)
+    cli.run(main)

@@ -18,7 +18,8 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from experiments import common
+from experiments import cli
+from experiments.jax_setup import setup_jax
 from transformer.sweeps import runner
 from transformer.models.config import ConfigError
 
@@ -71,7 +72,7 @@ def _worker(workdir: str, index: int) -> None:
         if held is None:
             print(f"{run['run_id']} is claimed by another runner; nothing to do", flush=True)
             raise SystemExit(runner.CLAIMED_ELSEWHERE)
-        common.setup_jax(ml_collections.ConfigDict(run["config"]))
+        setup_jax(ml_collections.ConfigDict(run["config"]))
         with held:
             row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
                                          max_retries=doc["sweep"].get("max_retries", 0))
@@ -105,6 +106,9 @@ def main(argv: list[str]) -> None:
         print(runner.slurm_script(workdir, doc) if _LAUNCHER.value == "slurm" else "", end="")
         if _LAUNCHER.value == "local":
             print_table(doc)
+            left, done = runner.pending_runs(workdir, doc["runs"])
+            print(f"{len(left)} runs would train" + (f" ({len(done)} already recorded in {workdir}/results.jsonl)"
+                                                     if done else ""))
         return
     if _LAUNCHER.value == "slurm":
         runner.require_sbatch()
@@ -120,7 +124,7 @@ def main(argv: list[str]) -> None:
     if _PARALLEL.value > 1:
         code = runner.run_parallel(workdir, doc, _PARALLEL.value)
     else:
-        common.setup_jax(config.base)
+        setup_jax(config.base)
         code = runner.run_in_process(workdir, doc, _VERBOSE.value)
     if code:
         raise SystemExit(code)
@@ -160,4 +164,4 @@ def _report_fit(mode: str, fit: dict, workdir: str) -> None:
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["workdir"])
-    common.run(main)
+    cli.run(main)

@@ -4,7 +4,7 @@ Legend: B batch, T sequence, D model width, V vocabulary, N heads, H head dimens
 
 The same architecture as configs/lm.py's GPT-2 presets: learned positions, pre-LN LayerNorm, the
 config's activation (relu, gelu, gelu_tanh), biases, tied head; causal attention through F.scaled_dot_product_attention; AdamW with the
-same betas, eps, weight decay (on matrices and embeddings only) and gradient clipping. It is a
+same betas, eps, weight decay (on matrices and embeddings only) and gradient clipping (fused AdamW). It is a
 timing reference, not part of the library.
 """
 from __future__ import annotations
@@ -58,8 +58,10 @@ class TorchGPT(nn.Module):
 
 
 def make_step(model_cfg: Any, train_cfg: Any, batch_size: int, seq_len: int,
-              threads: int) -> Callable[[], float]:
-    """A closure running one AdamW training step on a fixed random batch; returns the loss."""
+              threads: int) -> tuple[Callable[[], float], TorchGPT]:
+    """(a closure running one AdamW training step on a fixed random batch and returning its loss, the model).
+    AdamW is torch's fused implementation (one kernel over all tensors, as optax's update is one XLA program),
+    not the default per-tensor loop."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     c = model_cfg
@@ -68,7 +70,8 @@ def make_step(model_cfg: Any, train_cfg: Any, batch_size: int, seq_len: int,
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": train_cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=train_cfg.learning_rate, betas=(train_cfg.b1, train_cfg.b2), eps=train_cfg.eps)
+                            lr=train_cfg.learning_rate, betas=(train_cfg.b1, train_cfg.b2), eps=train_cfg.eps,
+                            fused=True)
     tokens = torch.randint(0, c.vocab_size, (batch_size, seq_len + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
@@ -82,4 +85,4 @@ def make_step(model_cfg: Any, train_cfg: Any, batch_size: int, seq_len: int,
         opt.step()
         return loss.item()
 
-    return step
+    return step, model

@@ -25,6 +25,9 @@ CASES = [
     ("train_unknown_key", TRAIN + ["--config.model.nonexistent=3"],
      r"--config\.model\.nonexistent: 'nonexistent' is not a setting.*valid keys under model: .*d_model"),
     ("train_unknown_section", TRAIN + ["--config.optim.lr=3"], r"'optim' is not a setting.*valid keys: .*train"),
+    ("train_misspelt_key", TRAIN + ["--config.train.step=30"],  # clean text: no quoted repr, no literal \n
+     r"^error: --config\.train\.step: 'step' is not a setting of this config \(did you mean 'train\.steps'\?\); "
+     r"valid keys under train: [a-z_0-9, ]*\bsteps\b[a-z_0-9, ]*$"),
     ("train_wrong_type", TRAIN + ["--config.train.steps=abc"], r"--config\.train\.steps=abc: invalid literal for int"),
     ("train_float_for_int", TRAIN + ["--config.train.batch_size=1.5"], r"--config\.train\.batch_size=1\.5"),
     ("train_bad_bool", TRAIN + ["--config.model.tie_embeddings=maybe"], r"--config\.model\.tie_embeddings=maybe"),

@@ -1,4 +1,4 @@
-"""experiments.common.use_huge_pages: the command-line tools re-execute once with malloc on huge pages."""
+"""experiments.huge_pages.use_huge_pages: the command-line tools re-execute once with malloc on huge pages."""
 import os
 import platform
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = ("import os, sys; from experiments.common import use_huge_pages; "
+SCRIPT = ("import os, sys; from experiments.huge_pages import use_huge_pages; "
           "print('start', flush=True); use_huge_pages(); print('tunables', os.environ.get('GLIBC_TUNABLES'))")
 
 
@@ -39,9 +39,9 @@ def test_reexecutes_once_with_hugetlb_and_keeps_the_users_tunables():
 
 @pytest.mark.skipif(not _thp_available(), reason="needs glibc >= 2.35 and transparent huge pages")
 def test_every_command_line_entry_point_gets_it():
-    """experiments.common.run (what every experiments/*.py main goes through) re-executes with it."""
-    script = ("import os; from experiments import common; "
-              "common.run(lambda argv: print('tunables', os.environ.get('GLIBC_TUNABLES')))")
+    """experiments.cli.run (what every experiments/*.py main goes through) re-executes with it."""
+    script = ("import os; from experiments import cli; "
+              "cli.run(lambda argv: print('tunables', os.environ.get('GLIBC_TUNABLES')))")
     full = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "TRANSFORMER_HUGE_PAGES")}
     out = subprocess.run([sys.executable, "-c", script], env={**full, "PYTHONPATH": REPO}, capture_output=True,
                          text=True, check=True)

@@ -46,6 +46,15 @@ def test_sinusoidal_matches_formula():
     assert sinusoidal_table(jnp.zeros((2, 5), jnp.int32), 6).shape == (2, 5, 6)
 
 
+def _rope_reference(x_H: np.ndarray, position: int, base: float) -> np.ndarray:
+    """Rotate-half RoPE as complex numbers: z_i = x_i + j·x_{i+H/2} times exp(j·position·theta_i),
+    theta_i = base^(-2i/H) (Su et al. 2021; HF LLaMA's layout), in float64."""
+    H = x_H.shape[-1]
+    theta_h = base ** (-2.0 * np.arange(H // 2) / H)
+    z_h = (x_H[: H // 2] + 1j * x_H[H // 2:]) * np.exp(1j * position * theta_h)
+    return np.concatenate([z_h.real, z_h.imag])
+
+
 def test_rope_dot_product_depends_only_on_offset():
     kq, kk = jax.random.split(jax.random.PRNGKey(1))
     q = jax.random.normal(kq, (1, 1, 1, 16))
@@ -61,10 +70,17 @@ def test_rope_dot_product_depends_only_on_offset():
         np.testing.assert_allclose(scores, scores[0], rtol=1e-4, atol=1e-4)
     assert abs(score(3, 0) - score(0, 0)) > 1e-3  # the offset does matter
     np.testing.assert_allclose(apply_rope(q, jnp.array([[0]])), q, atol=1e-7)  # position 0: identity
-    # rotate-half (HF LLaMA) convention: pair (i, i + H/2) turns by angle p * base^(-2i/H)
-    x = jnp.zeros((1, 1, 1, 4)).at[..., 0].set(1.0)
+    # the frequency schedule itself (any schedule keeps the offset property above): each pair (i, i + H/2)
+    # turns by position * base^(-2i/H), for every pair, against an independent float64 computation
+    for base in (100.0, 10000.0):
+        for position in (1, 7, 300):
+            got = np.asarray(apply_rope(q, jnp.array([[position]]), base))[0, 0, 0]
+            np.testing.assert_allclose(got, _rope_reference(np.asarray(q, np.float64)[0, 0, 0], position, base),
+                                       atol=2e-4, rtol=0)
+    x = jnp.zeros((1, 1, 1, 16)).at[..., 5].set(1.0)  # pair 5 alone: cos and sin of 2 * 100^(-10/16)
+    angle = 2 * 100.0 ** (-10 / 16)
     np.testing.assert_allclose(apply_rope(x, jnp.array([[2]]), 100.0)[0, 0, 0],
-                               [math.cos(2), 0, math.sin(2), 0], atol=1e-6)
+                               np.eye(16)[5] * math.cos(angle) + np.eye(16)[13] * math.sin(angle), atol=1e-6)
 
 
 def test_gqa_with_all_heads_equals_independent_mha():
@@ -197,18 +213,26 @@ def test_feedforward_matches_formula(activation):
 
 
 def test_norms():
+    """Both norms against their formulas, with a non-trivial scale and bias (ones and zeros would hide a norm
+    that ignores them)."""
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8)) * 3 + 1
+    k_scale, k_bias = jax.random.split(jax.random.PRNGKey(5))
+    scale_D = jax.random.uniform(k_scale, (8,), minval=0.5, maxval=2.0)
+    bias_D = jax.random.normal(k_bias, (8,))
     rms_cfg = ModelConfig(d_model=8, num_heads=2, norm="rmsnorm", norm_eps=1e-6)
     rms = make_norm(rms_cfg, "n")
     p = rms.init(jax.random.PRNGKey(0), x)
     assert set(p["params"]) == {"scale"}
-    np.testing.assert_allclose(rms.apply(p, x), x / jnp.sqrt(jnp.mean(x ** 2, -1, keepdims=True) + 1e-6), rtol=1e-5)
+    p = {"params": {"scale": scale_D}}
+    np.testing.assert_allclose(rms.apply(p, x), x / jnp.sqrt(jnp.mean(x ** 2, -1, keepdims=True) + 1e-6) * scale_D,
+                               rtol=1e-5, atol=1e-6)
     ln = make_norm(ModelConfig(d_model=8, num_heads=2), "n")
     p = ln.init(jax.random.PRNGKey(0), x)
     assert set(p["params"]) == {"scale", "bias"}
     assert nn.get_partition_spec(p)["params"]["scale"] == jax.sharding.PartitionSpec("norm")
-    y = ln.apply(p, x)
-    np.testing.assert_allclose(y.mean(-1), 0, atol=1e-5)
-    np.testing.assert_allclose(y.std(-1), 1, atol=1e-3)
+    y = ln.apply({"params": {"scale": scale_D, "bias": bias_D}}, x)
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    eps = ModelConfig().norm_eps
+    np.testing.assert_allclose(y, (x - mean) / jnp.sqrt(var + eps) * scale_D + bias_D, rtol=1e-5, atol=1e-5)
     no_bias = make_norm(ModelConfig(d_model=8, num_heads=2, use_bias=False), "n").init(jax.random.PRNGKey(0), x)
     assert set(no_bias["params"]) == {"scale"}

@@ -90,10 +90,81 @@ def _resume_copy(src: str, dst: str) -> None:
     os.remove(os.path.join(dst, "summary.json"))
 
 
+def _config(data_dir: str):
+    from configs import lm
+
+    c = lm.get_config("gpt2_tiny")
+    c.data.data_dir = data_dir
+    for key, value in SETTINGS.items():
+        section, name = key.split(".")
+        c[section][name] = value
+    return c
+
+
+def _path_key(path: tuple) -> str:
+    """A key path as orbax names it on disk: attribute, dict key or sequence index, joined by '/'."""
+    return "/".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+
+
+def _saved(step_dir: str) -> dict:
+    """The state as saved: the checkpoint's arrays read by orbax as plain numpy (no shardings, no project code)."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    path = os.path.join(step_dir, "state")
+    tree = ocp.PyTreeCheckpointer().metadata(path).item_metadata.tree
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    saved = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+    return {_path_key(p): np.asarray(a) for p, a in jax.tree_util.tree_flatten_with_path(saved)[0]}
+
+
+def _restored_here(workdir: str, data_dir: str, merged_shards: bool) -> tuple[int, dict]:
+    """The newest checkpoint restored the way the loop resumes (its abstract state and shardings; the
+    checksum verified), in this process: 1 process, this session's 8 devices. `merged_shards`: the data
+    iterator of the 1-process reference run (its saved position is the two shards' positions)."""
+    import jax
+    import numpy as np
+
+    from transformer.models import build_model
+    from transformer.tasks import get_task
+    from transformer.training import checkpointing, sharding
+    from transformer.training.optimizer import make_optimizer
+    from transformer.training.resolve import resolve
+    from transformer.training.state import abstract_state
+
+    c = _config(data_dir)
+    task, model_cfg = get_task(c), resolve(c, jax.device_count(), 1).model_cfg
+    mesh, rules = sharding.make_mesh(c.mesh), sharding.rules(c.mesh)
+    abstract, _ = abstract_state(build_model(model_cfg), make_optimizer(c.train), task.init_inputs(c), mesh, rules)
+    data = dict(split=c.data.train_split, global_batch_size=c.train.batch_size, seed=c.data.shuffle_seed + c.train.seed,
+                shuffle=True, repeat=True)
+    it = (_MergedShards([task.make_iterator(c, **data, process_index=i, process_count=2) for i in range(2)])
+          if merged_shards else task.make_iterator(c, **data, process_index=0, process_count=1))
+    ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        step, state = ckpt.restore(abstract, it)
+    finally:
+        ckpt.close()
+    leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(state))[0]
+    return step, {_path_key(p): np.asarray(a) for p, a in leaves}
+
+
 def test_checkpoints_restore_across_process_counts(runs, corpus_dir, tmp_path):
     """2-process checkpoint → 1 process, and 1-process checkpoint → 2 processes: the state restores
-    (its checksum is verified on restore), the data iterator starts over on the new shards."""
+    (its checksum is verified on restore), the data iterator starts over on the new shards. Restored under
+    another process/device count, every array equals what was saved, bit for bit."""
+    import numpy as np
+
     two, one = runs
+    for source, merged in ((two, False), (one, True)):  # written by 2 processes x 2 devices, 1 process x 4 devices
+        workdir = str(tmp_path / f"restore_{os.path.basename(source)}")
+        shutil.copytree(source, workdir)
+        step, restored = _restored_here(workdir, corpus_dir, merged)
+        saved = _saved(os.path.join(workdir, "checkpoints", str(step)))
+        assert step == 8 and set(restored) == set(saved) and len(saved) > 10, (sorted(restored), sorted(saved))
+        for key, array in saved.items():
+            np.testing.assert_array_equal(restored[key], array, err_msg=f"{workdir}: {key}")
     _resume_copy(two, str(tmp_path / "two_to_one"))
     _resume_copy(one, str(tmp_path / "one_to_two"))
     out = _wait([_cli(str(tmp_path / "two_to_one"), corpus_dir, 4)])
@@ -132,15 +203,10 @@ class _MergedShards:
 
 
 def _reference_main(workdir: str, data_dir: str) -> None:
-    from configs import lm
     from transformer.tasks import get_task
     from transformer.training import loop
 
-    c = lm.get_config("gpt2_tiny")
-    c.data.data_dir = data_dir
-    for key, value in SETTINGS.items():
-        section, name = key.split(".")
-        c[section][name] = value
+    c = _config(data_dir)
     task = get_task(c)
 
     class TwoShards(type(task)):

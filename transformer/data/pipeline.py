@@ -118,7 +118,7 @@ def make_lm_dataset(data_cfg: ml_collections.ConfigDict, *, split: str, global_b
 
     docs = grain.MapDataset.source(source)[process_index::process_count]
     if len(docs) == 0:
-        raise ValueError(f"split {split!r} has {len(source)} records: none for process {process_index} "
+        raise ConfigError(f"split {split!r} has {len(source)} records: none for process {process_index} "
                          f"of {process_count}")
     if shuffle:
         docs = docs.shuffle(seed=_shuffle_seed(data_cfg, seed))  # a new order every epoch

@@ -60,7 +60,7 @@ class SentencePieceTokenizer:
         self._proto = model_proto
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         if (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
-            raise ValueError("SentencePiece model must have pad/bos/eos ids 0/1/2, got "
+            raise ConfigError("SentencePiece model must have pad/bos/eos ids 0/1/2, got "
                              f"{self._sp.pad_id()}/{self._sp.bos_id()}/{self._sp.eos_id()}")
         self.vocab_size = self._sp.vocab_size()
         self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID

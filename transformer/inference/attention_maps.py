@@ -23,6 +23,7 @@ import numpy as np
 from flax import traverse_util
 
 from transformer.data.tokenizers import ByteTokenizer
+from transformer.models.config import ConfigError
 
 WEIGHTS_NAME = "attention_weights"
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
@@ -122,7 +123,7 @@ def plot_attention(weights_NTS: np.ndarray, query_labels: Sequence[str], key_lab
     heads = list(range(N)) if heads is None else list(heads)
     bad = [h for h in heads if not 0 <= h < N]
     if bad:
-        raise ValueError(f"heads {bad} out of range; this layer has heads 0..{N - 1}")
+        raise ConfigError(f"heads {bad} out of range; this layer has heads 0..{N - 1}")
     cols = math.ceil(math.sqrt(len(heads)))
     rows = math.ceil(len(heads) / cols)
     cell = max(2.5, 0.16 * max(T, S) + 1.0)   # inches per heatmap: ~0.16" per token keeps labels legible

@@ -54,10 +54,10 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndar
     Padding has segment id 0 and position 0; real tokens segment id 1 and positions 0, 1, ...
     """
     if not prompts:
-        raise ValueError("prompts is empty; give at least one prompt")
+        raise ConfigError("prompts is empty; give at least one prompt")
     lengths = [len(p) for p in prompts]
     if min(lengths) == 0:
-        raise ValueError(f"prompt {lengths.index(0)} is empty; every prompt needs at least one token "
+        raise ConfigError(f"prompt {lengths.index(0)} is empty; every prompt needs at least one token "
                          "(e.g. the tokenizer's bos id)")
     P = max(lengths)
     tokens_BP = np.full((len(prompts), P), pad_id, np.int32)
@@ -74,7 +74,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndar
 def right_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Ragged sequences -> (tokens_BS, segment_ids_BS), int32, padded on the right (padding: segment 0)."""
     if not sequences or min(len(s) for s in sequences) == 0:
-        raise ValueError("every source sequence needs at least one token")
+        raise ConfigError("every source sequence needs at least one token")
     S = max(len(s) for s in sequences)
     tokens_BS = np.full((len(sequences), S), pad_id, np.int32)
     segment_ids_BS = np.zeros((len(sequences), S), np.int32)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.models.config import ConfigError
+from transformer.models.config import ConfigError, MissingInputError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -25,9 +25,9 @@ def read_config(path: str) -> dict[str, Any]:
     """PATH/config.json as a dict; FileNotFoundError names what is missing."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path} is not a directory (a Hugging Face checkpoint directory is expected)")
+        raise MissingInputError(f"{path} is not a directory (a Hugging Face checkpoint directory is expected)")
     if not os.path.exists(config_path):
-        raise FileNotFoundError(f"{config_path} not found")
+        raise MissingInputError(f"{config_path} not found")
     with open(config_path) as f:
         return json.load(f)
 
@@ -63,7 +63,7 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
                 state.update(_load_file(os.path.join(path, shard)))
             return state
         return _load_file(file)
-    raise FileNotFoundError(f"no weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
+    raise MissingInputError(f"no weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
 
 
 def save_state_dict(tensors: dict[str, np.ndarray], path: str) -> None:
@@ -88,7 +88,7 @@ class StateReader:
 
     def __call__(self, name: str) -> np.ndarray:
         if name not in self.state:
-            raise ValueError(f"{self.family} checkpoint has no tensor {name!r}")
+            raise ConfigError(f"{self.family} checkpoint has no tensor {name!r}")
         self.used.add(name)
         return self.state[name]
 

@@ -29,6 +29,11 @@ class ConfigError(ValueError):
     """A user's configuration mistake; the message names the setting and valid values."""
 
 
+class MissingInputError(ConfigError, FileNotFoundError):
+    """A file or directory the user named (a flag, a config setting, a CSV) does not exist or is not what it
+    must be; still a FileNotFoundError for callers that catch that."""
+
+
 def _choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(valid)}")

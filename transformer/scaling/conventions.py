@@ -19,6 +19,7 @@ import dataclasses
 
 import numpy as np
 
+from transformer.models.config import ConfigError
 from transformer.scaling import isoflop
 from transformer.scaling.points import Points
 
@@ -61,14 +62,14 @@ def n_of(points: Points, name: str) -> np.ndarray:
         return points.extra_P["params_non_embedding"]
     if name == "as_given":
         return points.params_P
-    raise ValueError(f"convention={name!r} is not valid; choose one of {', '.join(DESCRIPTIONS)}")
+    raise ConfigError(f"convention={name!r} is not valid; choose one of {', '.join(DESCRIPTIONS)}")
 
 
 def apply(points: Points, name: str) -> Points:
     """The points with N and C = 6·N·D of convention `name`. Budgets stay those of the original compute
     (the designed budget, or the FLOPs grouped within 1%); loss curves are rescaled to match."""
     if name not in available(points):
-        raise ValueError(f"convention={name!r} is not available for {points.source}; "
+        raise ConfigError(f"convention={name!r} is not available for {points.source}; "
                          f"available: {', '.join(available(points))}")
     budget_P = points.budget_P
     if budget_P is None:

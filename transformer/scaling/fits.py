@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from transformer.models.config import ConfigError
 from transformer.scaling import conventions, frontier, isoflop, noise, parametric
 from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points
@@ -205,7 +206,7 @@ def approach3_draws(points: Points, fitted: dict[str, Any], sigma: float, sample
 def drop_highest_loss(points: Points, k: int) -> Points:
     """Leave out the k highest-loss points (Besiroglu et al. 2024's outlier rule)."""
     if not 0 <= k < len(points):
-        raise ValueError(f"drop_highest={k} is not valid; choose 0 ≤ K < {len(points)} (the number of points)")
+        raise ConfigError(f"drop_highest={k} is not valid; choose 0 ≤ K < {len(points)} (the number of points)")
     keep_P = np.ones(len(points), dtype=bool)
     keep_P[np.argsort(points.loss_P, kind="stable")[len(points) - k :]] = False
     return points.subset(keep_P, reason=f"among the {k} highest losses (drop_highest={k})")
@@ -236,14 +237,14 @@ def fit_all(
     `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points).
     """
     if bootstrap < 0:
-        raise ValueError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
+        raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
     if any(not (np.isfinite(c) and c > 0) for c in predict_flops):
-        raise ValueError(f"predict_flops={list(predict_flops)} is not valid; give positive FLOP counts")
+        raise ConfigError(f"predict_flops={list(predict_flops)} is not valid; give positive FLOP counts")
     used = drop_highest_loss(points, drop_highest)
     names = conventions.available(used)
     headline = headline or names[0]
     if headline not in names:
-        raise ValueError(f"headline={headline!r} is not valid for these points; available: {', '.join(names)}")
+        raise ConfigError(f"headline={headline!r} is not valid for these points; available: {', '.join(names)}")
     samples = bootstrap or (200 if predict_flops else 0)
     rng = np.random.default_rng(seed)
     sigma = noise.estimate(used)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.interpolate import Akima1DInterpolator
 
+from transformer.models.config import ConfigError
 from transformer.scaling.points import Points
 
 BUDGET_RTOL = 0.01  # CSV points whose compute agrees within 1% belong to one IsoFLOP budget
@@ -169,7 +170,7 @@ def approach2(points: Points, window: int | None = None, rtol: float = BUDGET_RT
     given, else `akima`."""
     method = method or ("parabola" if window is not None else "akima")
     if method not in METHODS:
-        raise ValueError(f"isoflop_method={method!r} is not valid; choose one of {', '.join(METHODS)}")
+        raise ConfigError(f"isoflop_method={method!r} is not valid; choose one of {', '.join(METHODS)}")
     groups = group_budgets(points.flops_P, rtol, points.budget_P)
     budgets = [budget_minimum(points, idx, method, window) for idx in groups]
     kept = [b for b in budgets if "N_opt" in b]

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer import files
+from transformer.models.config import ConfigError
 
 
 def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
@@ -22,7 +23,7 @@ def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
     pts = sorted((float(lr), float(loss)) for lr, loss in zip(lrs, losses)
                  if loss is not None and math.isfinite(loss))
     if len(pts) < 3:
-        raise ValueError(f"an LR scan needs at least 3 finished points per size, got {len(pts)}")
+        raise ConfigError(f"an LR scan needs at least 3 finished points per size, got {len(pts)}")
     x = np.log([p[0] for p in pts])
     y = np.array([p[1] for p in pts])
     i = int(np.argmin(y))
@@ -40,7 +41,7 @@ def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
 def fit_power_law(sizes: Sequence[float], lr_opts: Sequence[float]) -> tuple[float, float]:
     """(c, k) of lr_opt = c · N^k, least squares in log–log."""
     if len(sizes) < 2:
-        raise ValueError("fitting lr_opt = c·N^k needs optima at 2 or more sizes")
+        raise ConfigError("fitting lr_opt = c·N^k needs optima at 2 or more sizes")
     k, log_c = np.polyfit(np.log(sizes), np.log(lr_opts), 1)
     return float(math.exp(log_c)), float(k)
 

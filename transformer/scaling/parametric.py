@@ -25,6 +25,8 @@ import numpy as np
 import scipy
 from scipy import optimize
 
+from transformer.models.config import ConfigError
+
 HUBER_DELTA = 1e-3
 
 
@@ -153,7 +155,7 @@ def fit_loss(
     `extra_starts` (M, 5) as (a, b, e, α, β) are tried as well (e.g. a previous solution).
     """
     if len(loss_P) < 5:
-        raise ValueError(f"approach 3 needs at least 5 points to fit 5 parameters, got {len(loss_P)}")
+        raise ConfigError(f"approach 3 needs at least 5 points to fit 5 parameters, got {len(loss_P)}")
     log_n_P, log_d_P, log_loss_P = np.log(params_P), np.log(tokens_P), np.log(loss_P)
     grid_K5 = init_grid()
     if n_starts is not None and n_starts < len(grid_K5):

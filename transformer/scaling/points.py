@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from transformer.models.config import ConfigError, MissingInputError
+
 N_KINDS = ("params", "params_non_embedding")
 CSV_REQUIRED = ("params", "tokens", "loss")
 CSV_ALIASES = {"N": "params", "D": "tokens"}
@@ -112,9 +114,9 @@ def from_arrays(
     flops_P = 6.0 * params_P * tokens_P if flops is None else np.asarray(flops, dtype=float)
     for name, x in (("params", params_P), ("tokens", tokens_P), ("flops", flops_P), ("loss", loss_P)):
         if x.shape != params_P.shape or x.ndim != 1:
-            raise ValueError(f"{source}: {name} has shape {x.shape}; expected {params_P.shape}")
+            raise ConfigError(f"{source}: {name} has shape {x.shape}; expected {params_P.shape}")
         if not np.all(np.isfinite(x) & (x > 0)):
-            raise ValueError(f"{source}: {name} must be positive finite numbers")
+            raise ConfigError(f"{source}: {name} must be positive finite numbers")
     ids = tuple(ids) if ids is not None else tuple(f"p{i}" for i in range(len(params_P)))
     return Points(params_P, tokens_P, flops_P, loss_P, ids, source=source)
 
@@ -128,7 +130,7 @@ def _positive_number(path: str, line: int, column: str, text: str) -> float:
     else:
         problem = "is not a positive finite number"
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(
+        raise ConfigError(
             f"{path}: row {line}, column '{column}' = {text!r} {problem}; "
             "params, tokens, flops and loss must be positive finite numbers"
         )
@@ -141,7 +143,7 @@ def parse_where(terms: Sequence[str]) -> dict[str, str]:
     for term in terms:
         column, sep, value = term.partition("=")
         if not sep or not column.strip():
-            raise ValueError(f"--where={term!r}: expected COLUMN=VALUE (repeat --where for more columns)")
+            raise ConfigError(f"--where={term!r}: expected COLUMN=VALUE (repeat --where for more columns)")
         where[column.strip()] = value.strip()
     return where
 
@@ -169,7 +171,7 @@ def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
     """
     if not os.path.isfile(path):
         problem = "is a directory, not a points file" if os.path.isdir(path) else "no such points file"
-        raise FileNotFoundError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
+        raise MissingInputError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
     where = where or {}
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
@@ -177,13 +179,13 @@ def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
         header = [CSV_ALIASES.get(h, h) if CSV_ALIASES.get(h) not in raw_header else h for h in raw_header]
         missing = [c for c in CSV_REQUIRED if c not in header]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: column '{missing[0]}' is missing; the header must name "
                 f"params (or N), tokens (or D), loss (optional flops), found: {', '.join(raw_header) or 'no header'}"
             )
         unknown = [c for c in where if c not in header]
         if unknown:
-            raise ValueError(f"{path}: --where names column '{unknown[0]}', which the file does not have; "
+            raise ConfigError(f"{path}: --where names column '{unknown[0]}', which the file does not have; "
                              f"columns: {', '.join(raw_header)}")
         reader.fieldnames = header
         rows = [(reader.line_num, row) for row in reader]
@@ -203,16 +205,16 @@ def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
                     and any(not _is_number((r.get(c) or "").strip()) for _, r in rows)]
     if not ids and where:
         settings = _settings([r for _, r in rows], text_columns or list(where))
-        raise ValueError(f"{path}: no rows match --where {' '.join(f'{c}={v}' for c, v in where.items())}; "
+        raise ConfigError(f"{path}: no rows match --where {' '.join(f'{c}={v}' for c, v in where.items())}; "
                          f"the file holds {len(settings)} setting(s): " + "; ".join(settings))
     kept_ids = set(ids)
     kept = [r for line, r in rows if f"row{line}" in kept_ids]
     mixed = _settings(kept, text_columns) if text_columns else []
     if len(mixed) > 1:
-        raise ValueError(f"{path}: the rows kept mix {len(mixed)} settings; pick one with --where COLUMN=VALUE "
+        raise ConfigError(f"{path}: the rows kept mix {len(mixed)} settings; pick one with --where COLUMN=VALUE "
                          f"(repeatable), one of: " + "; ".join(mixed))
     if not ids:
-        raise ValueError(f"{path}: no data rows after the header")
+        raise ConfigError(f"{path}: no data rows after the header")
     source = path + (f" [{', '.join(f'{c}={v}' for c, v in where.items())}]" if where else "")
     return from_arrays(
         columns["params"], columns["tokens"], columns["loss"],
@@ -286,10 +288,10 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
     "params_non_embedding".
     """
     if n_kind not in N_KINDS:
-        raise ValueError(f"n_kind={n_kind!r} is not valid; choose one of {', '.join(N_KINDS)}")
+        raise ConfigError(f"n_kind={n_kind!r} is not valid; choose one of {', '.join(N_KINDS)}")
     results = os.path.join(directory, "results.jsonl")
     if not os.path.isfile(results):
-        raise FileNotFoundError(f"{results}: no such file; --sweep must be a sweep directory with results.jsonl")
+        raise MissingInputError(f"{results}: no such file; --sweep must be a sweep directory with results.jsonl")
     by_id: dict[str, tuple[int, dict[str, Any]]] = {}
     records, bad_lines = _read_jsonl(results)
     excluded = [{"id": f"line{n}", "reason": "not a JSON object (a torn write?)"} for n in bad_lines]
@@ -310,7 +312,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
             continue
         for key in (n_kind, "tokens", "flops"):
             if not _finite_positive(record.get(key)):
-                raise ValueError(
+                raise ConfigError(
                     f"{results}: line {line_no} (run {run_id}), key '{key}' = {record.get(key)!r} "
                     "must be a positive finite number"
                 )
@@ -327,7 +329,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         if curve is not None:
             curves.append(curve)
     if not ids:
-        raise ValueError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
+        raise ConfigError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
     points = from_arrays(params, tokens, loss, flops=flops, ids=ids, source=directory)
     budget_P = np.array(budgets, dtype=float) if all(_finite_positive(b) for b in budgets) else None
     extra_P = {k: np.array(v, dtype=float) for k, v in extras.items() if all(_finite_positive(x) for x in v)}

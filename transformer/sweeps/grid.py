@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from transformer.sweeps.defaults import MODES, PARAM_COUNTS, sweep_defaults
-from transformer.models.config import ConfigError
+from transformer.models.config import ConfigError, MissingInputError
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.training import validate
 
@@ -219,7 +219,7 @@ def lr_rule(sweep: ml_collections.ConfigDict) -> Callable[[float], float]:
             with open(sweep.lr_fit) as f:
                 fit = json.load(f)
         except FileNotFoundError:
-            raise FileNotFoundError(f"sweep.lr_fit={sweep.lr_fit!r}: no such file (an LR scan writes DIR/lr_fit.json)")
+            raise MissingInputError(f"sweep.lr_fit={sweep.lr_fit!r}: no such file (an LR scan writes DIR/lr_fit.json)")
         if fit.get("param_count", "total") != sweep.param_count:
             raise ConfigError(f"sweep.lr_fit={sweep.lr_fit!r} was fitted against {fit.get('param_count')} params but "
                               f"sweep.param_count={sweep.param_count!r}")

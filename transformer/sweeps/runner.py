@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from transformer import files
-from transformer.models.config import ConfigError
+from transformer.models.config import ConfigError, MissingInputError
 from transformer.sweeps import claims, results
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,7 +58,7 @@ def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
 def load_sweep(workdir: str) -> dict[str, Any]:
     path = os.path.join(workdir, "sweep.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file; run the sweep with --config first")
+        raise MissingInputError(f"{path}: no such file; run the sweep with --config first")
     with open(path) as f:
         return json.load(f)
 

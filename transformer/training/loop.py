@@ -1,6 +1,6 @@
 """The training loop: config → data → sharded state → jitted steps → metrics, checkpoints, summary.
 
-`train(config, workdir)` is the whole Train contract (design.md): rerunning it on the same workdir
+`train(config, workdir)` is the whole Train contract (docs/design.md): rerunning it on the same workdir
 resumes from the latest checkpoint (model, optimizer, data position; the dropout RNG is derived from
 (seed, step)) and ends with the same result as an uninterrupted run.
 """
@@ -20,14 +20,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer import files
-from transformer.data import get_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
-from transformer.tasks import get_task, model_vocab_size
-from transformer.training import checkpointing, hardware, nonfinite, sharding, steps, validate
+from transformer.tasks import get_task
+from transformer.training import checkpointing, hardware, nonfinite, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule
+from transformer.training.resolve import resolve
 from transformer.training.state import abstract_state, init_state
 from transformer.training.warm_start import warm_start
 
@@ -152,11 +152,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     t_start = time.time()
     pid, nproc = jax.process_index(), jax.process_count()
     primary = pid == 0
-    tokenizer = get_tokenizer(config.data)
-    model_cfg = validate.model_config(config, model_vocab_size(config, tokenizer))
-    mesh_shape = validate.check_training(config, model_cfg, jax.device_count(), nproc)
-    resolved = config.to_dict()
-    resolved["model"]["vocab_size"] = model_cfg.vocab_size
+    run = resolve(config, jax.device_count(), nproc)
+    model_cfg, mesh_shape, resolved = run.model_cfg, run.mesh_shape, run.config
     os.makedirs(workdir, exist_ok=True)
     check_workdir_config(workdir, json.loads(json.dumps(resolved)))
     summary_path = os.path.join(workdir, "summary.json")

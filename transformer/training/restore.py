@@ -19,7 +19,8 @@ import orbax.checkpoint as ocp
 
 from transformer.data import Tokenizer, get_tokenizer
 from transformer.models import build_model
-from transformer.models.config import ModelConfig
+from transformer.models.config import MissingInputError, ModelConfig
+
 from transformer.tasks import get_task
 from transformer.training import validate
 
@@ -37,10 +38,10 @@ class LoadedRun:
 def load_config(workdir: str) -> ml_collections.ConfigDict:
     """DIR/config.json as a ConfigDict; FileNotFoundError (one line) when the run is missing."""
     if not os.path.isdir(workdir):
-        raise FileNotFoundError(f"--workdir={workdir} does not exist")
+        raise MissingInputError(f"--workdir={workdir} does not exist")
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: {workdir} is not a training run directory")
+        raise MissingInputError(f"{path} not found: {workdir} is not a training run directory")
     with open(path) as f:
         return ml_collections.ConfigDict(json.load(f))
 
@@ -50,7 +51,7 @@ def latest_step(workdir: str) -> int:
     directory = os.path.join(workdir, "checkpoints")
     steps = sorted(ocp.utils.checkpoint_steps(directory)) if os.path.isdir(directory) else []
     if not steps:
-        raise FileNotFoundError(f"no checkpoint in {directory}; train first (python -m experiments.train ...)")
+        raise MissingInputError(f"no checkpoint in {directory}; train first (python -m experiments.train ...)")
     return steps[-1]
 
 
@@ -74,7 +75,7 @@ def load_run(workdir: str, *, step: int | None = None, model_kwargs: dict | None
     step = latest_step(workdir) if step is None else step
     state_dir = os.path.join(workdir, "checkpoints", str(step), "state")
     if not os.path.isdir(state_dir):
-        raise FileNotFoundError(f"checkpoint {state_dir} not found")
+        raise MissingInputError(f"checkpoint {state_dir} not found")
     tokenizer = get_tokenizer(config.data)
     model_cfg = validate.model_config(config, tokenizer.vocab_size)
     model = build_model(model_cfg)

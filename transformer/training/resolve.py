@@ -1,0 +1,31 @@
+"""A training config resolved and checked the way `train` does it, before any data is read or compiled."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from transformer.data import get_tokenizer
+from transformer.models.config import ModelConfig
+from transformer.tasks import model_vocab_size
+from transformer.training import validate
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """model_cfg: the validated ModelConfig; mesh_shape: (data, fsdp, tensor); config: the dict written to
+    DIR/config.json (the config with model.vocab_size filled in from the tokenizer where it was 0)."""
+
+    model_cfg: ModelConfig
+    mesh_shape: tuple[int, ...]
+    config: dict
+
+
+def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:
+    """Validates `config` for this many devices and processes (ConfigError naming the setting on a mistake).
+    `tokenizer`: anything with `vocab_size`; default: the one `data.tokenizer` names."""
+    tokenizer = tokenizer if tokenizer is not None else get_tokenizer(config.data)
+    model_cfg = validate.model_config(config, model_vocab_size(config, tokenizer))
+    mesh_shape = validate.check_training(config, model_cfg, num_devices, process_count)
+    resolved = config.to_dict()
+    resolved["model"]["vocab_size"] = model_cfg.vocab_size
+    return Resolved(model_cfg, tuple(mesh_shape), resolved)
