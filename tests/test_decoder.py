@@ -161,6 +161,27 @@ def test_bfloat16_compute_gives_float32_logits_close_to_float32():
     assert float(jnp.abs(ref - low).max()) > 0  # it really computed in bfloat16
 
 
+@pytest.mark.parametrize("base", [GPT2, LLAMA], ids=["tied", "untied"])
+def test_bfloat16_logits_are_accumulated_in_float32(base):
+    """With bf16 compute the head's inputs are bf16, but the logits are their float32 product, not a
+    bf16-rounded one (bf16 keeps 8 bits: rounding would show up at ~1e-3 relative)."""
+    from transformer.models.decoder import output_logits
+    cfg = base.replace(dtype="bfloat16")
+    tok = _tokens(7)
+    params = _init(base, tok)[1]
+    model = DecoderLM(cfg)
+    logits = model.apply(params, tok)
+    hidden_BTD = model.apply(params, tok, return_hidden=True)
+    assert logits.dtype == jnp.float32 and hidden_BTD.dtype == jnp.bfloat16
+    p = params["params"]
+    W_DV = (p["token_embedding"]["embedding"].T if base.tie_embeddings else p["head"]["kernel"])
+    W_DV = W_DV.astype(jnp.bfloat16).astype(jnp.float32)
+    expected = jnp.einsum("btd,dv->btv", hidden_BTD.astype(jnp.float32), W_DV, precision="highest")
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(output_logits(cfg, p, hidden_BTD), expected, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(expected - expected.astype(jnp.bfloat16).astype(jnp.float32)).max()) > 1e-4
+
+
 def test_post_ln_normalises_block_output_and_pre_ln_does_not():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, T, 32)) * 4 + 2
     outs = {}
