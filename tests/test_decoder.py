@@ -98,6 +98,25 @@ def test_kv_cache_decoding_matches_full_forward(base):
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
 
+def test_decoding_past_the_cache_is_an_error():
+    """dynamic_update_slice clamps its start: without the check the 5th token would overwrite slot 3."""
+    from transformer.layers.attention import CacheOverflowError
+    tok = _tokens(3, (2, 4))
+    model, params = _init(GPT2, tok)
+    cache = model.init(jax.random.PRNGKey(0), tok, decode=True)["cache"]  # 4 slots
+    step = functools.partial(model.apply, decode=True, mutable=["cache"])
+    _, mut = step({**params, "cache": cache}, tok[:, :3])
+    _, mut = step({**params, "cache": mut["cache"]}, tok[:, 3:4])  # slot 3: exactly full
+    with pytest.raises(CacheOverflowError, match="cache slot 4 need 5 slots but the cache holds 4"):
+        step({**params, "cache": mut["cache"]}, tok[:, :1])  # eager: a Python error
+    jitted = jax.jit(step)
+    _, mut = jitted({**params, "cache": cache}, tok[:, :3])
+    with pytest.raises(Exception, match="cache slot 3 need 5 slots but the cache holds 4"):
+        jax.block_until_ready(jitted({**params, "cache": mut["cache"]}, tok[:, :2]))  # under jit
+    with pytest.raises(CacheOverflowError, match="need 6 slots"):
+        step({**params, "cache": cache}, _tokens(3, (2, 6)))  # longer than the cache: at trace time
+
+
 def _restack(unrolled: dict, num_layers: int) -> dict:
     layers = [unrolled["blocks"].pop(f"layers_{i}") for i in range(num_layers)]
     unrolled["blocks"]["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)

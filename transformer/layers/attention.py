@@ -149,6 +149,29 @@ def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Arra
     return ATTENTION_IMPLEMENTATIONS[implementation](q_BTNH, k_BSKH, v_BSKH, **mask_flags)
 
 
+class CacheOverflowError(ValueError):
+    """Decoding wrote past the end of the key/value cache (a bug in the caller, not bad config)."""
+
+
+def _raise_overflow(index: Any, T: int, S: int) -> None:
+    raise CacheOverflowError(f"key/value cache overflow: {T} new token(s) at cache slot {int(index)} need "
+                             f"{int(index) + T} slots but the cache holds {S}; create the cache with "
+                             f"model.init(..., decode=True) on inputs as long as the whole decode")
+
+
+def check_cache_room(index: jax.Array | int, T: int, S: int) -> None:
+    """Writing T tokens at `index` of a cache of S slots must fit: dynamic_update_slice would clamp the
+    start and silently overwrite the last slots. A Python error when the index is known (eager apply,
+    or T > S); under jit a host callback that runs only on overflow and fails the computation."""
+    if T > S:
+        _raise_overflow(0, T, S)
+    if not isinstance(index, jax.core.Tracer):
+        if int(index) + T > S:
+            _raise_overflow(index, T, S)
+        return
+    jax.lax.cond(index + T > S, lambda: jax.debug.callback(_raise_overflow, index, T, S), lambda: None)
+
+
 class Projection(nn.Module):
     """An einsum with a multi-axis kernel, e.g. x_BTD · W_DNH → y_BTNH; optional bias on the output
     axes (the kernel's last axes).
@@ -188,7 +211,7 @@ class MultiHeadAttention(nn.Module):
     (cached_key, cached_value, cached_segment_ids, cache_index). `model.init(..., decode=True)` with
     inputs of the full decoding length creates an empty cache of that length; each later call
     appends its T new tokens (positions must be given) and attends causally to everything cached.
-    Writing past the cache's length is not detected. Cross-attention projects the context once, when
+    Writing past the cache's length is an error (check_cache_room), never a silent clamp. Cross-attention projects the context once, when
     the cache is created (cached_cross_key, cached_cross_value), and later calls reuse that projection,
     so the cache must be made with the real context (an apply with mutable=["cache"], not zeros).
     sow_weights=True stores the attention weights_BNTS in the "intermediates" collection.
@@ -275,6 +298,7 @@ class MultiHeadAttention(nn.Module):
         cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
         B, T = q_BTNH.shape[:2]
         i = cache_index.value
+        check_cache_room(i, T, cached_k.value.shape[1])
         seg_BT = jnp.ones((B, T), jnp.int32) if segment_ids_BT is None else segment_ids_BT.astype(jnp.int32)
         cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BTKH.astype(cached_k.value.dtype), (0, i, 0, 0))
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BTKH.astype(cached_v.value.dtype), (0, i, 0, 0))
