@@ -15,7 +15,7 @@ import numpy as np
 from absl import flags
 
 from experiments import common
-from transformer.models.config import ConfigError
+from transformer.config import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
 _TEXT = flags.DEFINE_string("text", None, "Input text.")

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 
 
 class TokenEmbedding(nn.Module):
