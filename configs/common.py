@@ -7,13 +7,14 @@ import ml_collections
 # so each rule says what one kind of axis does and the order of the rules does not matter:
 #   activations (nn.with_logical_constraint in the model; the input batch in training/sharding.py)
 #     batch        the batch: data parallelism over (data, fsdp) — FSDP is data parallelism too
-#     seq          the sequence (also the rows of the learned position table): whole
+#     seq          the sequence: whole
 #     act_embed    the model width of the residual stream: whole (FSDP shards weights, not activations)
 #     act_heads, act_kv_heads, act_mlp, act_vocab   tensor parallelism (Megatron): split over tensor
 #     act_head_dim whole
 #   parameters (nn.with_logical_partitioning)
 #     embed        the model-width axis of every weight: split over fsdp (ZeRO-3)
-#     heads, kv_heads, mlp, vocab   split over tensor; head_dim, norm, classes whole
+#     heads, kv_heads, mlp, vocab   split over tensor; head_dim, norm, classes, positions (the
+#                  rows of the learned position table) whole
 #     layers       the stacked axis of scanned layers (model.scan_layers): whole
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp")),
@@ -32,6 +33,7 @@ DEFAULT_RULES = (
     ("vocab", "tensor"),
     ("norm", None),
     ("classes", None),
+    ("positions", None),
     ("layers", None),
 )
 

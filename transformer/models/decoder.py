@@ -5,7 +5,7 @@ Legend: B batch, T sequence, D model width (d_model), V vocabulary, L layers.
 Reading top to bottom, as in nanoGPT:
 Steps 1–5 are `embed_and_stack` (transformer/models/stack.py), shared with the other families:
   1. tokens_BT -> token embedding x_BTD (table ("vocab", "embed"); × sqrt(D) if scale_embeddings)
-  2. + positions: learned table ("seq", "embed") | sinusoidal | nothing (RoPE rotates q and k
+  2. + positions: learned table ("positions", "embed") | sinusoidal | nothing (RoPE rotates q and k
      inside attention instead; "none" adds nothing)
   3. optional embedding norm, dropout
   4. L × TransformerBlock(causal=True) from transformer/models/blocks.py: causal self-attention and
