@@ -96,7 +96,7 @@ class MLMHead(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: jax.Array, embedding: TokenEmbedding) -> jax.Array:
         cfg = self.cfg
-        h_BTD = ACTIVATIONS[cfg.activation].fn(_dense(cfg, cfg.d_model, ("embed", "mlp"), "transform")(x_BTD))
+        h_BTD = ACTIVATIONS[cfg.activation](_dense(cfg, cfg.d_model, ("embed", "mlp"), "transform")(x_BTD))
         h_BTD = make_norm(cfg, "transform_norm")(h_BTD)
         logits_BTV = embedding.attend(h_BTD) if cfg.tie_embeddings else OutputHead(cfg, name="head")(h_BTD)
         if cfg.use_bias:
