@@ -42,7 +42,7 @@ import numpy as np
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import positional
 from transformer.layers.chunked_attention import chunked_attention
-from transformer.config import ConfigError, ModelConfig
+from transformer.config import AUTO, ConfigError, ModelConfig
 
 
 def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,
@@ -145,7 +145,6 @@ ATTENTION_IMPLEMENTATIONS = {
     "chunked": _chunked_impl,
     "cudnn": _cudnn_impl,
 }
-AUTO = "auto"
 REMOVED_IMPLEMENTATIONS = {
     "xla": "it ran jax.nn.dot_product_attention with no implementation, the same unfused XLA computation "
            "as 'einsum' on this jax",
