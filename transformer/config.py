@@ -125,7 +125,7 @@ class ModelConfig:
     @property
     def gated(self) -> bool:
         """Whether the activation is gated (two input projections): SwiGLU, GeGLU — the names ending in
-        "glu" by the convention of transformer/layers/feedforward.ACTIVATIONS (checked there)."""
+        "glu", the naming convention of transformer/layers/feedforward.ACTIVATIONS."""
         return self.activation.endswith("glu")
 
     @classmethod
