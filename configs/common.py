@@ -3,12 +3,28 @@ from __future__ import annotations
 
 import ml_collections
 
-# Logical axis name -> mesh axis (or axes, or None). Order matters: an earlier rule claims its mesh
-# axis first, so activations shard `batch` over (data, fsdp) and leave `embed` whole, while parameters,
-# which have no `batch` axis, shard `embed` over fsdp (ZeRO-3 style) and heads/mlp/vocab over tensor.
+# Logical axis name -> mesh axis (or axes, or None). Parameters and activations use DIFFERENT names,
+# so each rule says what one kind of axis does and the order of the rules does not matter:
+#   activations (nn.with_logical_constraint in the model; the input batch in training/sharding.py)
+#     batch        the batch: data parallelism over (data, fsdp) — FSDP is data parallelism too
+#     seq          the sequence: whole
+#     act_embed    the model width of the residual stream: whole (FSDP shards weights, not activations)
+#     act_heads, act_kv_heads, act_mlp, act_vocab   tensor parallelism (Megatron): split over tensor
+#     act_head_dim whole
+#   parameters (nn.with_logical_partitioning)
+#     embed        the model-width axis of every weight: split over fsdp (ZeRO-3)
+#     heads, kv_heads, mlp, vocab   split over tensor; head_dim, norm, classes, positions (the
+#                  rows of the learned position table) whole
+#     layers       the stacked axis of scanned layers (model.scan_layers): whole
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp")),
     ("seq", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_head_dim", None),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
@@ -17,7 +33,8 @@ DEFAULT_RULES = (
     ("vocab", "tensor"),
     ("norm", None),
     ("classes", None),
-    ("layers", None),   # the stacked axis of scanned layers (model.scan_layers)
+    ("positions", None),
+    ("layers", None),
 )
 
 
@@ -57,7 +74,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.eval_steps = 8
     c.train.checkpoint_every = 200
     c.train.keep_checkpoints = 3
-    c.train.compute_dtype = "float32"  # float32 | bfloat16; parameters stay float32
+    c.train.compute_dtype = "float32"  # float32 | bfloat16 (the one compute-dtype setting); parameters stay float32
     c.train.loss_chunk_size = 0       # >0: cross-entropy in sequence chunks of this size (large vocabularies)
     c.train.nonfinite = "stop"        # stop | skip: what a non-finite loss or gradient does
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
-from transformer.models.config import ConfigError
+from transformer.config import ConfigError, model_defaults
 
 # The GPT-2 shape: learned positions, pre-LN LayerNorm, tanh-approximated GELU (GPT-2's "gelu_new"),
 # biases, tied head.
@@ -36,10 +36,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r} for configs/lm.py; valid presets: {', '.join(PRESETS)}")
     c = base_config()
-    c.model = ml_collections.ConfigDict(dict(
-        family="decoder", vocab_size=0,  # 0: the tokenizer's vocabulary size
-        num_kv_heads=0, head_dim=0, max_len=1024, rope_base=10000.0, norm_eps=1e-5,
-        attention_impl="chunked", sliding_window=0, dropout_rate=0.0, remat="none", scan_layers=False))
+    c.model = ml_collections.ConfigDict(model_defaults())  # every model setting, defaults from ModelConfig
+    c.model.family = "decoder"
+    c.model.vocab_size = 0  # 0: the tokenizer's vocabulary size
     c.model.update(PRESETS[preset])
     c.preset = preset
     return c

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
+from transformer.config import model_defaults
 from transformer.data.classification import DEFAULT_CLASSES
 from transformer.models.config import ConfigError
 
@@ -36,10 +37,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
         raise ConfigError(f"unknown preset {preset!r} for configs/mlm.py; valid: {', '.join(PRESETS)}, "
                          f"each optionally followed by ',classify'")
     c = base_config()
-    c.model = ml_collections.ConfigDict(dict(
-        family="encoder", vocab_size=0,  # 0: the tokenizer's vocabulary + MASK, padded to a multiple of 128
-        num_kv_heads=0, head_dim=0, rope_base=10000.0, attention_impl="chunked", sliding_window=0,
-        dropout_rate=0.0, remat="none", scan_layers=False, num_classes=0))
+    c.model = ml_collections.ConfigDict(model_defaults())  # every model setting, defaults from ModelConfig
+    c.model.family = "encoder"
+    c.model.vocab_size = 0  # 0: the tokenizer's vocabulary + MASK, padded to a multiple of 128
     c.model.update(PRESETS[name])
     c.data.seq_len = 128
     c.data.classes = DEFAULT_CLASSES  # the classification task's labels (top-level stdlib packages)

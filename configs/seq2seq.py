@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
-from transformer.models.config import ConfigError
+from transformer.config import ConfigError, model_defaults
 
 # "Attention is all you need": sinusoidal positions, post-LN LayerNorm, ReLU, biases, embeddings × sqrt(D),
 # one tied table for source, target and output.
@@ -34,10 +34,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r} for configs/seq2seq.py; valid presets: {', '.join(PRESETS)}")
     c = base_config()
-    c.model = ml_collections.ConfigDict(dict(
-        family="encoder_decoder", vocab_size=0,  # 0: the tokenizer's vocabulary + sentinels, padded to 128
-        num_kv_heads=0, head_dim=0, max_len=1024, rope_base=10000.0, norm_eps=1e-5, attention_impl="chunked",
-        sliding_window=0, dropout_rate=0.0, remat="none", scan_layers=False))
+    c.model = ml_collections.ConfigDict(model_defaults())  # every model setting, defaults from ModelConfig
+    c.model.family = "encoder_decoder"
+    c.model.vocab_size = 0  # 0: the tokenizer's vocabulary + sentinels, padded to 128
     c.model.update(PRESETS[preset])
     c.data.seq_len = 128
     c.data.noise_density = 0.15

@@ -17,7 +17,7 @@ from transformer.layers import feedforward
 def buggy(x):
     raise ValueError("operands could not be broadcast together (a bug in a new layer)")
 
-feedforward.ACTIVATIONS["buggy"] = feedforward.Activation(buggy, gated=False)
+feedforward.ACTIVATIONS["buggy"] = buggy
 from experiments import cli, train
 flags.mark_flags_as_required(["config", "workdir"])
 sys.argv = ["experiments.train", *sys.argv[1:]]

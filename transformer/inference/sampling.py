@@ -17,7 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from transformer.models.config import ConfigError
+from transformer.config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

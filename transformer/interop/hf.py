@@ -29,7 +29,7 @@ import numpy as np
 from transformer.interop import hf_bert, hf_gpt2, hf_llama
 from transformer.interop import tensors as t
 from transformer.models import build_model
-from transformer.models.config import ConfigError, ModelConfig
+from transformer.config import ConfigError, ModelConfig
 
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "bert": hf_bert}
 

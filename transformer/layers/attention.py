@@ -1,4 +1,4 @@
-"""Scaled dot-product attention: a readable einsum reference, fused kernels, and the Linen module.
+"""Scaled dot-product attention: one registry of implementations, the einsum reference, the Linen module.
 
 Legend: B batch, T query length, S key/value length, D model width, N query heads,
 K key/value heads (K divides N; K == N is multi-head, K == 1 multi-query), G = N // K query heads
@@ -9,10 +9,26 @@ Masks are boolean, True = may attend, shaped (B, 1, T, S) and broadcast over hea
   segments    packed documents: query and key must carry the same segment id (0 = padding, so
               padding only ever sees padding and never leaks into a document);
   window      sliding_window W > 0: t - s < W (causal) or |t - s| < W (bidirectional).
-Implementations: "einsum" is the reference below; "chunked" (chunked_attention.py, the default) skips
-the masked causal blocks and writes out the backward pass, the fastest on CPU; "xla" and "cudnn" call
-jax.nn.dot_product_attention (is_causal, a segment mask, local_window_size), "cudnn" being the fused
-flash-attention kernel on NVIDIA GPUs (bfloat16/float16 only). Softmax is always float32.
+
+`model.attention_impl` picks one entry of ATTENTION_IMPLEMENTATIONS, for training, evaluation and
+decoding alike (the decode step calls the same entry with its cache offset):
+  "einsum"   the reference: softmax(q kᵀ/sqrt(H)) v written as two einsums, unfused, differentiated by
+             autodiff. The only one that can return the weights (attention maps force it).
+  "chunked"  chunked_attention.py: the same math in query chunks that skip the masked causal blocks,
+             with a written-out backward pass; the fastest on CPU.
+  "cudnn"    jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's fused flash-attention
+             kernel on NVIDIA GPUs; needs bfloat16 compute (checked in ModelConfig). Causal masking
+             and the sliding window go to the kernel as flags (is_causal, local_window_size), so no
+             (T, S) mask exists. Packed sequences (segment ids) have no public jax argument (only
+             per-row lengths, which cannot express several documents in a row): their mask goes in
+             as a boolean (B, 1, T, S) array that jax turns into an additive bias for the same fused
+             kernel — still flash attention, plus one O(B·T·S) bias read. Without segment ids there
+             is no mask array at all.
+  "auto"     (the default) resolved when the model is built, from jax.default_backend():
+             "cudnn" on GPU with bfloat16 compute (and a head dim cuDNN takes), else "chunked".
+The former "xla" choice (jax.nn.dot_product_attention with no implementation) ran the same unfused
+XLA computation as "einsum" on this jax and was removed; naming it is a ConfigError.
+Softmax is always float32.
 """
 from __future__ import annotations
 
@@ -26,7 +42,7 @@ import numpy as np
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import positional
 from transformer.layers.chunked_attention import chunked_attention
-from transformer.models.config import ConfigError, ModelConfig
+from transformer.config import AUTO, ConfigError, ModelConfig
 
 
 def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,
@@ -84,69 +100,126 @@ def dot_product_attention_einsum(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: j
     return out_BTNH
 
 
-def _full_mask(q_BTNH, k_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
+# Every implementation: (q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS,
+# sliding_window, q_offset) -> out_BTNH, q_offset as in dot_product_attention.
+
+def _full_mask(q_BTNH, k_BSKH, **flags) -> jax.Array | None:
     """make_attention_mask for these queries and keys: every term in one boolean mask_B1TS (or None)."""
-    return make_attention_mask(q_BTNH.shape[1], k_BSKH.shape[1], causal=causal, q_segment_ids_BT=q_segment_ids_BT,
-                               kv_segment_ids_BS=kv_segment_ids_BS, sliding_window=sliding_window)
+    return make_attention_mask(q_BTNH.shape[1], k_BSKH.shape[1], **flags)
 
 
-def _einsum_impl(q_BTNH, k_BSKH, v_BSKH, **mask_flags):
-    return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **mask_flags))
+def _einsum_impl(q_BTNH, k_BSKH, v_BSKH, **flags):
+    return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **flags))
 
 
-def _chunked_impl(q_BTNH, k_BSKH, v_BSKH, **mask_flags):
-    return chunked_attention(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **mask_flags),
-                             causal=mask_flags["causal"], sliding_window=mask_flags["sliding_window"])
+def _chunked_impl(q_BTNH, k_BSKH, v_BSKH, **flags):
+    # Causal block skipping needs query t to be key t; a decode step (cache offset) uses one chunk.
+    aligned = _is_static_zero(flags["q_offset"])
+    return chunked_attention(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **flags),
+                             causal=flags["causal"] and aligned, sliding_window=flags["sliding_window"] if aligned else 0)
 
 
-def _jax_nn_impl(backend: str | None):
-    """jax.nn.dot_product_attention: XLA's fused attention (backend None) or cuDNN flash attention."""
-
-    def impl(q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS, sliding_window):
-        T, S = q_BTNH.shape[1], k_BSKH.shape[1]
-        segment_mask_B1TS = make_attention_mask(T, S, causal=False, q_segment_ids_BT=q_segment_ids_BT,
-                                                kv_segment_ids_BS=kv_segment_ids_BS)
-        window = None
-        if sliding_window:
-            window = (sliding_window - 1, 0) if causal else (sliding_window - 1, sliding_window - 1)
-        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=segment_mask_B1TS, is_causal=causal,
-                                            local_window_size=window, implementation=backend)
-
-    return impl
+def _cudnn_impl(q_BTNH, k_BSKH, v_BSKH, **flags):
+    if not _is_static_zero(flags["q_offset"]):
+        # Decoding: T new queries at a cache offset, which the kernel's causal flag cannot express.
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=_full_mask(q_BTNH, k_BSKH, **flags),
+                                            implementation="cudnn")
+    # Causal and window as kernel flags; only segments (packed documents) need a mask array.
+    causal, W = flags["causal"], flags["sliding_window"]
+    segment_mask_B1TS = _full_mask(q_BTNH, k_BSKH, causal=False, q_segment_ids_BT=flags["q_segment_ids_BT"],
+                                   kv_segment_ids_BS=flags["kv_segment_ids_BS"])
+    window = ((W - 1, 0) if causal else (W - 1, W - 1)) if W else None
+    return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=segment_mask_B1TS, is_causal=causal,
+                                        local_window_size=window, implementation="cudnn")
 
 
-# `model.attention_impl` selects one by name; ModelConfig validates against this registry. A new
-# variant is a function with this signature and one line here (the einsum path stays the reference
-# that tests compare against).
+def _is_static_zero(q_offset: jax.Array | int) -> bool:
+    return isinstance(q_offset, int) and q_offset == 0
+
+
+# `model.attention_impl` selects one by name (checked where models are built, transformer.models.resolve).
+# A new variant is a function with this signature and one line here; "einsum" stays the reference
+# that tests compare against.
 ATTENTION_IMPLEMENTATIONS = {
     "einsum": _einsum_impl,
     "chunked": _chunked_impl,
-    "xla": _jax_nn_impl(None),
-    "cudnn": _jax_nn_impl("cudnn"),
+    "cudnn": _cudnn_impl,
 }
+REMOVED_IMPLEMENTATIONS = {
+    "xla": "it ran jax.nn.dot_product_attention with no implementation, the same unfused XLA computation "
+           "as 'einsum' on this jax",
+}
+ATTENTION_CHOICES = (AUTO, *ATTENTION_IMPLEMENTATIONS)
+
+
+def check_attention_impl(name: str) -> None:
+    """ConfigError unless `name` is a valid model.attention_impl."""
+    if name in ATTENTION_CHOICES:
+        return
+    why = f" ({REMOVED_IMPLEMENTATIONS[name]})" if name in REMOVED_IMPLEMENTATIONS else ""
+    raise ConfigError(f"model.attention_impl={name!r} is not valid{why}; choose one of {', '.join(ATTENTION_CHOICES)}")
+
+
+def resolve_attention_impl(cfg: ModelConfig, backend: str | None = None) -> str:
+    """The implementation cfg.attention_impl names; "auto" becomes "cudnn" on GPU with bfloat16 compute and a
+    head dimension cuDNN's flash kernel takes (a multiple of 8, at most 128) and no bidirectional window,
+    else "chunked". backend: jax.default_backend() unless given."""
+    check_attention_impl(cfg.attention_impl)
+    if cfg.attention_impl != AUTO:
+        return cfg.attention_impl
+    backend = jax.default_backend() if backend is None else backend
+    H = cfg.dim_per_head
+    cudnn_ok = (backend == "gpu" and cfg.dtype != "float32" and H % 8 == 0 and H <= 128
+                and not (cfg.sliding_window and cfg.family != "decoder"))
+    return "cudnn" if cudnn_ok else "chunked"
 
 
 def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, *, causal: bool,
                           q_segment_ids_BT: jax.Array | None = None,
                           kv_segment_ids_BS: jax.Array | None = None,
-                          sliding_window: int = 0, implementation: str = "chunked",
+                          sliding_window: int = 0, implementation: str = "einsum",
+                          q_offset: jax.Array | int = 0,
                           return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Attention with the masks built from flags; query i and key i are the same position when causal.
+    """Attention with the masks built from flags. q_offset 0: query t and key t are the same position
+    (T == S when causal); a decode step passes its cache index, query t being key q_offset + t.
 
-    return_weights forces the einsum reference and returns (out_BTNH, weights_BNTS).
+    return_weights uses the einsum reference and returns (out_BTNH, weights_BNTS).
     """
-    if implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ConfigError(f"model.attention_impl={implementation!r} is not valid; "
-                          f"choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    if implementation == AUTO or implementation not in ATTENTION_IMPLEMENTATIONS:
+        check_attention_impl(implementation)
+        raise ValueError(f"attention_impl={implementation!r} must be resolved first (resolve_attention_impl)")
     T, S = q_BTNH.shape[1], k_BSKH.shape[1]
-    if causal and T != S:
+    if causal and T != S and _is_static_zero(q_offset):
         raise ValueError(f"causal attention needs as many queries as keys, got T={T}, S={S}")
-    mask_flags = dict(causal=causal, q_segment_ids_BT=q_segment_ids_BT, kv_segment_ids_BS=kv_segment_ids_BS,
-                      sliding_window=sliding_window)
+    flags = dict(causal=causal, q_segment_ids_BT=q_segment_ids_BT, kv_segment_ids_BS=kv_segment_ids_BS,
+                 sliding_window=sliding_window, q_offset=q_offset)
     if return_weights:
-        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **mask_flags),
-                                            return_weights=True)
-    return ATTENTION_IMPLEMENTATIONS[implementation](q_BTNH, k_BSKH, v_BSKH, **mask_flags)
+        mask_B1TS = make_attention_mask(T, S, **flags)
+        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, return_weights=True)
+    return ATTENTION_IMPLEMENTATIONS[implementation](q_BTNH, k_BSKH, v_BSKH, **flags)
+
+
+class CacheOverflowError(ValueError):
+    """Decoding wrote past the end of the key/value cache (a bug in the caller, not bad config)."""
+
+
+def _raise_overflow(index: Any, T: int, S: int) -> None:
+    raise CacheOverflowError(f"key/value cache overflow: {T} new token(s) at cache slot {int(index)} need "
+                             f"{int(index) + T} slots but the cache holds {S}; create the cache with "
+                             f"model.init(..., decode=True) on inputs as long as the whole decode")
+
+
+def check_cache_room(index: jax.Array | int, T: int, S: int) -> None:
+    """Writing T tokens at `index` of a cache of S slots must fit: dynamic_update_slice would clamp the
+    start and silently overwrite the last slots. A Python error when the index is known (eager apply,
+    or T > S); under jit a host callback that runs only on overflow and fails the computation."""
+    if T > S:
+        _raise_overflow(0, T, S)
+    if not isinstance(index, jax.core.Tracer):
+        if int(index) + T > S:
+            _raise_overflow(index, T, S)
+        return
+    jax.lax.cond(index + T > S, lambda: jax.debug.callback(_raise_overflow, index, T, S), lambda: None)
 
 
 class Projection(nn.Module):
@@ -188,7 +261,7 @@ class MultiHeadAttention(nn.Module):
     (cached_key, cached_value, cached_segment_ids, cache_index). `model.init(..., decode=True)` with
     inputs of the full decoding length creates an empty cache of that length; each later call
     appends its T new tokens (positions must be given) and attends causally to everything cached.
-    Writing past the cache's length is not detected. Cross-attention projects the context once, when
+    Writing past the cache's length is an error (check_cache_room), never a silent clamp. Cross-attention projects the context once, when
     the cache is created (cached_cross_key, cached_cross_value), and later calls reuse that projection,
     so the cache must be made with the real context (an apply with mutable=["cache"], not zeros).
     sow_weights=True stores the attention weights_BNTS in the "intermediates" collection.
@@ -206,9 +279,6 @@ class MultiHeadAttention(nn.Module):
                  return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
-        if cfg.attention_impl == "cudnn" and cfg.dtype == "float32":
-            raise ConfigError("model.attention_impl='cudnn' needs model.dtype bfloat16 or float16; "
-                              "use attention_impl='chunked' or 'xla' for float32")
         N, K, H = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
         cross = context_BSD is not None
         kv_BSD = context_BSD if cross else x_BTD
@@ -234,12 +304,12 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{cfg.positional} attention needs positions_BT")
             q_BTNH = positional.ROTARY[cfg.positional](cfg, q_BTNH, positions_BT)
             k_BSKH = positional.ROTARY[cfg.positional](cfg, k_BSKH, positions_BT)
-        q_BTNH = nn.with_logical_constraint(q_BTNH, ("batch", "seq", "heads", "head_dim"))
-        k_BSKH = nn.with_logical_constraint(k_BSKH, ("batch", "seq", "kv_heads", "head_dim"))
-        v_BSKH = nn.with_logical_constraint(v_BSKH, ("batch", "seq", "kv_heads", "head_dim"))
+        q_BTNH = nn.with_logical_constraint(q_BTNH, ("batch", "seq", "act_heads", "act_head_dim"))
+        k_BSKH = nn.with_logical_constraint(k_BSKH, ("batch", "seq", "act_kv_heads", "act_head_dim"))
+        v_BSKH = nn.with_logical_constraint(v_BSKH, ("batch", "seq", "act_kv_heads", "act_head_dim"))
 
         want_weights = return_weights or self.sow_weights
-        impl = "einsum" if want_weights else cfg.attention_impl
+        impl = resolve_attention_impl(cfg)
         q_seg, kv_seg = segment_ids_BT, (context_segment_ids_BS if cross else segment_ids_BT)
         if cross and (q_seg is None) != (kv_seg is None):
             q_seg = jnp.ones(x_BTD.shape[:2], jnp.int32) if q_seg is None else q_seg
@@ -268,23 +338,19 @@ class MultiHeadAttention(nn.Module):
 
     def _decode_step(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
                      segment_ids_BT: jax.Array | None, impl: str, want_weights: bool):
-        """Append T new keys/values at cache_index and attend to the whole cache."""
+        """Append T new keys/values at cache_index and attend to the whole cache (through the registry)."""
         cached_k = self.variable("cache", "cached_key", jnp.zeros, k_BTKH.shape, k_BTKH.dtype)
         cached_v = self.variable("cache", "cached_value", jnp.zeros, v_BTKH.shape, v_BTKH.dtype)
         cached_seg = self.variable("cache", "cached_segment_ids", jnp.zeros, k_BTKH.shape[:2], jnp.int32)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
         B, T = q_BTNH.shape[:2]
         i = cache_index.value
+        check_cache_room(i, T, cached_k.value.shape[1])
         seg_BT = jnp.ones((B, T), jnp.int32) if segment_ids_BT is None else segment_ids_BT.astype(jnp.int32)
         cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BTKH.astype(cached_k.value.dtype), (0, i, 0, 0))
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BTKH.astype(cached_v.value.dtype), (0, i, 0, 0))
         cached_seg.value = jax.lax.dynamic_update_slice(cached_seg.value, seg_BT, (0, i))
         cache_index.value = i + T
-        S = cached_k.value.shape[1]
-        mask_B1TS = make_attention_mask(T, S, causal=True, q_segment_ids_BT=seg_BT,
-                                        kv_segment_ids_BS=cached_seg.value,
-                                        sliding_window=self.cfg.sliding_window, q_offset=i)
-        if impl == "einsum":
-            return dot_product_attention_einsum(q_BTNH, cached_k.value, cached_v.value, mask_B1TS,
-                                                return_weights=want_weights)
-        return jax.nn.dot_product_attention(q_BTNH, cached_k.value, cached_v.value, mask=mask_B1TS)
+        return dot_product_attention(q_BTNH, cached_k.value, cached_v.value, causal=True, q_segment_ids_BT=seg_BT,
+                                     kv_segment_ids_BS=cached_seg.value, sliding_window=self.cfg.sliding_window,
+                                     implementation=impl, q_offset=i, return_weights=want_weights)

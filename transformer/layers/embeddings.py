@@ -1,5 +1,8 @@
 """Token embedding ("vocab", "embed") and the output head (tied: `attend`; untied: ("embed", "vocab")).
 
+The head multiplies compute-dtype operands but accumulates and returns the logits in float32
+(preferred_element_type), so bf16 compute does not round the logits before the float32 loss.
+
 Legend: B batch, T sequence, D model width, V vocabulary.
 """
 from __future__ import annotations
@@ -9,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 
 
 class TokenEmbedding(nn.Module):
@@ -29,8 +32,9 @@ class TokenEmbedding(nn.Module):
 
     def attend(self, x_BTD: jax.Array) -> jax.Array:
         dtype, _ = compute_dtypes(self.cfg)
-        logits_BTV = jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), self.embedding.astype(dtype))
-        return logits_BTV.astype(jnp.float32)
+        # Products of compute-dtype operands, accumulated and returned in float32 (not rounded to bf16).
+        return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), self.embedding.astype(dtype),
+                          preferred_element_type=jnp.float32)
 
 
 class OutputHead(nn.Module):
@@ -44,5 +48,5 @@ class OutputHead(nn.Module):
         kernel_DV = self.param(
             "kernel", nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
             (self.cfg.d_model, self.cfg.vocab_size), param_dtype)
-        logits_BTV = jnp.einsum("btd,dv->btv", x_BTD.astype(dtype), kernel_DV.astype(dtype))
-        return logits_BTV.astype(jnp.float32)
+        return jnp.einsum("btd,dv->btv", x_BTD.astype(dtype), kernel_DV.astype(dtype),
+                          preferred_element_type=jnp.float32)

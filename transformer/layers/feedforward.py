@@ -2,32 +2,28 @@
 
 Legend: B batch, T sequence, D model width, F hidden width (cfg.d_ff).
 
-Activations, registered in ACTIVATIONS by the name `model.activation` selects (ModelConfig validates
-against it; adding one is a line here): "relu"; "gelu" is the exact erf GELU; "gelu_tanh" is the tanh
+Activations, registered in ACTIVATIONS by the name `model.activation` selects (checked when a model is
+built, transformer.models.resolve; adding one is a line here): "relu"; "gelu" is the exact erf GELU; "gelu_tanh" is the tanh
 approximation that GPT-2 uses (HF "gelu_new"), needed for checkpoint parity; "swiglu" gates with SiLU
 and "geglu" with the exact GELU. Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x).
+A gated activation's name ends in "glu" (ModelConfig.gated reads that; parameter counts use it).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import flax.linen as nn
 import jax
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 
-class Activation(NamedTuple):
-    fn: Callable[[jax.Array], jax.Array]
-    gated: bool  # True: act(wi_gate x) * wi_up x (two input projections)
-
-
-ACTIVATIONS: dict[str, Activation] = {
-    "relu": Activation(nn.relu, gated=False),
-    "gelu": Activation(lambda x: nn.gelu(x, approximate=False), gated=False),
-    "gelu_tanh": Activation(lambda x: nn.gelu(x, approximate=True), gated=False),
-    "swiglu": Activation(nn.silu, gated=True),
-    "geglu": Activation(lambda x: nn.gelu(x, approximate=False), gated=True),
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": nn.relu,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "swiglu": nn.silu,   # gated: silu(wi_gate x) * wi_up x
+    "geglu": lambda x: nn.gelu(x, approximate=False),  # gated
 }
 
 
@@ -48,11 +44,11 @@ class FeedForward(nn.Module):
                             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]),
                             name=name)
 
-        act, gated = ACTIVATIONS[cfg.activation]
-        if gated:
+        act = ACTIVATIONS[cfg.activation]
+        if cfg.gated:
             h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_gate")(x_BTD))
             h_BTF = h_BTF * dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_up")(x_BTD)
         else:
             h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi")(x_BTD))
-        h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "seq", "mlp"))
+        h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "seq", "act_mlp"))
         return dense(cfg.d_model, ("mlp", "embed"), self.out_std, "wo")(h_BTF)

@@ -7,19 +7,28 @@ from __future__ import annotations
 import flax.linen as nn
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
+
+
+_SCALE_INIT = nn.with_logical_partitioning(nn.initializers.ones, ("norm",))
+
+
+def _layernorm(cfg: ModelConfig, name: str) -> nn.Module:
+    dtype, param_dtype = compute_dtypes(cfg)
+    return nn.LayerNorm(epsilon=cfg.norm_eps, use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
+                        scale_init=_SCALE_INIT, bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
+                        name=name)
+
+
+def _rmsnorm(cfg: ModelConfig, name: str) -> nn.Module:
+    dtype, param_dtype = compute_dtypes(cfg)
+    return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, scale_init=_SCALE_INIT, name=name)
+
+
+# `model.norm` selects one by name (checked when a model is built, transformer.models.resolve).
+NORMS = {"layernorm": _layernorm, "rmsnorm": _rmsnorm}
 
 
 def make_norm(cfg: ModelConfig, name: str) -> nn.Module:
     """The config's norm: LayerNorm (scale, plus a bias when cfg.use_bias) or RMSNorm (scale only)."""
-    dtype, param_dtype = compute_dtypes(cfg)
-    scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("norm",))
-    if cfg.norm == "layernorm":
-        return nn.LayerNorm(epsilon=cfg.norm_eps, use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
-                            scale_init=scale_init,
-                            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
-                            name=name)
-    if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, scale_init=scale_init,
-                          name=name)
-    raise ValueError(f"model.norm={cfg.norm!r} is not valid; choose one of layernorm, rmsnorm")
+    return NORMS[cfg.norm](cfg, name)

@@ -31,7 +31,7 @@ def sinusoidal_table(positions: jnp.ndarray, d: int, base: float = 10000.0) -> j
 
 
 class LearnedPositions(nn.Module):
-    """A learned absolute position table ("seq", "embed"), looked up by position."""
+    """A learned absolute position table ("positions", "embed"), looked up by position."""
 
     max_len: int
     d_model: int
@@ -41,7 +41,7 @@ class LearnedPositions(nn.Module):
     @nn.compact
     def __call__(self, positions_BT: jnp.ndarray) -> jnp.ndarray:
         table_LD = self.param(
-            "embedding", nn.with_logical_partitioning(nn.initializers.normal(0.02), ("seq", "embed")),
+            "embedding", nn.with_logical_partitioning(nn.initializers.normal(0.02), ("positions", "embed")),
             (self.max_len, self.d_model), self.param_dtype)
         return jnp.take(table_LD, positions_BT, axis=0).astype(self.dtype)   # B,T,D
 

@@ -24,7 +24,7 @@ import jax
 from transformer.layers.attention import MultiHeadAttention
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 
 LAYERS_AXIS = "layers"  # logical name of the stacked-layer axis under scan_layers (maps to no mesh axis)
 
@@ -64,7 +64,7 @@ class TransformerBlock(nn.Module):
                 x = x + drop(fn(norm(x)), deterministic=deterministic)
             else:
                 x = norm(x + drop(fn(x), deterministic=deterministic))
-            return nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+            return nn.with_logical_constraint(x, ("batch", "seq", "act_embed"))
 
         self_attn = MultiHeadAttention(cfg, causal=self.causal, out_std=out_std, sow_weights=self.sow_weights,
                                        name="attention")

@@ -5,7 +5,7 @@ Legend: B batch, T sequence, D model width (d_model), V vocabulary, L layers.
 Reading top to bottom, as in nanoGPT:
 Steps 1–5 are `embed_and_stack` (transformer/models/stack.py), shared with the other families:
   1. tokens_BT -> token embedding x_BTD (table ("vocab", "embed"); × sqrt(D) if scale_embeddings)
-  2. + positions: learned table ("seq", "embed") | sinusoidal | nothing (RoPE rotates q and k
+  2. + positions: learned table ("positions", "embed") | sinusoidal | nothing (RoPE rotates q and k
      inside attention instead; "none" adds nothing)
   3. optional embedding norm, dropout
   4. L × TransformerBlock(causal=True) from transformer/models/blocks.py: causal self-attention and
@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 from transformer.models.stack import embed_and_stack
 
 
@@ -52,7 +52,7 @@ class DecoderLM(nn.Module):
         if return_hidden:  # the final hidden states x_BTD; `output_logits` applies the head to them
             return x_BTD
         logits_BTV = embedding.attend(x_BTD) if cfg.tie_embeddings else OutputHead(cfg, name="head")(x_BTD)
-        return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "vocab"))
+        return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "act_vocab"))
 
 
 def output_logits(cfg: ModelConfig, params: dict, x_BTD: jax.Array) -> jax.Array:

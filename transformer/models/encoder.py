@@ -50,7 +50,7 @@ from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
 from transformer.layers.feedforward import ACTIVATIONS
 from transformer.layers.norms import make_norm
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 from transformer.models.stack import embed_and_stack
 
 
@@ -96,7 +96,7 @@ class MLMHead(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: jax.Array, embedding: TokenEmbedding) -> jax.Array:
         cfg = self.cfg
-        h_BTD = ACTIVATIONS[cfg.activation].fn(_dense(cfg, cfg.d_model, ("embed", "mlp"), "transform")(x_BTD))
+        h_BTD = ACTIVATIONS[cfg.activation](_dense(cfg, cfg.d_model, ("embed", "mlp"), "transform")(x_BTD))
         h_BTD = make_norm(cfg, "transform_norm")(h_BTD)
         logits_BTV = embedding.attend(h_BTD) if cfg.tie_embeddings else OutputHead(cfg, name="head")(h_BTD)
         if cfg.use_bias:
@@ -125,4 +125,4 @@ class EncoderModel(nn.Module):
             logits_BC = _dense(cfg, cfg.num_classes, ("mlp", "classes"), "classifier")(pooled_BD)
             return logits_BC.astype(jnp.float32)
         logits_BTV = MLMHead(cfg, name="mlm_head")(x_BTD, embedding)
-        return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "vocab"))
+        return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "act_vocab"))

@@ -35,7 +35,7 @@ import flax.linen as nn
 import jax
 
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 from transformer.models.encoder import EmbeddedStack
 
 
@@ -67,7 +67,7 @@ class EncoderDecoderModel(nn.Module):
         x_BTD = self.decoder(tgt_tokens_BT, tgt_positions_BT, tgt_segment_ids_BT, encoded_BSD, src_segment_ids_BS,
                              deterministic=deterministic, decode=decode)
         logits_BTV = self.token_embedding.attend(x_BTD) if self.cfg.tie_embeddings else self.head(x_BTD)
-        return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "vocab"))
+        return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "act_vocab"))
 
     def __call__(self, src_tokens_BS: jax.Array, tgt_tokens_BT: jax.Array,
                  src_segment_ids_BS: jax.Array | None = None, tgt_segment_ids_BT: jax.Array | None = None,

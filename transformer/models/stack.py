@@ -18,7 +18,7 @@ from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import TokenEmbedding
 from transformer.layers.norms import make_norm
 from transformer.models.blocks import BlockStack
-from transformer.models.config import ModelConfig
+from transformer.config import ModelConfig
 
 
 def embed_inputs(cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Array,
@@ -63,7 +63,7 @@ def embed_and_stack(module: nn.Module, cfg: ModelConfig, embedding: TokenEmbeddi
     if cfg.embedding_norm:
         x_BTD = make_norm(cfg, "embedding_norm")(x_BTD)
     x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
-    x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "seq", "embed"))
+    x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "seq", "act_embed"))
     x_BTD = BlockStack(cfg, causal=causal, cross_attention=cross_attention, num_layers=num_layers,
                        sow_weights=sow_weights, name="blocks")(
         x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS, deterministic, decode)

@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 
 from transformer.data import Tokenizer, get_tokenizer
 from transformer.models import build_model
-from transformer.models.config import MissingInputError, ModelConfig
+from transformer.config import MissingInputError, ModelConfig
 
 from transformer.tasks import get_task
 from transformer.training import validate

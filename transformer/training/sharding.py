@@ -1,7 +1,11 @@
 """The device mesh ("data", "fsdp", "tensor") and the logical-axis → mesh-axis mapping.
 
-Model code names axes logically (`embed`, `heads`, `mlp`, ...); `config.mesh.rules` maps them to mesh
-axes. Changing the parallelism is a config change, never a model change.
+Model code names axes logically; `config.mesh.rules` maps them to mesh axes. Parameters and activations
+have separate names (parameters: `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `vocab`, `norm`,
+`classes`, `layers`; activations: `batch`, `seq`, `act_embed`, `act_heads`, `act_kv_heads`,
+`act_head_dim`, `act_mlp`, `act_vocab`), so a rule means one thing and the order of the rules does not
+decide any sharding (configs/common.py lists what each name does). Changing the parallelism is a
+config change, never a model change.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.models.config import ConfigError
+from transformer.config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

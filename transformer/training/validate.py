@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer.models.config import ConfigError, ModelConfig
+from transformer.config import ConfigError, ModelConfig
+from transformer.models import resolve
 from transformer.training import optimizer, sharding
-
-COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -28,18 +27,15 @@ def padded_vocab_size(vocab_size: int) -> int:
 
 def model_config(config: Any, vocab_size: int) -> ModelConfig:
     """The validated ModelConfig: when model.vocab_size is 0, the tokenizer's vocabulary padded to a
-    multiple of 128 (an explicit size is used as is); the compute dtype from train.compute_dtype."""
-    if config.train.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(f"train.compute_dtype={config.train.compute_dtype!r} is not valid; "
-                          f"choose one of {', '.join(COMPUTE_DTYPES)}")
+    multiple of 128 (an explicit size is used as is); the compute dtype from train.compute_dtype (its one
+    setting); registry names checked and attention_impl="auto" resolved for this platform."""
     d = config.model.to_dict()
     if not d.get("vocab_size"):
         d["vocab_size"] = padded_vocab_size(vocab_size)
     elif d["vocab_size"] < vocab_size:
         raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the tokenizer's vocabulary "
                           f"({vocab_size}); use 0 (take the tokenizer's) or at least {vocab_size}")
-    d["dtype"] = config.train.compute_dtype
-    return ModelConfig.from_dict(d)
+    return resolve(ModelConfig.from_dict(d, dtype=config.train.compute_dtype))
 
 
 def check_training(config: Any, model_cfg: ModelConfig, num_devices: int, process_count: int) -> tuple[int, ...]:

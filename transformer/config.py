@@ -1,0 +1,158 @@
+"""The model's hyper-parameters as one frozen, validated dataclass, and the project's ConfigError.
+
+This module imports nothing else of the package (layers, models, training all import it).
+configs/*.py take their model block from `model_defaults()` (the defaults below, the one source)
+and `ModelConfig.from_dict` builds the dataclass from `config.model`. Validation of plain values
+happens here, before anything is traced or compiled; names that select a registered implementation
+(positional, activation, norm, attention_impl) are checked where models are built
+(`transformer.models.resolve`). Each error names the setting and the valid values.
+
+The compute dtype has ONE user setting, `train.compute_dtype`; `ModelConfig.dtype` is derived from
+it (transformer/training/validate.model_config) and `config.model` may not set it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+FAMILIES = ("decoder", "encoder", "encoder_decoder")
+NORM_POSITIONS = ("pre", "post")
+# The compute dtypes (train.compute_dtype). float16 is not offered: training in it needs loss scaling,
+# which the loop does not do; parameters stay in param_dtype (float32 by default).
+COMPUTE_DTYPES = ("float32", "bfloat16")
+PARAM_DTYPES = ("float32", "bfloat16")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# model.attention_impl="auto" is resolved when the model is built (transformer.models.resolve).
+AUTO = "auto"
+
+
+class ConfigError(ValueError):
+    """A user's configuration mistake; the message names the setting and valid values."""
+
+
+class MissingInputError(ConfigError, FileNotFoundError):
+    """A file or directory the user named (a flag, a config setting, a CSV) does not exist or is not what it
+    must be; still a FileNotFoundError for callers that catch that."""
+
+
+def _choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(valid)}")
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and options of a Transformer. Defaults: a small GPT-2-shaped decoder."""
+
+    family: str = "decoder"
+    vocab_size: int = 259
+    d_model: int = 256
+    num_layers: int = 4              # decoder layers (encoder layers for family=encoder)
+    num_encoder_layers: int = 0      # encoder_decoder only; 0 means num_layers
+    num_heads: int = 4
+    num_kv_heads: int = 0            # 0 means num_heads (multi-head); 1 is multi-query
+    head_dim: int = 0                # 0 means d_model // num_heads
+    d_ff: int = 1024
+    max_len: int = 1024              # longest sequence for learned/sinusoidal positions
+    positional: str = "learned"
+    rope_base: float = 10000.0
+    activation: str = "gelu"
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    use_bias: bool = True
+    embedding_norm: bool = False     # a norm right after the embeddings (BERT)
+    scale_embeddings: bool = False   # multiply embeddings by sqrt(d_model) (Vaswani)
+    attention_impl: str = AUTO       # auto | einsum | chunked | cudnn (transformer/layers/attention.py)
+    sliding_window: int = 0          # 0: attend to every allowed position
+    dropout_rate: float = 0.0
+    dtype: str = "float32"           # compute dtype: derived from train.compute_dtype, never set in config.model
+    param_dtype: str = "float32"
+    remat: str = "none"
+    scan_layers: bool = False
+    num_classes: int = 0             # encoder classification head (0: none)
+
+    def __post_init__(self) -> None:
+        _choice("model.family", self.family, FAMILIES)
+        _choice("model.norm_position", self.norm_position, NORM_POSITIONS)
+        _choice("train.compute_dtype", self.dtype, COMPUTE_DTYPES)
+        _choice("model.param_dtype", self.param_dtype, PARAM_DTYPES)
+        _choice("model.remat", self.remat, REMAT_POLICIES)
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len"):
+            _positive(f"model.{name}", getattr(self, name))
+        for name in ("num_kv_heads", "head_dim", "sliding_window", "num_encoder_layers", "num_classes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"model.{name}={value!r} must be a non-negative integer")
+        if self.head_dim == 0 and self.d_model % self.num_heads:
+            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0 and h <= 64]
+            raise ConfigError(
+                f"model.num_heads={self.num_heads} does not divide model.d_model={self.d_model}; "
+                f"valid num_heads: {divisors} (or set model.head_dim explicitly)")
+        if self.kv_heads and self.num_heads % self.kv_heads:
+            divisors = [h for h in range(1, self.num_heads + 1) if self.num_heads % h == 0]
+            raise ConfigError(
+                f"model.num_kv_heads={self.num_kv_heads} does not divide model.num_heads={self.num_heads}; "
+                f"valid num_kv_heads: {divisors} (0 means num_heads)")
+        if self.positional == "rope" and self.dim_per_head % 2:
+            raise ConfigError(f"model.positional='rope' needs an even head dimension, got {self.dim_per_head}")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ConfigError(f"model.dropout_rate={self.dropout_rate!r} must be in [0, 1)")
+        if self.rope_base <= 0:
+            raise ConfigError(f"model.rope_base={self.rope_base!r} must be positive")
+        if self.attention_impl == "cudnn":  # the only dtype rule of attention, checked once, here
+            if self.dtype == "float32":
+                raise ConfigError("model.attention_impl='cudnn' needs train.compute_dtype='bfloat16' (cuDNN's "
+                                  "fused kernel has no float32); use attention_impl='auto', 'chunked' or 'einsum'")
+            if self.sliding_window and self.family != "decoder":
+                raise ConfigError("model.attention_impl='cudnn' has no bidirectional sliding window (jax's cuDNN "
+                                  "path supports a left window only); use attention_impl='chunked' with "
+                                  f"model.family={self.family!r} and model.sliding_window={self.sliding_window}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.num_encoder_layers or self.num_layers
+
+    @property
+    def gated(self) -> bool:
+        """Whether the activation is gated (two input projections): SwiGLU, GeGLU — the names ending in
+        "glu", the naming convention of transformer/layers/feedforward.ACTIVATIONS."""
+        return self.activation.endswith("glu")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, dtype: str = "float32") -> "ModelConfig":
+        """Build from `config.model` (a ConfigDict or dict) and the compute dtype (train.compute_dtype);
+        unknown keys are an error."""
+        d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+        if "dtype" in d:
+            raise ConfigError("model.dtype is not a setting: the compute dtype is train.compute_dtype "
+                              f"(one of {', '.join(COMPUTE_DTYPES)})")
+        fields = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ConfigError(f"unknown model setting(s) {', '.join('model.' + k for k in unknown)}; "
+                              f"valid: {', '.join(sorted(fields))}")
+        return cls(**d, dtype=dtype)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def model_defaults() -> dict[str, Any]:
+    """ModelConfig's defaults as the `config.model` block of configs/*.py (the one source of model
+    defaults); without `dtype`, which train.compute_dtype sets."""
+    return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "dtype"}
