@@ -20,7 +20,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer import files
-from transformer.data import get_tokenizer
+from transformer.data import get_tokenizer, record_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
@@ -152,11 +152,12 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     t_start = time.time()
     pid, nproc = jax.process_index(), jax.process_count()
     primary = pid == 0
-    tokenizer = get_tokenizer(config.data)
+    tokenizer = get_tokenizer(config.data, workdir=workdir)  # the run's recorded copy when resuming
     model_cfg = validate.model_config(config, model_vocab_size(config, tokenizer))
     mesh_shape = validate.check_training(config, model_cfg, jax.device_count(), nproc)
     resolved = config.to_dict()
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
+    resolved["data"]["tokenizer_fingerprint"] = tokenizer.fingerprint
     os.makedirs(workdir, exist_ok=True)
     check_workdir_config(workdir, json.loads(json.dumps(resolved)))
     summary_path = os.path.join(workdir, "summary.json")
@@ -184,6 +185,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                       shuffle=True, repeat=True)
     data_it = task.make_iterator(config, **train_data)
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
+        record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
         write_json(os.path.join(workdir, "config.json"), resolved)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
