@@ -173,10 +173,11 @@ def _looks_like_path(name: str) -> bool:
 
 def prepare_stdlib(data_dir: str) -> StdlibPy:
     """Builds `stdlib_py` under `data_dir` unless already there; safe to call from several processes."""
-    with _quiet_tfds():  # a fresh data dir makes TFDS warn that the variant folder has no dataset_info.json
-        builder = StdlibPy(data_dir=data_dir, file_format="array_record")
     with file_lock(os.path.join(data_dir, BUILTIN_NAME, f"{_config_name()}.lock")):
-        if not builder.is_prepared():
+        with _quiet_tfds():  # in a fresh data dir TFDS warns that the variant folder has no dataset_info.json
+            builder = StdlibPy(data_dir=data_dir, file_format="array_record")
+            prepared = builder.is_prepared()
+        if not prepared:
             print(f"Building the {BUILTIN_NAME}/{_config_name()} corpus in {data_dir} ...", flush=True)
             start = time.perf_counter()
             with _quiet_tfds():
