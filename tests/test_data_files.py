@@ -361,3 +361,15 @@ def test_prepare_data_cli(folder, tmp_path):
     assert token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False) == result["cache"]
     assert os.stat(os.path.join(result["cache"], "meta.json")).st_mtime_ns == meta_mtime  # read, not rebuilt
     assert result["train"]["documents"] + result["eval"]["documents"] == 80
+
+
+def test_unigram_entropy_of_cached_files_counts_tokens_and_eos(folder, tmp_path):
+    import scipy.stats
+
+    cfg = data_config(tmp_path, folder)
+    tok = tokenizers.ByteTokenizer()
+    ids = np.concatenate([np.append(tok.encode(t), tok.eos_id) for t in documents.iter_split(cfg, "train")])
+    expected = scipy.stats.entropy(np.bincount(ids, minlength=tok.vocab_size))
+    assert pipeline.unigram_entropy(cfg, cfg.train_split) == pytest.approx(expected, rel=1e-12)
+    assert pipeline.unigram_entropy(cfg, cfg.train_split, max_tokens=50) == pytest.approx(
+        scipy.stats.entropy(np.bincount(ids[:50], minlength=tok.vocab_size)), rel=1e-12)
