@@ -152,13 +152,17 @@ def _quiet_tfds() -> Iterator[None]:
 _USER_FILE_EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".json", ".md", ".csv")
 
 
+def _user_files(folder: str) -> list[str]:
+    """The names of text-like files directly in `folder` (a TFDS data dir holds dataset folders)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(e.name for e in os.scandir(folder) if e.is_file() and e.name.lower().endswith(_USER_FILE_EXTENSIONS))
+
+
 def check_data_dir(data_cfg: ml_collections.ConfigDict, data_dir: str) -> None:
     """A ConfigError when `data.data_dir` is a folder of the user's own text files, not a TFDS data
     directory (TFDS would otherwise build the built-in corpus inside it)."""
-    if not os.path.isdir(data_dir):
-        return
-    own = sorted(e.name for e in os.scandir(data_dir)
-                 if e.is_file() and e.name.lower().endswith(_USER_FILE_EXTENSIONS))
+    own = _user_files(data_dir)
     if own:
         ext = os.path.splitext(own[0])[1] if not own[0].endswith(".jsonl.gz") else ".jsonl.gz"
         raise ConfigError(
@@ -168,7 +172,7 @@ def check_data_dir(data_cfg: ml_collections.ConfigDict, data_dir: str) -> None:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.startswith(("~", "/", ".")) or os.path.exists(os.path.expanduser(name))
+    return name.startswith(("~", "/", ".")) or bool(_user_files(name))
 
 
 def prepare_stdlib(data_dir: str) -> StdlibPy:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
@@ -115,6 +114,10 @@ _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
 _PAD_NAMES = ("<pad>", "[PAD]", "<|padding|>", "<|pad|>")
 
 
+def _first_id(vocab: dict[str, int], names: tuple[str, ...], default: int | None = None) -> int | None:
+    return next((vocab[n] for n in names if n in vocab), default)
+
+
 class HFTokenizer:
     """A Hugging Face `tokenizer.json` (the `tokenizers` library); `encode` adds no special tokens.
 
@@ -129,13 +132,12 @@ class HFTokenizer:
         self._tok = hf_tokenizers.Tokenizer.from_str(json_text)
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1 if vocab else 0
-        first = lambda names: next((vocab[n] for n in names if n in vocab), None)  # noqa: E731
-        eos = first(_EOS_NAMES)
+        eos = _first_id(vocab, _EOS_NAMES)
         if eos is None:
             raise ValueError(f"the tokenizer defines no end-of-text token (one of {', '.join(_EOS_NAMES)})")
         self.eos_id = eos
-        self.bos_id = first(_BOS_NAMES) if first(_BOS_NAMES) is not None else eos
-        self.pad_id = first(_PAD_NAMES) if first(_PAD_NAMES) is not None else eos
+        self.bos_id = _first_id(vocab, _BOS_NAMES, default=eos)
+        self.pad_id = _first_id(vocab, _PAD_NAMES, default=eos)
         self.fingerprint = "tokenizer.json:" + hashlib.sha256(json_text.encode("utf-8")).hexdigest()[:16]
 
     @property
