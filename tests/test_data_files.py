@@ -373,3 +373,21 @@ def test_unigram_entropy_of_cached_files_counts_tokens_and_eos(folder, tmp_path)
     assert pipeline.unigram_entropy(cfg, cfg.train_split) == pytest.approx(expected, rel=1e-12)
     assert pipeline.unigram_entropy(cfg, cfg.train_split, max_tokens=50) == pytest.approx(
         scipy.stats.entropy(np.bincount(ids[:50], minlength=tok.vocab_size)), rel=1e-12)
+
+
+def test_resume_on_files_equals_uninterrupted(folder, tmp_path):
+    """The cache iterator's position (next batch index) goes through the checkpoint and back."""
+    from configs.lm import get_config
+    from transformer.training.loop import train
+    from transformer.training.metrics import read_metrics
+
+    config = get_config("gpt2_tiny")
+    config.data = data_config(tmp_path, folder)
+    config.train.update(steps=4, warmup_steps=1, batch_size=8, eval_every=4, eval_steps=1, checkpoint_every=2,
+                        log_every=1)
+    whole = train(config, str(tmp_path / "whole"), verbose=False)
+    assert train(config, str(tmp_path / "split"), verbose=False, stop_at=2)["status"] == "preempted"
+    resumed = train(config, str(tmp_path / "split"), verbose=False)
+    assert resumed["status"] == "ok" and resumed["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-6)
+    losses = lambda d: [r["train_loss"] for r in read_metrics(str(d)) if "train_loss" in r]  # noqa: E731
+    np.testing.assert_allclose(losses(tmp_path / "split")[-2:], losses(tmp_path / "whole")[-2:], rtol=1e-6)
