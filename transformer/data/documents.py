@@ -10,6 +10,7 @@ Every problem with the files is a ConfigError naming the setting, the file and (
 """
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import hashlib
@@ -150,7 +151,12 @@ def cache_dir(data_cfg: ml_collections.ConfigDict) -> str:
 _HASH_CHUNK = 1 << 20
 
 
-def _file_digest(path: str) -> str:
+@functools.lru_cache(maxsize=65536)
+def _file_digest(path: str, stat_key: tuple[int, ...]) -> str:
+    """SHA-256 of a file's content; memoised per (path, inode, size, mtime, ctime) within a process, so
+    the loop's repeated evaluations (each makes a new iterator) do not re-read the files. Any write
+    changes ctime, which no tool sets back."""
+    del stat_key  # part of the memo key only
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
@@ -166,7 +172,8 @@ def files_fingerprint(data_cfg: ml_collections.ConfigDict) -> str:
         h.update(f"{split}|{setting}\n".encode())
         for path in paths:
             st = os.stat(path)
-            h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}|{_file_digest(path)}\n".encode())
+            digest = _file_digest(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}|{digest}\n".encode())
     held_out = not str(data_cfg.get("eval_files", "") or "").strip()
     h.update(f"text_feature={data_cfg.text_feature}|held_out={held_out}|"
              f"fraction={float(data_cfg.get('eval_fraction', 0.0)) if held_out else 0}".encode())
