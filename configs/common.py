@@ -48,7 +48,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.text_feature = "text"
     c.data.train_split = "train"
     c.data.eval_split = "validation"
-    c.data.tokenizer = "bytes"        # bytes | sentencepiece
+    c.data.files = ""                 # local files: comma-separated globs of .txt/.jsonl/.jsonl.gz/.parquet (replaces tfds_name)
+    c.data.eval_files = ""            # "" -> hold out data.eval_fraction of data.files (by a hash of each document)
+    c.data.eval_fraction = 0.01
+    c.data.cache_dir = ""             # token cache for data.files; "" -> ~/.cache/transformer
+    c.data.tokenizer = "bytes"        # bytes | sentencepiece | a SentencePiece .model path | a tokenizer.json path
     c.data.vocab_size = 1024          # sentencepiece only
     c.data.seq_len = 256
     c.data.shuffle_seed = 0

@@ -1,9 +1,11 @@
-"""Data: the built-in TFDS corpus (or any TFDS text dataset), tokenizers, grain LM pipelines."""
+"""Data: the built-in TFDS corpus (or any TFDS text dataset) or local files, tokenizers, the token cache,
+grain LM pipelines."""
 from transformer.data.corpus import corpus_metadata, load_split
 from transformer.data.pipeline import local_batch_size, make_lm_dataset, make_lm_iterator, unigram_entropy
-from transformer.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer, get_tokenizer
+from transformer.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer, get_tokenizer,
+                                         record_tokenizer)
 
 __all__ = [
-    "ByteTokenizer", "SentencePieceTokenizer", "Tokenizer", "corpus_metadata", "get_tokenizer",
-    "load_split", "local_batch_size", "make_lm_dataset", "make_lm_iterator", "unigram_entropy",
+    "ByteTokenizer", "HFTokenizer", "SentencePieceTokenizer", "Tokenizer", "corpus_metadata", "get_tokenizer",
+    "load_split", "local_batch_size", "make_lm_dataset", "make_lm_iterator", "record_tokenizer", "unigram_entropy",
 ]

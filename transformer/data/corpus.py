@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import sys
@@ -130,14 +131,61 @@ def file_lock(path: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _quiet_tfds() -> Iterator[None]:
+    """Silences TFDS while it builds the local corpus: its "Downloading and preparing dataset Unknown
+    size" banner (nothing downloads), its nested progress bars, its INFO logs and warnings."""
+    from tensorflow_datasets.core.utils import tqdm_utils
+
+    was_active, absl_logger = tqdm_utils._active, logging.getLogger("absl")
+    level = absl_logger.level
+    tfds.display_progress_bar(False)
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        tfds.display_progress_bar(was_active)
+        absl_logger.setLevel(level)
+
+
+_USER_FILE_EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".json", ".md", ".csv")
+
+
+def _user_files(folder: str) -> list[str]:
+    """The names of text-like files directly in `folder` (a TFDS data dir holds dataset folders)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(e.name for e in os.scandir(folder) if e.is_file() and e.name.lower().endswith(_USER_FILE_EXTENSIONS))
+
+
+def check_data_dir(data_cfg: ml_collections.ConfigDict, data_dir: str) -> None:
+    """A ConfigError when `data.data_dir` is a folder of the user's own text files, not a TFDS data
+    directory (TFDS would otherwise build the built-in corpus inside it)."""
+    own = _user_files(data_dir)
+    if own:
+        ext = os.path.splitext(own[0])[1] if not own[0].endswith(".jsonl.gz") else ".jsonl.gz"
+        raise ConfigError(
+            f"data.data_dir={data_cfg.data_dir!r} holds your own files ({', '.join(own[:3])}"
+            f"{', ...' if len(own) > 3 else ''}), but data.data_dir is where TFDS datasets are kept. "
+            f"To train on your files use --config.data.files='{os.path.join(data_cfg.data_dir, '*' + ext)}'")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("~", "/", ".")) or bool(_user_files(name))
+
+
 def prepare_stdlib(data_dir: str) -> StdlibPy:
     """Builds `stdlib_py` under `data_dir` unless already there; safe to call from several processes."""
-    builder = StdlibPy(data_dir=data_dir, file_format="array_record")
     with file_lock(os.path.join(data_dir, BUILTIN_NAME, f"{_config_name()}.lock")):
-        if not builder.is_prepared():
+        with _quiet_tfds():  # in a fresh data dir TFDS warns that the variant folder has no dataset_info.json
+            builder = StdlibPy(data_dir=data_dir, file_format="array_record")
+            prepared = builder.is_prepared()
+        if not prepared:
             print(f"Building the {BUILTIN_NAME}/{_config_name()} corpus in {data_dir} ...", flush=True)
             start = time.perf_counter()
-            builder.download_and_prepare()
+            with _quiet_tfds():
+                builder.download_and_prepare()
             md = builder.info.metadata
             print(f"Built {BUILTIN_NAME}: {md['file_count']} files, {md['total_bytes']} bytes "
                   f"in {time.perf_counter() - start:.1f} s", flush=True)
@@ -168,6 +216,11 @@ class TextSource:
 def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
     """The records of `split` of `data.tfds_name`: `len(src)`, `src[i]["text"]` (bytes)."""
     data_dir = resolve_data_dir(data_cfg)
+    if _looks_like_path(str(data_cfg.tfds_name)):
+        raise ConfigError(f"data.tfds_name={data_cfg.tfds_name!r} is a path, not a TFDS dataset name; to train on "
+                          f"local files use --config.data.files='{os.path.join(data_cfg.tfds_name, '*.txt')}' "
+                          "(.txt, .jsonl, .jsonl.gz, .parquet)")
+    check_data_dir(data_cfg, data_dir)
     if data_cfg.tfds_name == BUILTIN_NAME:
         builder = prepare_stdlib(data_dir)
         if split not in builder.info.splits:
@@ -177,9 +230,10 @@ def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
     try:
         source = tfds.data_source(data_cfg.tfds_name, data_dir=data_dir, split=split, download=False)
     except Exception as e:  # tfds raises several types (not found, not prepared, bad split)
+        first_line = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ConfigError(
             f"cannot load TFDS dataset data.tfds_name={data_cfg.tfds_name!r} split={split!r} from "
-            f"data.data_dir={data_dir!r}: {e}. Prepare it first (`tfds build {data_cfg.tfds_name} "
+            f"data.data_dir={data_dir!r}: {first_line.strip().rstrip('.')}. Prepare it first (`tfds build {data_cfg.tfds_name} "
             f"--data_dir=...`) or use the built-in data.tfds_name={BUILTIN_NAME!r}.") from e
     features = source.dataset_info.features
     if data_cfg.text_feature not in features:
@@ -190,6 +244,6 @@ def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
 
 def corpus_metadata(data_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     """Provenance of the built-in corpus (Python version, file counts, bytes); {} for other datasets."""
-    if data_cfg.tfds_name != BUILTIN_NAME:
+    if data_cfg.tfds_name != BUILTIN_NAME or str(data_cfg.get("files", "") or "").strip():
         return {}
     return dict(prepare_stdlib(resolve_data_dir(data_cfg)).info.metadata)

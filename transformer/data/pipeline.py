@@ -1,5 +1,8 @@
 """Grain input pipeline for language modelling: shard -> shuffle -> tokenize -> pack -> batch.
 
+TFDS datasets go through the pipeline below; local files (`data.files`) are tokenized once into a
+cache (token_cache.py) and packed from it by global row index (packed.py), into the same features.
+
 Shapes: B = local batch rows (global batch // process count), T = data.seq_len.
 Each batch is a dict of numpy arrays, all [B, T]:
   inputs      int32  token ids
@@ -22,7 +25,7 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from transformer.data import corpus, tokenizers
+from transformer.data import corpus, documents, packed, token_cache, tokenizers
 from transformer.models.config import ConfigError
 
 _READ_THREADS = 2          # threads reading + tokenizing documents ahead of the packer
@@ -42,13 +45,13 @@ class _Tokenize(grain.transforms.Map):
 
 
 def lm_features(tokens_R: np.ndarray, segment_ids_R: np.ndarray, positions_R: np.ndarray) -> dict[str, np.ndarray]:
-    """One packed row of R = T + 1 tokens -> the model's [T] features (see the module docstring)."""
-    seg_in_T, seg_out_T = segment_ids_R[:-1], segment_ids_R[1:]
+    """Packed rows [..., R = T + 1] -> the model's [..., T] features (see the module docstring)."""
+    seg_in_T, seg_out_T = segment_ids_R[..., :-1], segment_ids_R[..., 1:]
     return {
-        "inputs": tokens_R[:-1].astype(np.int32),
-        "targets": tokens_R[1:].astype(np.int32),
+        "inputs": tokens_R[..., :-1].astype(np.int32),
+        "targets": tokens_R[..., 1:].astype(np.int32),
         "segment_ids": seg_in_T.astype(np.int32),
-        "positions": positions_R[:-1].astype(np.int32),
+        "positions": positions_R[..., :-1].astype(np.int32),
         "weights": ((seg_in_T != 0) & (seg_in_T == seg_out_T)).astype(np.float32),
     }
 
@@ -114,6 +117,13 @@ def make_lm_dataset(data_cfg: ml_collections.ConfigDict, *, split: str, global_b
         raise ConfigError(f"data.worker_count={data_cfg.worker_count!r} must be >= 0")
     batch_B = local_batch_size(global_batch_size, process_count)
     tokenizer = tokenizers.get_tokenizer(data_cfg)
+    if documents.uses_files(data_cfg):
+        batches = packed.make_packed_dataset(
+            token_cache.ensure_cache(data_cfg, tokenizer), files_split(data_cfg, split),
+            seq_len=int(data_cfg.seq_len), global_batch_size=global_batch_size,
+            seed=_shuffle_seed(data_cfg, seed), process_index=process_index, process_count=process_count,
+            shuffle=shuffle, repeat=repeat, read_threads=_READ_THREADS, prefetch=_READ_PREFETCH)
+        return _prefetch_workers(batches, data_cfg)
     source = corpus.load_split(data_cfg, split)
 
     docs = grain.MapDataset.source(source)[process_index::process_count]
@@ -131,10 +141,24 @@ def make_lm_dataset(data_cfg: ml_collections.ConfigDict, *, split: str, global_b
     )).map(_ToLM())
     # A last, partial batch (repeat=False) is padded with all-zero rows (weights 0), keeping shapes fixed.
     batches = rows.batch(batch_B, batch_fn=functools.partial(grain.experimental.batch_and_pad, batch_size=batch_B))
+    return _prefetch_workers(batches, data_cfg)
+
+
+def _prefetch_workers(batches: grain.IterDataset, data_cfg: ml_collections.ConfigDict) -> grain.IterDataset:
     if int(data_cfg.worker_count) > 0:
         _ensure_absl_flags_parsed()
         batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(data_cfg.worker_count)))
     return batches
+
+
+def files_split(data_cfg: ml_collections.ConfigDict, split: str) -> str:
+    """The cache split ("train"/"eval") that `data.train_split` / `data.eval_split` name for local files."""
+    if split == data_cfg.train_split:
+        return "train"
+    if split == data_cfg.eval_split:
+        return "eval"
+    raise ConfigError(f"split {split!r} is neither data.train_split={data_cfg.train_split!r} nor "
+                      f"data.eval_split={data_cfg.eval_split!r}")
 
 
 def make_lm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
@@ -157,8 +181,15 @@ def unigram_entropy(data_cfg: ml_collections.ConfigDict, split: str, max_tokens:
     `max_tokens` tokens.
     """
     tokenizer = tokenizers.get_tokenizer(data_cfg)
-    source = corpus.load_split(data_cfg, split)
     counts_V = np.zeros(tokenizer.vocab_size, np.int64)
+    if documents.uses_files(data_cfg):  # the cached documents (bos + ids + eos), bos left out
+        cached = token_cache.open_split(token_cache.ensure_cache(data_cfg, tokenizer), files_split(data_cfg, split))
+        n = min(max_tokens + len(cached.offsets), len(cached.tokens))
+        is_bos_N = np.zeros(n, bool)
+        is_bos_N[cached.offsets[cached.offsets < n]] = True
+        ids_N = np.asarray(cached.tokens[:n])[~is_bos_N][:max_tokens]
+        return float(scipy.stats.entropy(np.bincount(ids_N, minlength=tokenizer.vocab_size)))
+    source = corpus.load_split(data_cfg, split)
     seen = 0
     for i in range(len(source)):
         ids_L = np.append(tokenizer.encode(source[i]["text"]), tokenizer.eos_id)[: max_tokens - seen]

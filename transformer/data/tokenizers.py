@@ -1,9 +1,14 @@
-"""Tokenizers: raw UTF-8 bytes (the default) or a SentencePiece BPE model trained on the corpus.
+"""Tokenizers: raw UTF-8 bytes (the default), a SentencePiece BPE model trained on the corpus, or a
+file: a SentencePiece `.model` or a Hugging Face `tokenizer.json` (the `tokenizers` library).
 
-Both reserve ids 0/1/2 for pad/bos/eos, so the packing and the loss treat them alike.
+Bytes and the trained model reserve ids 0/1/2 for pad/bos/eos; a file's tokenizer keeps its own
+special ids (GPT-2's `<|endoftext|>` is both bos and eos). Every tokenizer has a `fingerprint` (a hash
+of what defines it); a run copies its tokenizer file into its workdir (`record_tokenizer`), so
+sampling and resuming need nothing outside the workdir.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from collections.abc import Iterable, Iterator
@@ -13,10 +18,10 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from transformer.data import corpus
+from transformer.data import corpus, documents
 from transformer.models.config import ConfigError
 
-TOKENIZERS = ("bytes", "sentencepiece")
+TOKENIZERS = ("bytes", "sentencepiece", "a SentencePiece .model path", "a Hugging Face tokenizer.json path")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 SP_SAMPLE_BYTES = 8_000_000  # of train text fed to the SentencePiece trainer (~1 s on 2 CPU cores)
 SP_SAMPLE_SEED = 0
@@ -24,14 +29,17 @@ SP_SAMPLE_SEED = 0
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """Text <-> int32 ids. `encode` adds no bos/eos; pad/bos/eos are 0/1/2."""
+    """Text <-> int32 ids. `encode` adds no bos/eos."""
 
     vocab_size: int
     pad_id: int
     bos_id: int
     eos_id: int
+    fingerprint: str
 
     def encode(self, text: str | bytes) -> np.ndarray: ...
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str: ...
 
@@ -41,11 +49,15 @@ class ByteTokenizer:
 
     vocab_size = 256 + 3
     pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
+    fingerprint = "bytes"
     _OFFSET = 3
 
     def encode(self, text: str | bytes) -> np.ndarray:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32) + self._OFFSET
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         ids_N = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64)
@@ -54,16 +66,19 @@ class ByteTokenizer:
 
 
 class SentencePieceTokenizer:
-    """A SentencePiece model (pad/bos/eos = 0/1/2, byte fallback). Picklable for grain workers."""
+    """A SentencePiece model; bos/eos/pad are the model's own (a missing bos or pad falls back to eos).
+    Picklable for grain workers."""
 
     def __init__(self, model_proto: bytes):
         self._proto = model_proto
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
-        if (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
-            raise ConfigError("SentencePiece model must have pad/bos/eos ids 0/1/2, got "
-                             f"{self._sp.pad_id()}/{self._sp.bos_id()}/{self._sp.eos_id()}")
+        if self._sp.eos_id() < 0:
+            raise ConfigError("the SentencePiece model defines no eos piece (documents end with eos)")
         self.vocab_size = self._sp.vocab_size()
-        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        self.eos_id = self._sp.eos_id()
+        self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else self.eos_id
+        self.pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
+        self.fingerprint = "sentencepiece:" + hashlib.sha256(model_proto).hexdigest()[:16]
 
     @classmethod
     def from_file(cls, path: str) -> SentencePieceTokenizer:
@@ -80,6 +95,9 @@ class SentencePieceTokenizer:
             text = bytes(text).decode("utf-8", errors="replace")
         return np.asarray(self._sp.encode(text), dtype=np.int32)
 
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(ids, np.int32) for ids in self._sp.encode(texts, num_threads=os.cpu_count() or 1)]
+
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         return self._sp.decode([int(i) for i in ids])
 
@@ -88,6 +106,113 @@ class SentencePieceTokenizer:
 
     def __setstate__(self, state: dict[str, bytes]) -> None:
         self.__init__(state["proto"])
+
+
+# Special tokens a tokenizer.json may define, most specific first.
+_EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
+_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
+_PAD_NAMES = ("<pad>", "[PAD]", "<|padding|>", "<|pad|>")
+
+
+def _first_id(vocab: dict[str, int], names: tuple[str, ...], default: int | None = None) -> int | None:
+    return next((vocab[n] for n in names if n in vocab), default)
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json` (the `tokenizers` library); `encode` adds no special tokens.
+
+    eos is the first of _EOS_NAMES the vocabulary has; bos and pad fall back to eos (GPT-2 has only
+    `<|endoftext|>`). Picklable for grain workers.
+    """
+
+    def __init__(self, json_text: str):
+        import tokenizers as hf_tokenizers
+
+        self._json = json_text
+        self._tok = hf_tokenizers.Tokenizer.from_str(json_text)
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1 if vocab else 0
+        eos = _first_id(vocab, _EOS_NAMES)
+        if eos is None:
+            raise ValueError(f"the tokenizer defines no end-of-text token (one of {', '.join(_EOS_NAMES)})")
+        self.eos_id = eos
+        self.bos_id = _first_id(vocab, _BOS_NAMES, default=eos)
+        self.pad_id = _first_id(vocab, _PAD_NAMES, default=eos)
+        self.fingerprint = "tokenizer.json:" + hashlib.sha256(json_text.encode("utf-8")).hexdigest()[:16]
+
+    @property
+    def json_text(self) -> str:
+        return self._json
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, np.int32) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def __getstate__(self) -> dict[str, str]:
+        return {"json": self._json}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        self.__init__(state["json"])
+
+
+def load_tokenizer_file(path: str, setting: str = "data.tokenizer") -> Tokenizer:
+    """A SentencePiece `.model` or a Hugging Face `tokenizer.json` (or a folder holding one)."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full) and os.path.isfile(os.path.join(full, "tokenizer.json")):
+        full = os.path.join(full, "tokenizer.json")
+    if not os.path.isfile(full):
+        raise ConfigError(f"{setting}={path!r}: no such file; choose one of {', '.join(TOKENIZERS)}")
+    with open(full, "rb") as f:
+        data = f.read()
+    if full.endswith(".json"):
+        try:
+            return HFTokenizer(data.decode("utf-8"))
+        except Exception as e:  # tokenizers raises a plain Exception for a malformed file
+            raise ConfigError(f"{setting}={path!r} is not a Hugging Face tokenizer.json: {e}") from None
+    try:
+        return SentencePieceTokenizer(data)
+    except Exception as e:  # sentencepiece raises RuntimeError for a file that is not a model
+        raise ConfigError(f"{setting}={path!r} is not a SentencePiece model (nor a tokenizer.json): {e}") from None
+
+
+RECORDED_NAMES = ("tokenizer.model", "tokenizer.json")  # a run's copy of its tokenizer, in its workdir
+
+
+def record_tokenizer(tokenizer: Tokenizer, workdir: str) -> None:
+    """Copies a file-backed tokenizer into `workdir` (tokenizer.model / tokenizer.json); bytes needs none."""
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        name, data = "tokenizer.model", tokenizer.model_proto
+    elif isinstance(tokenizer, HFTokenizer):
+        name, data = "tokenizer.json", tokenizer.json_text.encode("utf-8")
+    else:
+        return
+    path = os.path.join(workdir, name)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer | None:
+    """The tokenizer a run in `workdir` recorded, if it matches `data.tokenizer`'s kind and fingerprint."""
+    kind = str(data_cfg.tokenizer)
+    name = "tokenizer.json" if kind.endswith(".json") or os.path.isdir(os.path.expanduser(kind)) else "tokenizer.model"
+    path = os.path.join(workdir, name)
+    if kind == "bytes" or not os.path.isfile(path):
+        return None
+    tok = load_tokenizer_file(path, setting=f"the run's recorded tokenizer {path}")
+    expected = data_cfg.get("tokenizer_fingerprint", None)
+    if expected and tok.fingerprint != expected:
+        raise ConfigError(f"{path} has fingerprint {tok.fingerprint}, but {workdir}/config.json records "
+                          f"data.tokenizer_fingerprint={expected}")
+    return tok
 
 
 def _lines(texts: Iterable[str | bytes]) -> Iterator[str]:
@@ -118,7 +243,17 @@ def train_sentencepiece(texts: Iterable[str | bytes], vocab_size: int) -> Senten
 
 
 def _corpus_sample(data_cfg: ml_collections.ConfigDict, max_bytes: int) -> Iterator[bytes]:
-    """Train-split documents in a fixed pseudo-random order, until `max_bytes` have been yielded."""
+    """Train-split documents in a fixed pseudo-random order (local files: in file order), until
+    `max_bytes` have been yielded."""
+    if documents.uses_files(data_cfg):
+        used = 0
+        for text in documents.iter_split(data_cfg, "train"):
+            if used >= max_bytes:
+                return
+            data = text.encode("utf-8", errors="replace")
+            used += len(data)
+            yield data
+        return
     source = corpus.load_split(data_cfg, data_cfg.train_split)
     used = 0
     for i in np.random.default_rng(SP_SAMPLE_SEED).permutation(len(source)):
@@ -130,13 +265,23 @@ def _corpus_sample(data_cfg: ml_collections.ConfigDict, max_bytes: int) -> Itera
 
 
 def sentencepiece_path(data_cfg: ml_collections.ConfigDict) -> str:
-    """Where the corpus's SentencePiece model is cached: keyed by dataset, split and vocab size."""
+    """Where the corpus's SentencePiece model is cached: keyed by dataset, split and vocab size
+    (local files: by the files' fingerprint, under data.cache_dir)."""
+    if documents.uses_files(data_cfg):
+        key = documents.files_fingerprint(data_cfg)
+        return os.path.join(documents.cache_dir(data_cfg), "tokenizers", f"files-{key}_bpe{data_cfg.vocab_size}.model")
     name = f"{corpus.dataset_key(data_cfg)}_{data_cfg.train_split}_bpe{data_cfg.vocab_size}.model"
     return os.path.join(corpus.resolve_data_dir(data_cfg), "tokenizers", name.replace("/", "_"))
 
 
-def get_tokenizer(data_cfg: ml_collections.ConfigDict) -> Tokenizer:
-    """The tokenizer named by `data.tokenizer`; a SentencePiece model is trained once and cached."""
+def get_tokenizer(data_cfg: ml_collections.ConfigDict, workdir: str | None = None) -> Tokenizer:
+    """The tokenizer named by `data.tokenizer`; a SentencePiece model is trained once and cached.
+
+    `workdir`: a run directory; the tokenizer the run recorded there (`record_tokenizer`) is used when
+    present, so a run needs nothing outside its workdir.
+    """
+    if workdir is not None and (recorded := _recorded(data_cfg, workdir)) is not None:
+        return recorded
     if data_cfg.tokenizer == "bytes":
         return ByteTokenizer()
     if data_cfg.tokenizer == "sentencepiece":
@@ -151,4 +296,6 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict) -> Tokenizer:
                 os.replace(tmp, path)
                 return tok
         return SentencePieceTokenizer.from_file(path)
-    raise ConfigError(f"data.tokenizer={data_cfg.tokenizer!r} is not valid; choose one of {', '.join(TOKENIZERS)}")
+    if not str(data_cfg.tokenizer).strip():
+        raise ConfigError(f"data.tokenizer is empty; choose one of {', '.join(TOKENIZERS)}")
+    return load_tokenizer_file(str(data_cfg.tokenizer))

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer.data import get_tokenizer
+from transformer.data import get_tokenizer, record_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
@@ -97,12 +97,14 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
         raise ValueError(f"a group's runs may differ only in train.{' and train.'.join(FREE_KEYS)} (no dropout, "
                          "no train.init_from)")
     config, t = configs[0], configs[0].train
-    model_cfg = validate.model_config(config, model_vocab_size(config, get_tokenizer(config.data)))
+    tokenizer = get_tokenizer(config.data)
+    model_cfg = validate.model_config(config, model_vocab_size(config, tokenizer))
     mesh_shape = validate.check_training(config, model_cfg, 1, 1)
     resolved = []
     for c, workdir in zip(configs, workdirs):
         d = c.to_dict()
         d["model"]["vocab_size"] = model_cfg.vocab_size
+        d["data"]["tokenizer_fingerprint"] = tokenizer.fingerprint
         os.makedirs(workdir, exist_ok=True)
         check_workdir_config(workdir, json.loads(json.dumps(d)))
         resolved.append(d)
@@ -120,6 +122,7 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
                                    seed=c.data.shuffle_seed + c.train.seed, process_index=0, process_count=1,
                                    shuffle=True, repeat=True) for c in configs]
     for workdir, d in zip(workdirs, resolved):
+        record_tokenizer(tokenizer, workdir)
         write_json(os.path.join(workdir, "config.json"), d)
     ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints) for w in workdirs]
     writers: list[MetricsWriter] = []

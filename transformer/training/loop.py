@@ -20,6 +20,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer import files
+from transformer.data import get_tokenizer, record_tokenizer
 from transformer.models import build_model
 from transformer.models.config import ConfigError
 from transformer.scaling.accounting import flops_per_token, param_counts
@@ -152,7 +153,8 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
     t_start = time.time()
     pid, nproc = jax.process_index(), jax.process_count()
     primary = pid == 0
-    run = resolve(config, jax.device_count(), nproc)
+    tokenizer = get_tokenizer(config.data, workdir=workdir)  # the run's recorded copy when resuming
+    run = resolve(config, jax.device_count(), nproc, tokenizer)
     model_cfg, mesh_shape, resolved = run.model_cfg, run.mesh_shape, run.config
     os.makedirs(workdir, exist_ok=True)
     check_workdir_config(workdir, json.loads(json.dumps(resolved)))
@@ -181,6 +183,7 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                       shuffle=True, repeat=True)
     data_it = task.make_iterator(config, **train_data)
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
+        record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
         write_json(os.path.join(workdir, "config.json"), resolved)
     ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)

@@ -13,7 +13,8 @@ from transformer.training import validate
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     """model_cfg: the validated ModelConfig; mesh_shape: (data, fsdp, tensor); config: the dict written to
-    DIR/config.json (the config with model.vocab_size filled in from the tokenizer where it was 0)."""
+    DIR/config.json (the config with model.vocab_size filled in from the tokenizer where it was 0, and
+    data.tokenizer_fingerprint)."""
 
     model_cfg: ModelConfig
     mesh_shape: tuple[int, ...]
@@ -28,4 +29,6 @@ def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = 
     mesh_shape = validate.check_training(config, model_cfg, num_devices, process_count)
     resolved = config.to_dict()
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
+    if getattr(tokenizer, "fingerprint", None):  # which tokenizer the run used (its copy is in the workdir)
+        resolved["data"]["tokenizer_fingerprint"] = tokenizer.fingerprint
     return Resolved(model_cfg, tuple(mesh_shape), resolved)

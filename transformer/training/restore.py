@@ -76,7 +76,7 @@ def load_run(workdir: str, *, step: int | None = None, model_kwargs: dict | None
     state_dir = os.path.join(workdir, "checkpoints", str(step), "state")
     if not os.path.isdir(state_dir):
         raise MissingInputError(f"checkpoint {state_dir} not found")
-    tokenizer = get_tokenizer(config.data)
+    tokenizer = get_tokenizer(config.data, workdir=workdir)  # the copy the run recorded
     model_cfg = validate.model_config(config, tokenizer.vocab_size)
     model = build_model(model_cfg)
     if model_kwargs:

@@ -1,0 +1,180 @@
+"""Local text files as documents: `data.files` / `data.eval_files` (comma-separated globs, `~` expanded).
+
+  .txt               one document per file
+  .jsonl, .jsonl.gz  one document per line, its text under `data.text_feature`
+  .parquet           one document per row of the column `data.text_feature` (read with pyarrow)
+
+Without `data.eval_files`, a document is held out for evaluation when the hash of its content falls
+below `data.eval_fraction`: the split never depends on file order or on the other documents.
+Every problem with the files is a ConfigError naming the setting, the file and (for jsonl) the line.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+
+import ml_collections
+
+from transformer.models.config import ConfigError
+
+EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+_PARQUET_BATCH_ROWS = 1024
+
+
+def uses_files(data_cfg: ml_collections.ConfigDict) -> bool:
+    """True when `data.files` names local files (then `data.tfds_name` is not used)."""
+    return bool(str(data_cfg.get("files", "") or "").strip())
+
+
+def _extension(path: str) -> str:
+    for ext in sorted(EXTENSIONS, key=len, reverse=True):
+        if path.endswith(ext):
+            return ext
+    return ""
+
+
+def expand(setting: str, value: str) -> list[str]:
+    """The sorted, de-duplicated files matched by the comma-separated globs in `value`."""
+    found: list[str] = []
+    for pattern in (p.strip() for p in str(value).split(",")):
+        if not pattern:
+            continue
+        full = os.path.abspath(os.path.expanduser(pattern))
+        if os.path.isdir(full):
+            raise ConfigError(f"{setting}={pattern!r} is a directory; give a glob of files, "
+                              f"e.g. {os.path.join(pattern, '*.txt')!r}")
+        matches = sorted(p for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise ConfigError(f"{setting}: the glob {pattern!r} matches no file")
+        for path in matches:
+            if not _extension(path):
+                raise ConfigError(f"{setting}: {path} has an unknown extension; "
+                                  f"use one of {', '.join(EXTENSIONS)}")
+        found.extend(matches)
+    if not found:
+        raise ConfigError(f"{setting}={value!r} names no file")
+    return sorted(set(found))
+
+
+def _jsonl_documents(path: str, text_feature: str, setting: str) -> Iterator[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{setting}: {path} line {line_no} is not JSON ({e.msg})") from None
+            if not isinstance(record, dict) or text_feature not in record:
+                raise ConfigError(f"{setting}: {path} line {line_no} has no field "
+                                  f"data.text_feature={text_feature!r}")
+            text = record[text_feature]
+            if not isinstance(text, str):
+                raise ConfigError(f"{setting}: {path} line {line_no}: field {text_feature!r} is "
+                                  f"{type(text).__name__}, not a string")
+            yield text
+
+
+def _parquet_documents(path: str, text_feature: str, setting: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for files that are not parquet
+        raise ConfigError(f"{setting}: {path} is not a readable parquet file: {e}") from None
+    columns = parquet.schema_arrow.names
+    if text_feature not in columns:
+        raise ConfigError(f"{setting}: {path} has no column data.text_feature={text_feature!r}; "
+                          f"its columns: {', '.join(columns)}")
+    for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[text_feature]):
+        for text in batch.column(0).to_pylist():
+            if text is not None:
+                yield text if isinstance(text, str) else bytes(text).decode("utf-8", errors="replace")
+
+
+def read_file(path: str, text_feature: str, setting: str) -> Iterator[str]:
+    """The documents of one file, in file order (empty documents skipped)."""
+    ext = _extension(path)
+    if ext == ".txt":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            docs: Iterator[str] = iter([f.read()])
+    elif ext == ".parquet":
+        docs = _parquet_documents(path, text_feature, setting)
+    else:
+        docs = _jsonl_documents(path, text_feature, setting)
+    return (d for d in docs if d)
+
+
+def is_held_out(text: str, fraction: float) -> bool:
+    """Whether a document goes to the evaluation split: sha1 of its UTF-8 content below `fraction`."""
+    digest = hashlib.sha1(text.encode("utf-8", errors="replace")).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2.0 ** 64
+
+
+def split_files(data_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, list[str]]]:
+    """{"train"|"eval": (setting name, files)}; without eval files both read `data.files`."""
+    train = expand("data.files", data_cfg.files)
+    eval_files = str(data_cfg.get("eval_files", "") or "").strip()
+    if eval_files:
+        return {"train": ("data.files", train), "eval": ("data.eval_files", expand("data.eval_files", eval_files))}
+    fraction = float(data_cfg.get("eval_fraction", 0.0))
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"data.eval_fraction={data_cfg.get('eval_fraction')!r} must be in (0, 1) "
+                          "when data.eval_files is empty")
+    return {"train": ("data.files", train), "eval": ("data.files", train)}
+
+
+def iter_split(data_cfg: ml_collections.ConfigDict, split: str) -> Iterator[str]:
+    """The documents of `split` ("train" or "eval") in a fixed order: files sorted, each in file order."""
+    setting, paths = split_files(data_cfg)[split]
+    held_out = not str(data_cfg.get("eval_files", "") or "").strip()
+    fraction = float(data_cfg.get("eval_fraction", 0.0))
+    for path in paths:
+        for text in read_file(path, data_cfg.text_feature, setting):
+            if held_out and is_held_out(text, fraction) != (split == "eval"):
+                continue
+            yield text
+
+
+def cache_dir(data_cfg: ml_collections.ConfigDict) -> str:
+    """`data.cache_dir`, else ~/.cache/transformer (tokenized data and trained tokenizers)."""
+    d = str(data_cfg.get("cache_dir", "") or "") or os.path.join("~", ".cache", "transformer")
+    return os.path.abspath(os.path.expanduser(d))
+
+
+_HASH_CHUNK = 1 << 20
+
+
+@functools.lru_cache(maxsize=65536)
+def _file_digest(path: str, stat_key: tuple[int, ...]) -> str:
+    """SHA-256 of a file's content; memoised per (path, inode, size, mtime, ctime) within a process, so
+    the loop's repeated evaluations (each makes a new iterator) do not re-read the files. Any write
+    changes ctime, which no tool sets back."""
+    del stat_key  # part of the memo key only
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def files_fingerprint(data_cfg: ml_collections.ConfigDict) -> str:
+    """A hash of what defines the documents: every file's path, size, mtime and content, the text
+    field and the split rule. A changed file gives another fingerprint."""
+    h = hashlib.sha256()
+    for split, (setting, paths) in sorted(split_files(data_cfg).items()):
+        h.update(f"{split}|{setting}\n".encode())
+        for path in paths:
+            st = os.stat(path)
+            digest = _file_digest(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}|{digest}\n".encode())
+    held_out = not str(data_cfg.get("eval_files", "") or "").strip()
+    h.update(f"text_feature={data_cfg.text_feature}|held_out={held_out}|"
+             f"fraction={float(data_cfg.get('eval_fraction', 0.0)) if held_out else 0}".encode())
+    return h.hexdigest()[:20]

@@ -1,0 +1,147 @@
+"""Tokenize once: local files -> a cache of flat token arrays, keyed by the files and the tokenizer.
+
+Layout of `<data.cache_dir>/tokens/<key>/` (key = hash of documents.files_fingerprint and the
+tokenizer's fingerprint, so a changed file or tokenizer makes a new cache, never a stale one):
+  {split}.tokens   raw uint16 (vocab <= 65536) or uint32: every document as bos + ids + eos, concatenated
+  {split}.offsets.npy  int64 [D + 1]: document d is tokens[offsets[d]:offsets[d + 1]]
+  meta.json        counts (documents, tokens, UTF-8 bytes), dtype, fingerprints, tokenize rate
+The cache is written into a temporary directory and renamed into place when complete, so a cache
+left half-written by a killed process is never read (and a directory without meta.json is rebuilt).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+
+import ml_collections
+import numpy as np
+import tqdm
+
+from transformer.data import documents
+from transformer.data.corpus import file_lock
+from transformer.data.tokenizers import Tokenizer
+from transformer.models.config import ConfigError
+
+SPLITS = ("train", "eval")
+_BATCH_BYTES = 1 << 22  # text handed to the tokenizer at once (its batch encoders run in parallel)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenSplit:
+    """One split of a cache: tokens [N] (a read-only memmap) and offsets [D + 1]."""
+    tokens: np.ndarray
+    offsets: np.ndarray
+    num_bytes: int
+
+
+def cache_path(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> str:
+    key = hashlib.sha256(f"{documents.files_fingerprint(data_cfg)}|{tokenizer.fingerprint}".encode()).hexdigest()
+    return os.path.join(documents.cache_dir(data_cfg), "tokens", key[:24])
+
+
+def _check_writable(root: str) -> None:
+    try:
+        os.makedirs(root, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as e:
+        raise ConfigError(f"data.cache_dir: cannot write the token cache in {root} ({e.strerror or e}); "
+                          "set data.cache_dir to a writable directory") from None
+
+
+def _batches(texts: Iterator[str]) -> Iterator[list[str]]:
+    batch, size = [], 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str, out_dir: str,
+                    dtype: np.dtype, verbose: bool) -> dict:
+    """Streams the split's documents through the tokenizer into out_dir/{split}.tokens."""
+    offsets, num_tokens, num_bytes = [0], 0, 0
+    bos, eos = np.array([tokenizer.bos_id], dtype), np.array([tokenizer.eos_id], dtype)
+    start = time.perf_counter()
+    bar = tqdm.tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not verbose, mininterval=1.0)
+    with open(os.path.join(out_dir, f"{split}.tokens"), "wb") as f:
+        for batch in _batches(documents.iter_split(data_cfg, split)):
+            for ids in tokenizer.encode_batch(batch):
+                if len(ids) and int(ids.max()) >= tokenizer.vocab_size:
+                    raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocab_size {tokenizer.vocab_size}")
+                doc = np.concatenate([bos, ids.astype(dtype), eos])
+                f.write(doc.tobytes())
+                num_tokens += len(doc)
+                offsets.append(num_tokens)
+            num_bytes += sum(len(t.encode("utf-8", errors="replace")) for t in batch)
+            bar.update(num_tokens - bar.n)
+    bar.close()
+    seconds = time.perf_counter() - start
+    if len(offsets) == 1:
+        held_out = not str(data_cfg.get("eval_files", "") or "").strip()
+        if split == "train":
+            raise ConfigError(f"data.files={data_cfg.files!r} holds no documents (the files are empty)")
+        if held_out:
+            raise ConfigError(f"the eval split is empty: data.eval_fraction={data_cfg.eval_fraction} held out no "
+                              "document of data.files; raise it or set data.eval_files")
+        raise ConfigError(f"data.eval_files={data_cfg.eval_files!r} holds no documents (the files are empty)")
+    np.save(os.path.join(out_dir, f"{split}.offsets.npy"), np.asarray(offsets, np.int64))
+    if verbose:
+        print(f"tokenized {split}: {len(offsets) - 1} documents, {num_tokens} tokens, {num_bytes} bytes in "
+              f"{seconds:.1f} s ({num_tokens / max(seconds, 1e-9):,.0f} tokens/s)", flush=True)
+    return {"documents": len(offsets) - 1, "tokens": num_tokens, "bytes": num_bytes,
+            "seconds": seconds, "tokens_per_second": num_tokens / max(seconds, 1e-9)}
+
+
+def ensure_cache(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, verbose: bool = True) -> str:
+    """The cache directory for (files, tokenizer), built on first use; safe across processes."""
+    path = cache_path(data_cfg, tokenizer)
+    if os.path.isfile(os.path.join(path, "meta.json")):
+        return path
+    root = os.path.dirname(path)
+    _check_writable(root)
+    with file_lock(path + ".lock"):
+        if os.path.isfile(os.path.join(path, "meta.json")):
+            return path
+        if os.path.isdir(path):  # not written by ensure_cache (no meta.json): never trust it
+            shutil.rmtree(path)
+        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=root)
+        try:
+            meta = {"files_fingerprint": documents.files_fingerprint(data_cfg),
+                    "tokenizer_fingerprint": tokenizer.fingerprint, "dtype": dtype.name,
+                    "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+            for split in SPLITS:
+                meta[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
+            with open(os.path.join(tmp, "meta.json"), "w") as f:
+                json.dump(meta, f, indent=2)
+            os.rename(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; a failed build leaves nothing
+        if verbose:
+            print(f"token cache: {path}", flush=True)
+    return path
+
+
+def open_split(path: str, split: str) -> TokenSplit:
+    """One split of a built cache, memory-mapped."""
+    with open(os.path.join(path, "meta.json")) as f:
+        meta = json.load(f)
+    tokens = np.memmap(os.path.join(path, f"{split}.tokens"), dtype=np.dtype(meta["dtype"]), mode="r")
+    offsets = np.load(os.path.join(path, f"{split}.offsets.npy"))
+    return TokenSplit(tokens, offsets, int(meta[split]["bytes"]))
+
+
+def read_meta(path: str) -> dict:
+    with open(os.path.join(path, "meta.json")) as f:
+        return json.load(f)
