@@ -1,8 +1,13 @@
-"""Test-session setup: 8 simulated CPU devices, so sharding tests see a real mesh."""
+"""Test-session setup: 8 simulated CPU devices, so sharding tests see a real mesh.
+
+Command lines started by tests inherit TRANSFORMER_HUGE_PAGES=0: the huge-page re-exec (a second
+interpreter start per CLI call) is tested on its own in tests/test_huge_pages.py, which clears it.
+"""
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TRANSFORMER_HUGE_PAGES", "0")
 
 import pytest
 
