@@ -64,7 +64,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.steps = 1000
     c.train.batch_size = 16           # global, across all processes
     c.train.learning_rate = 1e-3
-    c.train.warmup_steps = 100
+    c.train.warmup_steps = -1           # -1: min(100, 10% of train.steps); an explicit count must be <= steps
     c.train.schedule = "cosine"       # cosine | linear | constant
     c.train.final_lr_fraction = 0.1   # decay ends at this fraction of the peak
     c.train.weight_decay = 0.1

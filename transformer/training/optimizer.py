@@ -12,18 +12,35 @@ SCHEDULES = ("cosine", "linear", "constant")
 NONFINITE_POLICIES = ("stop", "skip")
 
 
+AUTO_WARMUP = -1            # train.warmup_steps default: scales with the run (see warmup_steps)
+AUTO_WARMUP_FRACTION = 0.1  # ... this fraction of train.steps,
+AUTO_WARMUP_MAX = 100       # ... at most this many steps
+
+
+def warmup_steps(train_cfg: Any) -> int:
+    """train.warmup_steps, or with the default -1, min(100, 10% of train.steps): a shortened run
+    (--config.train.steps=50) warms up for 5 steps instead of being refused. An explicit warm-up longer
+    than the run stays an error (make_schedule)."""
+    warmup = int(train_cfg.warmup_steps)
+    if warmup == AUTO_WARMUP:
+        return min(AUTO_WARMUP_MAX, int(AUTO_WARMUP_FRACTION * int(train_cfg.steps)))
+    return warmup
+
+
 def make_schedule(train_cfg: Any) -> optax.Schedule:
-    """Linear warm-up from 0 to `learning_rate`, then decay to `final_lr_fraction` of it at `steps`.
+    """Linear warm-up from 0 to `learning_rate` over warmup_steps(train_cfg), then decay to
+    `final_lr_fraction` of it at `steps`.
 
     cosine: half-cosine decay; linear: straight line; constant: flat after warm-up.
     """
-    peak, steps, warmup = float(train_cfg.learning_rate), int(train_cfg.steps), int(train_cfg.warmup_steps)
+    peak, steps, warmup = float(train_cfg.learning_rate), int(train_cfg.steps), warmup_steps(train_cfg)
     if train_cfg.schedule not in SCHEDULES:
         raise ConfigError(f"train.schedule={train_cfg.schedule!r} is not valid; choose one of {', '.join(SCHEDULES)}")
     if not peak > 0:
         raise ConfigError(f"train.learning_rate={peak!r} must be positive")
     if not 0 <= warmup <= steps:
-        raise ConfigError(f"train.warmup_steps={warmup} must be between 0 and train.steps={steps}")
+        raise ConfigError(f"train.warmup_steps={warmup} must be between 0 and train.steps={steps} (or -1, the "
+                          f"default: min({AUTO_WARMUP_MAX}, {AUTO_WARMUP_FRACTION:.0%} of train.steps))")
     if not 0.0 <= train_cfg.final_lr_fraction <= 1.0:
         raise ConfigError(f"train.final_lr_fraction={train_cfg.final_lr_fraction!r} must be in [0, 1]")
     end = peak * float(train_cfg.final_lr_fraction)

@@ -59,11 +59,21 @@ def check_training(config: Any, model_cfg: ModelConfig, num_devices: int, proces
     if t.batch_size % process_count:
         raise ConfigError(f"train.batch_size={t.batch_size} must be divisible by the number of processes "
                           f"({process_count})")
-    if model_cfg.positional in ("learned", "sinusoidal") and config.data.seq_len > model_cfg.max_len:
+    if model_cfg.positional != "none" and config.data.seq_len > model_cfg.max_len:
+        what = ("the position table" if model_cfg.positional in ("learned", "sinusoidal") else
+                "the context length the model declares, e.g. max_position_embeddings on export")
         raise ConfigError(f"data.seq_len={config.data.seq_len} exceeds model.max_len={model_cfg.max_len} "
-                          f"(the {model_cfg.positional} position table); raise model.max_len or lower seq_len")
-    tensor = shape[2]
-    for name, size in (("model.num_heads", model_cfg.num_heads), ("model.d_ff", model_cfg.d_ff)):
-        if rules.get("heads") == "tensor" and size % tensor:
-            raise ConfigError(f"{name}={size} must be divisible by mesh.tensor={tensor}")
+                          f"({what}, positional={model_cfg.positional!r}); raise model.max_len or lower seq_len")
+    # Each dimension is split by its own parameter rule (heads, kv_heads, mlp, vocab: configs/common.py).
+    for name, size, rule in (("model.num_heads", model_cfg.num_heads, "heads"),
+                             ("model.num_kv_heads", model_cfg.kv_heads, "kv_heads"),
+                             ("model.d_ff", model_cfg.d_ff, "mlp")):
+        axes = rules.get(rule) or ()
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        ways = 1
+        for axis in axes:
+            ways *= shape[sharding.MESH_AXES.index(axis)]
+        if size % ways:
+            raise ConfigError(f"{name}={size} must be divisible by {ways}, the size of mesh axes {axes} that "
+                              f"mesh.rules maps '{rule}' to (mesh {dict(zip(sharding.MESH_AXES, shape))})")
     return shape
