@@ -321,8 +321,10 @@ def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | Non
                         row["loss_spike"] = spike[1]
                         extra += f" | loss spike x{spike[1]:.1f} at step {spike[0]}"
                         if primary:
-                            print(f"warning: loss spike at step {spike[0]}: {spike[1]:.2f}x the median of the "
-                                  f"last {len(spikes.history) - 1} logged losses", flush=True)
+                            print(f"warning: {workdir}: loss spike at step {spike[0]}: {spike[1]:.2f}x the median "
+                                  f"of the last {len(spikes.history) - 1} logged losses; its batch is number "
+                                  f"{spike[0] - 1} of split {config.data.train_split!r} shuffled with seed "
+                                  f"{train_data['seed']} (runs with the same seed saw the same batch)", flush=True)
                     if is_eval:
                         t_eval = time.time()
                         row.update(evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc))
