@@ -8,9 +8,13 @@ on the next start; a listed step without the marker was damaged afterwards and c
 `meta` holds the SHA-256 of the whole state (when it is at most CHECKSUM_MAX_BYTES), verified after every restore: orbax/TensorStore catch missing and truncated
 files but not flipped bytes inside an array chunk, which would otherwise restore silently wrong.
 
-Restoring takes the newest readable step. An unreadable one (missing marker, read error, checksum
-mismatch) is moved, never deleted, to DIR/unreadable_checkpoints/ with a warning, and the previous
-step is tried; when checkpoints exist but none is readable, restore raises instead of starting over.
+Restoring takes the newest readable step. Only PROVEN damage makes a step unreadable: no commit marker,
+no data-iterator state, a checksum mismatch, or TensorStore reporting a missing, truncated or undecodable
+file (its DAMAGE_STATUSES). Such a step is moved, never deleted, to DIR/unreadable_checkpoints/ with a
+warning, and the previous step is tried; when checkpoints exist but none is readable, restore raises
+instead of starting over. A checkpoint whose parameter tree differs from the model's (a code edit) is a
+CheckpointMismatch naming the differing paths; any other failure (out of memory, a file-system error, a
+bug) is raised as it is. In both cases nothing is moved.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+
+from transformer.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,49 @@ def state_digest(state: Any, max_bytes: int = CHECKSUM_MAX_BYTES) -> str | None:
 
 class UnreadableCheckpoint(Exception):
     """A listed checkpoint step that fails a check of ours (marker, data files, checksum)."""
+
+
+class CheckpointMismatch(ConfigError):
+    """The checkpoint holds another parameter tree than the model builds (a code or config edit): not damage."""
+
+
+# TensorStore's status codes for a file that is missing (FAILED_PRECONDITION / NOT_FOUND inside an OCDBT
+# database), truncated (OUT_OF_RANGE) or undecodable (DATA_LOSS); orbax wraps them in a plain Exception.
+DAMAGE_STATUSES = ("FAILED_PRECONDITION:", "NOT_FOUND:", "OUT_OF_RANGE:", "DATA_LOSS:")
+
+
+def is_damage(error: BaseException) -> bool:
+    """Whether `error` (or an exception it was raised from) proves the checkpoint's files are damaged."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, UnreadableCheckpoint):
+            return True
+        if isinstance(error, ValueError) and str(error).startswith(DAMAGE_STATUSES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """'params/blocks/layers_0/...' -> shape, for any pytree of arrays or array metadata."""
+    def name(k: Any) -> str:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                return str(getattr(k, attr))
+        return str(k)
+    return {"/".join(name(k) for k in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def tree_differences(saved: Any, expected: Any, limit: int = 8) -> list[str]:
+    """The paths where two trees differ: only in the checkpoint, only in the model, or in shape."""
+    a, b = _leaf_shapes(saved), _leaf_shapes(expected)
+    first = lambda p: (not p.startswith("params/"), p)  # parameters first; the optimizer state mirrors them
+    diffs = [f"{p} (only in the checkpoint)" if p not in b else f"{p} (only in the model)" if p not in a else
+             f"{p} (checkpoint {a[p]}, model {b[p]})" for p in sorted(set(a) | set(b), key=first)
+             if a.get(p) != b.get(p)]
+    return diffs[:limit] + ([f"... {len(diffs) - limit} more"] if len(diffs) > limit else [])
 
 
 class Checkpointer:
@@ -92,6 +142,18 @@ class Checkpointer:
         mine, any_data = self._data_file(step)
         if not any_data:
             raise UnreadableCheckpoint("the data-iterator state is missing")
+        try:
+            saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(os.path.join(step_dir, "state")))
+        except Exception as e:  # noqa: BLE001 - classified: damage or not
+            if is_damage(e) or isinstance(e, (FileNotFoundError, json.JSONDecodeError)):
+                raise UnreadableCheckpoint(f"its tree metadata is unreadable ({type(e).__name__}: {e})") from e
+            raise
+        diffs = tree_differences(saved, abstract_state)
+        if diffs:
+            raise CheckpointMismatch(
+                f"checkpoint {step} in {self.directory} holds another parameter tree than this model builds: "
+                f"{'; '.join(diffs)}. Restore it with the code and config that wrote it, or train in a new "
+                f"workdir (nothing was moved or deleted)")
         items = {"state": ocp.args.StandardRestore(abstract_state)}
         if mine:
             items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
@@ -123,8 +185,9 @@ class Checkpointer:
     def restore(self, abstract_state: Any, data_iterator: Any) -> tuple[int, Any] | None:
         """Restores the newest readable step into `abstract_state`'s shardings and `data_iterator`.
 
-        Returns (step, state), or None when there is no checkpoint. An unreadable step is moved to
-        DIR/unreadable_checkpoints/ with a warning and the previous one is tried; if every step fails,
+        Returns (step, state), or None when there is no checkpoint. A damaged step (see is_damage) is moved
+        to DIR/unreadable_checkpoints/ with a warning and the previous one is tried; CheckpointMismatch and
+        any error that is not damage are raised with nothing moved; if every step is damaged,
         raises RuntimeError rather than silently starting from scratch. `self.data_position_restored`
         tells whether the iterator was restored too (not when the checkpoint was written by another
         number of processes: each process's position in its own shard means nothing under a new split).
@@ -134,7 +197,9 @@ class Checkpointer:
         for step in reversed(steps):
             try:
                 state = self._restore_step(step, abstract_state, data_iterator)
-            except Exception as e:  # noqa: BLE001 - any read failure means this step is unusable
+            except Exception as e:  # noqa: BLE001 - only proven damage sets a step aside
+                if not is_damage(e):
+                    raise  # out of memory, a file-system error, a tree mismatch, a bug: nothing is moved
                 msg = f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                 errors.append(msg)
                 if step == steps[0]:

@@ -1,0 +1,88 @@
+"""Restore sets a checkpoint aside only on proven damage (tests/test_reliability.py covers the kinds of
+damage); an error that is not damage, or a checkpoint of another parameter tree, is raised with nothing
+moved, so a run never silently resumes from an older step."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import orbax.checkpoint as ocp
+import pytest
+
+from test_reliability import _NullIterator, _tree_hash, tiny_config
+from transformer.models import build_model
+from transformer.tasks import get_task
+from transformer.training import checkpointing, sharding, validate
+from transformer.training.loop import train
+from transformer.training.optimizer import make_optimizer
+from transformer.training.state import abstract_state
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, corpus_dir) -> str:
+    workdir = str(tmp_path_factory.mktemp("restore") / "run")
+    assert train(tiny_config(corpus_dir), workdir, verbose=False)["status"] == "ok"
+    return workdir
+
+
+def _restore(workdir: str, **model_overrides):
+    c = tiny_config("")
+    c.model.update(model_overrides)
+    model, tx = build_model(validate.model_config(c, 259)), make_optimizer(c.train)
+    mesh = sharding.make_mesh(c.mesh)
+    abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
+    ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        return ck.restore(abstract, _NullIterator())
+    finally:
+        ck.close()
+
+
+def _copy(run_dir: str, tmp_path) -> tuple[str, dict]:
+    workdir = str(tmp_path / "run")
+    shutil.copytree(run_dir, workdir)
+    return workdir, _tree_hash(os.path.join(workdir, "checkpoints"))
+
+
+def _nothing_moved(workdir: str, before: dict) -> None:
+    assert _tree_hash(os.path.join(workdir, "checkpoints")) == before
+    assert not os.path.exists(os.path.join(workdir, "unreadable_checkpoints"))
+
+
+@pytest.mark.parametrize("error", [MemoryError("out of memory"), OSError(5, "Input/output error"),
+                                   ValueError("UNAVAILABLE: the file system did not answer")])
+def test_an_error_that_is_not_damage_is_raised_and_nothing_moved(error, run_dir, tmp_path, monkeypatch):
+    workdir, before = _copy(run_dir, tmp_path)
+
+    def fail(self, *args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", fail)
+    with pytest.raises(type(error)) as raised:
+        _restore(workdir)
+    assert raised.value is error
+    _nothing_moved(workdir, before)
+
+
+def test_a_changed_parameter_tree_names_the_paths_and_moves_nothing(run_dir, tmp_path):
+    workdir, before = _copy(run_dir, tmp_path)
+    with pytest.raises(checkpointing.CheckpointMismatch) as e:
+        _restore(workdir, d_ff=128, num_layers=3)
+    text = str(e.value)
+    assert "checkpoint 12" in text
+    assert "params/blocks/layers_2" in text and "(only in the model)" in text  # a layer added by the edit
+    assert "mlp/wi/kernel (checkpoint (64, 256), model (64, 128))" in text      # a reshaped matrix
+    _nothing_moved(workdir, before)
+    assert _restore(workdir)[0] == 12  # the unchanged model still restores the newest step
+
+
+def test_damage_is_recognised_through_orbax_wrapping():
+    try:
+        try:
+            raise ValueError('OUT_OF_RANGE: Error reading "params.x/0.0" in OCDBT database')
+        except ValueError as inner:
+            raise Exception("Encountered error while reading array index") from inner
+    except Exception as outer:  # noqa: BLE001
+        assert checkpointing.is_damage(outer)
+    assert not checkpointing.is_damage(Exception("RESOURCE_EXHAUSTED"))
+    assert not checkpointing.is_damage(MemoryError())
