@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
 
@@ -86,3 +87,49 @@ def test_damage_is_recognised_through_orbax_wrapping():
         assert checkpointing.is_damage(outer)
     assert not checkpointing.is_damage(Exception("RESOURCE_EXHAUSTED"))
     assert not checkpointing.is_damage(MemoryError())
+
+
+# ---------------------------------------------------------------- the state digest (computed on device)
+
+def _tree(seed: int = 0) -> dict:
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_normal((16, 24)).astype(np.float32),
+            "b": rng.standard_normal((24,)).astype(np.float32),
+            "h": jnp.asarray(rng.standard_normal((8, 4)), dtype=jnp.bfloat16),
+            "step": np.int32(7)}
+
+
+def test_digest_changes_with_any_flipped_bit_or_swapped_elements():
+    import numpy as np
+    base = checkpointing.state_digest(_tree())
+    assert base == checkpointing.state_digest(_tree())
+    rng = np.random.default_rng(1)
+    for _ in range(20):  # one flipped bit anywhere in the float32 matrix
+        t = _tree()
+        flat = t["w"].view(np.uint32).reshape(-1)
+        flat[rng.integers(flat.size)] ^= np.uint32(1 << int(rng.integers(32)))
+        assert checkpointing.state_digest(t) != base
+    t = _tree()
+    t["w"][[3, 5]] = t["w"][[5, 3]]  # two rows swapped: same multiset of values
+    assert checkpointing.state_digest(t) != base
+    t = _tree()
+    t["h"] = t["h"].at[2, 1].set(t["h"][2, 1] * 2)  # a bfloat16 leaf
+    assert checkpointing.state_digest(t) != base
+    t = _tree()
+    t["step"] = np.int32(8)
+    assert checkpointing.state_digest(t) != base
+
+
+def test_digest_is_the_same_for_a_state_sharded_over_eight_devices():
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    t = _tree()
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+    sharded = {"w": jax.device_put(t["w"], NamedSharding(mesh, P("a", "b"))),
+               "b": jax.device_put(t["b"], NamedSharding(mesh, P("a"))),
+               "h": jax.device_put(t["h"], NamedSharding(mesh, P(None, "b"))),
+               "step": t["step"]}
+    assert checkpointing.state_digest(sharded) == checkpointing.state_digest(t)

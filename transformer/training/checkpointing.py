@@ -5,8 +5,9 @@ while the arrays are written). orbax writes each step into a temporary directory
 `commit_success.txt`, then renames it into place, so an unfinished save is never listed and is removed
 on the next start; a listed step without the marker was damaged afterwards and counts as unreadable.
 
-`meta` holds the SHA-256 of the whole state (when it is at most CHECKSUM_MAX_BYTES), verified after every restore: orbax/TensorStore catch missing and truncated
-files but not flipped bytes inside an array chunk, which would otherwise restore silently wrong.
+`meta` holds a digest of the whole state (state_digest: a checksum per array computed on its devices, hashed),
+verified after every restore: orbax/TensorStore catch missing and truncated files but not flipped bytes
+inside an array chunk, which would otherwise restore silently wrong.
 
 Restoring takes the newest readable step. Only PROVEN damage makes a step unreadable: no commit marker,
 no data-iterator state, a checksum mismatch, or TensorStore reporting a missing, truncated or undecodable
@@ -29,7 +30,7 @@ from typing import Any
 
 import grain
 import jax
-import numpy as np
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -37,24 +38,38 @@ from transformer.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-CHECKSUM_MAX_BYTES = 256 << 20  # hashing costs ~1 s per 500 MB on one CPU core
 COMMIT_MARKER = "commit_success.txt"
+_GOLDEN = 0x9E3779B1  # an odd multiplier (2^32 / golden ratio): position weights are odd, hence invertible mod 2^32
 
 
-def state_digest(state: Any, max_bytes: int = CHECKSUM_MAX_BYTES) -> str | None:
-    """SHA-256 over every leaf's dtype, shape and bytes (gathered when split across processes), the same
-    for any mesh or process count; None when larger than `max_bytes` (then only orbax's checks apply)."""
-    leaves = jax.tree.leaves(state)
-    if sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves) > max_bytes:
-        return None
-    if any(not getattr(x, "is_fully_addressable", True) for x in leaves):  # split across processes:
-        from jax.experimental import multihost_utils  # every process calls this (save and restore do)
-        leaves = [multihost_utils.process_allgather(x, tiled=True) for x in leaves]
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """uint32: the sum over elements of bits(x_i) * (2·i·GOLDEN + 1) mod 2^32, i the flat index.
+
+    Integer sums mod 2^32 do not depend on the order of the reduction, so the value is the same on any
+    mesh or process count; a changed element changes it (its weight is odd, so no nonzero change of the
+    element's bits can vanish), and so do two swapped elements (their weights differ)."""
+    bits = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[x.dtype.itemsize]
+    u = jax.lax.bitcast_convert_type(x, bits).astype(jnp.uint32)
+    index = jax.lax.broadcasted_iota(jnp.uint32, x.shape, 0) if x.ndim else jnp.zeros((), jnp.uint32)
+    for axis in range(1, x.ndim):  # the row-major flat index, built without a reshape of the sharded array
+        index = index * jnp.uint32(x.shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+    return jnp.sum(u * (index * jnp.uint32((2 * _GOLDEN) & 0xFFFFFFFF) + jnp.uint32(1)), dtype=jnp.uint32)
+
+
+_checksums = jax.jit(lambda leaves: [_leaf_checksum(x) for x in leaves])
+
+
+def state_digest(state: Any) -> str:
+    """SHA-256 over every leaf's path, dtype, shape and device-side checksum (_leaf_checksum).
+
+    Computed where the arrays live (one jitted pass, sharded like the state); only one uint32 per leaf
+    reaches the host, so no process gathers another's shards and the cost does not grow with the model
+    the way hashing its bytes on one host did. The same for any mesh or process count."""
+    paths_leaves = jax.tree_util.tree_leaves_with_path(state)
+    sums = jax.device_get(_checksums([x for _, x in paths_leaves]))
     h = hashlib.sha256()
-    for x in jax.device_get(leaves):
-        x = np.ascontiguousarray(x)
-        h.update(f"{x.dtype}{x.shape}".encode())
-        h.update(x.tobytes())
+    for (path, x), c in zip(paths_leaves, sums):
+        h.update(f"{jax.tree_util.keystr(path)}{x.dtype}{tuple(x.shape)}{int(c)}".encode())
     return h.hexdigest()
 
 
@@ -106,10 +121,8 @@ def tree_differences(saved: Any, expected: Any, limit: int = 8) -> list[str]:
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True,
-                 checksum_max_bytes: int = CHECKSUM_MAX_BYTES):
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
-        self.checksum_max_bytes = checksum_max_bytes
         self.data_position_restored = False  # set by restore(): False when the process count changed
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True, cleanup_tmp_directories=True)
@@ -120,7 +133,7 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_iterator: Any, config: dict, *, force: bool = False) -> bool:
         meta = {"step": int(step), "process_count": jax.process_count(),
-                "state_sha256": state_digest(state, self.checksum_max_bytes)}
+                "state_sha256": state_digest(state)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   data=grain.checkpoint.CheckpointSave(data_iterator),
                                   config=ocp.args.JsonSave(config), meta=ocp.args.JsonSave(meta))
@@ -163,8 +176,8 @@ class Checkpointer:
             with open(meta_path) as f:
                 expected = json.load(f).get("state_sha256")
             if expected is not None:
-                got = state_digest(restored["state"], self.checksum_max_bytes)
-                if got is not None and got != expected:
+                got = state_digest(restored["state"])
+                if got != expected:
                     raise UnreadableCheckpoint(f"state checksum mismatch ({got[:12]} != saved {expected[:12]}): "
                                                f"the array files were altered after the save")
         self.data_position_restored = mine
