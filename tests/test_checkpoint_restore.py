@@ -97,7 +97,7 @@ def _tree(seed: int = 0) -> dict:
     return {"w": rng.standard_normal((16, 24)).astype(np.float32),
             "b": rng.standard_normal((24,)).astype(np.float32),
             "h": jnp.asarray(rng.standard_normal((8, 4)), dtype=jnp.bfloat16),
-            "step": np.int32(7)}
+            "step": np.int32(7), "finite": np.bool_(True)}
 
 
 def test_digest_changes_with_any_flipped_bit_or_swapped_elements():
@@ -119,6 +119,9 @@ def test_digest_changes_with_any_flipped_bit_or_swapped_elements():
     t = _tree()
     t["step"] = np.int32(8)
     assert checkpointing.state_digest(t) != base
+    t = _tree()
+    t["finite"] = np.bool_(False)  # a bool leaf (optax.apply_if_finite's state)
+    assert checkpointing.state_digest(t) != base
 
 
 def test_digest_is_the_same_for_a_state_sharded_over_eight_devices():
@@ -131,5 +134,5 @@ def test_digest_is_the_same_for_a_state_sharded_over_eight_devices():
     sharded = {"w": jax.device_put(t["w"], NamedSharding(mesh, P("a", "b"))),
                "b": jax.device_put(t["b"], NamedSharding(mesh, P("a"))),
                "h": jax.device_put(t["h"], NamedSharding(mesh, P(None, "b"))),
-               "step": t["step"]}
+               "step": t["step"], "finite": t["finite"]}
     assert checkpointing.state_digest(sharded) == checkpointing.state_digest(t)

@@ -175,11 +175,19 @@ def test_group_key_groups_only_learning_rate_and_seed(corpus_dir):
         group_loop.train_group([a, other], ["/nonexistent/a", "/nonexistent/b"], verbose=False)
 
 
-def test_a_diverging_run_fails_alone_and_the_group_goes_on(grouped, corpus_dir, tmp_path):
+def test_a_diverging_run_fails_alone_and_the_group_goes_on(grouped, corpus_dir, tmp_path, monkeypatch):
     configs = _group_configs(corpus_dir)[:2]
     configs[1].train.learning_rate = 1e30  # parameters overflow to inf within a step or two
     dirs = [str(tmp_path / "ok"), str(tmp_path / "diverged")]
+    compiled_for, compile_step = [], group_loop.compile_step
+
+    def recording(step, states, batch_spec):
+        compiled_for.append(int(states.step.shape[0]))  # the run axis
+        return compile_step(step, states, batch_spec)
+
+    monkeypatch.setattr(group_loop, "compile_step", recording)
     ok, bad = group_loop.train_group(configs, dirs, verbose=False)
+    assert compiled_for == [2, 1]  # the failed run left the step: it is no longer computed
     assert bad["status"] == "failed" and "non-finite" in bad["error"] and "trained in a group" in bad["error"]
     assert not os.path.exists(os.path.join(dirs[1], "checkpoints", str(GROUP_STEPS)))  # no NaN state saved
     assert ok["status"] == "ok" and ok["eval_loss"] == pytest.approx(grouped[1][0]["eval_loss"], rel=1e-4)

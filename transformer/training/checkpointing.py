@@ -48,8 +48,11 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
     Integer sums mod 2^32 do not depend on the order of the reduction, so the value is the same on any
     mesh or process count; a changed element changes it (its weight is odd, so no nonzero change of the
     element's bits can vanish), and so do two swapped elements (their weights differ)."""
-    bits = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[x.dtype.itemsize]
-    u = jax.lax.bitcast_convert_type(x, bits).astype(jnp.uint32)
+    if x.dtype == jnp.bool_:  # e.g. optax.apply_if_finite's last_finite
+        u = x.astype(jnp.uint32)
+    else:
+        bits = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[x.dtype.itemsize]
+        u = jax.lax.bitcast_convert_type(x, bits).astype(jnp.uint32)
     index = jax.lax.broadcasted_iota(jnp.uint32, x.shape, 0) if x.ndim else jnp.zeros((), jnp.uint32)
     for axis in range(1, x.ndim):  # the row-major flat index, built without a reshape of the sharded array
         index = index * jnp.uint32(x.shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)

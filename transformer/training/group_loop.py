@@ -81,6 +81,11 @@ def _stack(run_states: Sequence[TrainState], learning_rates: Sequence[float]) ->
     return stacked.replace(opt_state=(stacked.opt_state, multirun.RunLR(jnp.asarray(learning_rates, jnp.float32))))
 
 
+def compile_step(step: Any, states: TrainState, batch_spec: dict) -> Any:
+    """The group's train step compiled for the runs in `states` (their number is its leading axis)."""
+    return step.lower(states, batch_spec).compile()
+
+
 def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool = True,
                 stop_at: int | None = None) -> list[dict]:
     """Trains (or resumes) R runs together; returns their summaries (also written to each summary.json).
@@ -154,20 +159,27 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
         multi_eval = multirun.make_multi_eval_step(model, task)  # one pass over the shared eval batches
 
         def eval_fn(params_R: Any, batch: dict) -> dict:
-            return multi_eval(params_R, multirun.stack_batch(batch, R))
+            return multi_eval(params_R, multirun.stack_batch(batch, len(live)))
 
         spec = abstract_batch(task, configs[0], None)
-        stacked_spec = {k: jax.ShapeDtypeStruct((R, *s.shape), s.dtype) for k, s in spec.items()}
+
+        def stacked_spec(runs: int) -> dict:
+            return {k: jax.ShapeDtypeStruct((runs, *s.shape), s.dtype) for k, s in spec.items()}
+
+        # live[p]: the run at position p of the state's run axis. A run that fails leaves the state (risk 8:
+        # it is no longer computed); the step is recompiled for the runs still alive.
+        live = list(range(R))
+        skipped_by_run = [None] * R
         window: list[tuple[int, dict]] = []
         compile_seconds = timed_seconds = eval_seconds = 0.0
         timed_steps, step, last_saved = 0, start_step, start_step
 
         def alive() -> list[int]:
-            return [r for r in range(R) if status[r] == "ok"]
+            return [r for r in live if status[r] == "ok"]
 
         def check_window(fetched: list) -> None:
-            for r in alive():
-                bad = nonfinite.first_bad([(s, {k: v[r] for k, v in m.items()}) for s, m in fetched])
+            for p, r in enumerate(live):
+                bad = nonfinite.first_bad([(s, {k: v[p] for k, v in m.items()}) for s, m in fetched])
                 if bad is not None and t.nonfinite == "stop":
                     status[r] = "failed"
                     errors[r] = (nonfinite.describe(*bad, None, None) + " (trained in a group; train it alone "
@@ -182,14 +194,14 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
             try:
                 with jax.set_mesh(mesh):
                     t0 = time.time()
-                    train_step = train_step.lower(states, stacked_spec).compile()
+                    step_fn = compile_step(train_step, states, stacked_spec(R))
                     compile_seconds = time.time() - t0
                     window_start, window_steps = time.time(), 0
                     while step < t.steps and alive():
                         if stop["signal"] is not None or (stop_at is not None and step >= stop_at):
                             raise Preempted()
-                        rows = [next(it) for it in data_its]
-                        states, m = train_step(states, {k: np.stack([b[k] for b in rows]) for k in rows[0]})
+                        rows = [next(data_its[r]) for r in live]
+                        states, m = step_fn(states, {k: np.stack([b[k] for b in rows]) for k in rows[0]})
                         step, window_steps = step + 1, window_steps + 1
                         window.append((step, {"loss": m["loss"], "finite": m["finite"]}))
                         is_log = step % t.log_every == 0 or step == t.steps
@@ -198,58 +210,77 @@ def train_group(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: boo
                         if is_log or is_eval or is_ckpt:
                             fetched, window = jax.device_get(window), []
                             check_window(fetched)
+                            keep = [p for p, r in enumerate(live) if status[r] == "ok"]
+                            if len(keep) < len(live):  # drop the failed runs from the state and the step
+                                skipped = _skipped_updates(states)
+                                for p, r in enumerate(live):
+                                    skipped_by_run[r] = None if skipped is None else skipped[p]
+                                m = jax.tree.map(lambda x: x[np.asarray(keep)], m)
+                                fetched = [(s_, jax.tree.map(lambda x: x[np.asarray(keep)], x_)) for s_, x_ in fetched]
+                                live = [live[p] for p in keep]
+                                if not live:
+                                    break
+                                states = jax.tree.map(lambda x: x[np.asarray(keep)], states)
+                                t0 = time.time()
+                                step_fn = compile_step(train_step, states, stacked_spec(len(live)))
+                                compile_seconds += time.time() - t0
                         if is_log or is_eval:
                             m = jax.device_get(m)
                             elapsed = time.time() - window_start
                             timed_seconds, timed_steps = timed_seconds + elapsed, timed_steps + window_steps
-                            tps = R * window_steps * tokens_per_step / max(elapsed, 1e-9)  # the group's
+                            tps = len(live) * window_steps * tokens_per_step / max(elapsed, 1e-9)  # the group's
                             skipped = _skipped_updates(states)
                             if is_eval:
                                 t_eval = time.time()
                                 evals = evaluate(eval_fn, states.params, task, config, batch_s, 0, 1)  # lists of R
                                 eval_seconds += time.time() - t_eval
-                            for r in alive():
-                                row = {"train_loss": float(m["loss"][r]),
+                            for p, r in enumerate(live):
+                                row = {"train_loss": float(m["loss"][p]),
                                        "learning_rate": float(schedules[r](step - 1)),
-                                       "grad_norm": float(m["grad_norm"][r]), "tokens": step * tokens_per_step,
+                                       "grad_norm": float(m["grad_norm"][p]), "tokens": step * tokens_per_step,
                                        "flops": step * tokens_per_step * fpt, "tokens_per_second": tps}
                                 if skipped is not None:
-                                    row["skipped_updates"] = skipped[r]
-                                spike = spikes[r].check([(s, {k: v[r] for k, v in x.items()}) for s, x in fetched],
+                                    row["skipped_updates"] = skipped_by_run[r] = skipped[p]
+                                spike = spikes[r].check([(s, {k: v[p] for k, v in x.items()}) for s, x in fetched],
                                                         row["train_loss"])
                                 if spike is not None:
                                     row["loss_spike"] = spike[1]
                                 if is_eval:
-                                    row.update({k: v[r] for k, v in evals.items()})
+                                    row.update({k: v[p] for k, v in evals.items()})
                                 last[r].update({k: row[k] for k in LAST_KEYS if k in row})
                                 writers[r].write(step, row)
                             if verbose:
-                                losses = " ".join(f"{float(m['loss'][r]):.4f}" if status[r] == "ok" else "failed"
+                                at = {r: p for p, r in enumerate(live)}
+                                losses = " ".join(f"{float(m['loss'][at[r]]):.4f}" if r in at else "failed"
                                                   for r in range(R))
                                 print(f"step {step:>6}/{t.steps} | losses {losses} | {tps:9,.0f} tok/s (group)",
                                       flush=True)
                             window_start, window_steps = time.time(), 0
                         if is_ckpt:
-                            for r in alive():
-                                ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
+                            for p, r in enumerate(live):
+                                ckpts[r].save(step, _run_state(states, p), data_its[r], resolved[r], force=True)
                             last_saved = step
             except Preempted:
                 check_window(jax.device_get(window))  # never checkpoint a run's non-finite state
-                for r in alive():
+                for p, r in enumerate(live):
+                    if status[r] != "ok":
+                        continue
                     status[r] = "preempted"
                     if last_saved != step:
-                        ckpts[r].save(step, _run_state(states, r), data_its[r], resolved[r], force=True)
+                        ckpts[r].save(step, _run_state(states, p), data_its[r], resolved[r], force=True)
                 why = f"received signal {stop['signal']}" if stop["signal"] is not None else f"stop_at={stop_at}"
                 print(f"{why}: checkpointed the group's runs at step {step}, exiting", flush=True)
         tps = R * timed_steps * tokens_per_step / timed_seconds if timed_seconds else None  # the group's
         skipped = _skipped_updates(states)
+        for p, r in enumerate(live):
+            skipped_by_run[r] = None if skipped is None else skipped[p]
         seconds = dict(wall=time.time() - t_start, compile=compile_seconds, train=timed_seconds, eval=eval_seconds)
         summaries = []
         for r in range(R):
             summary = make_summary(
                 status=status[r], error=errors[r], step=step, steps=t.steps, counts=counts,
                 tokens_per_step=tokens_per_step, fpt=fpt, last=last[r], task_name=task.name,
-                skipped=None if skipped is None else skipped[r], seconds={k: v / R for k, v in seconds.items()},
+                skipped=skipped_by_run[r], seconds={k: v / R for k, v in seconds.items()},
                 tps=tps, num_devices=1, mesh_shape=mesh_shape, multirun=R)
             write_json(os.path.join(workdirs[r], "summary.json"), summary)
             summaries.append(summary)
