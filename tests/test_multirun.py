@@ -1,5 +1,5 @@
 """Runs trained at once (vmapped over a run axis) equal the same runs trained one by one: the step
-(multirun.py) and the training loop of a group (group_loop.py, sweep.multirun)."""
+(multirun.py) and a group trained by the one training loop (loop.train_runs, sweep.multirun)."""
 from __future__ import annotations
 
 import os
@@ -12,10 +12,10 @@ import pytest
 from configs import lm
 from transformer.models import build_model
 from transformer.tasks import get_task
-from transformer.training import group_loop, multirun, sharding, steps, validate
+from transformer.training import loop, multirun, sharding, steps, validate
 from transformer.training.loop import train
 from transformer.training.metrics import read_metrics
-from transformer.training.optimizer import make_optimizer, make_schedule
+from transformer.training.optimizer import make_optimizer, make_schedule, with_peak_lrs
 from transformer.training.state import init_state
 
 T, B, STEPS = 32, 4, 4
@@ -60,16 +60,30 @@ def _separate(c, model, task, lr: float, seed: int) -> list[float]:
     return losses
 
 
+def _group(c, model, task, lrs, seeds):
+    """R runs stacked as the loop stacks them: each initialised alone, with its own peak learning rate."""
+    tx = make_optimizer(c.train)
+    mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+    rules = sharding.rules(c.mesh)
+    states = []
+    for lr, seed in zip(lrs, seeds):
+        state, shardings = init_state(model, tx, seed, task.init_inputs(c), mesh, rules)
+        states.append(state.replace(opt_state=with_peak_lrs(state.opt_state, lr)))
+    train_fn, eval_fn = steps.jit_steps(steps.make_train_step(model, task, tx, seed=0, use_dropout=False),
+                                        steps.make_eval_step(model, task), shardings, mesh, rules, runs=len(lrs))
+    return multirun.stack(states), train_fn, eval_fn, mesh
+
+
 def test_multirun_equals_separate_runs():
     c, model, task = _setup()
-    tx = multirun.make_optimizer(c.train)
-    states = multirun.init_states(model, tx, seeds=SEEDS, learning_rates=LRS, init_inputs=task.init_inputs(c))
-    step = multirun.make_multi_train_step(model, task, tx)
+    states, train_fn, _, mesh = _group(c, model, task, LRS, SEEDS)
     together = []
-    for batch in _batches():
-        states, m = step(states, multirun.stack_batch(batch, len(LRS)))
-        assert m["loss"].shape == (len(LRS),)
-        together.append(np.asarray(m["loss"]))
+    with jax.set_mesh(mesh):
+        for batch in _batches():
+            stacked = {k: np.stack([v] * len(LRS)) for k, v in batch.items()}
+            states, m = train_fn(states, stacked)
+            assert m["loss"].shape == (len(LRS),)
+            together.append(np.asarray(m["loss"]))
     together = np.stack(together, axis=1)  # (R, STEPS)
     for r, (lr, seed) in enumerate(zip(LRS, SEEDS)):
         np.testing.assert_allclose(together[r], _separate(c, model, task, lr, seed), rtol=2e-5)
@@ -81,24 +95,31 @@ def test_multirun_equals_separate_runs():
 
 def test_multi_eval_and_unstack():
     c, model, task = _setup()
-    tx = multirun.make_optimizer(c.train)
-    states = multirun.init_states(model, tx, seeds=(3, 4), learning_rates=(1e-3, 1e-3),
-                                  init_inputs=task.init_inputs(c))
-    batch = multirun.stack_batch(_batches()[0], 2)
-    sums = multirun.make_multi_eval_step(model, task)(states.params, batch)
+    states, _, eval_fn, mesh = _group(c, model, task, (1e-3, 1e-3), (3, 4))
+    with jax.set_mesh(mesh):
+        sums = eval_fn(states.params, jax.tree.map(jnp.asarray, _batches()[0]))  # one batch shared by the runs
     one = steps.make_eval_step(model, task)(multirun.unstack(states.params, 1), _batches()[0])
     assert float(sums["loss_sum"][1]) == pytest.approx(float(one["loss_sum"]), rel=1e-5)
     assert float(sums["loss_sum"][0]) != pytest.approx(float(sums["loss_sum"][1]), rel=1e-4)
 
 
-def test_mismatched_lengths():
+def test_the_peak_learning_rate_is_state_not_program():
+    """One optimizer form for every run: the update scales with the PeakLR held in the state."""
     c, model, task = _setup()
-    with pytest.raises(ValueError, match="learning rates"):
-        multirun.init_states(model, multirun.make_optimizer(c.train), seeds=(0, 1), learning_rates=(1e-3,),
-                             init_inputs=task.init_inputs(c))
+    tx = make_optimizer(c.train)
+    params = {"w": jnp.ones((3,))}
+    grads = {"w": jnp.asarray([1.0, -2.0, 0.5])}
+    s1 = with_peak_lrs(tx.init(params), 1e-3)
+    s2 = with_peak_lrs(tx.init(params), 4e-3)
+    _, s1 = tx.update(grads, s1, params)  # step 0: the warm-up's rate is 0; compare the second update
+    _, s2 = tx.update(grads, s2, params)
+    u1, _ = tx.update(grads, s1, params)
+    u2, _ = tx.update(grads, s2, params)
+    np.testing.assert_allclose(np.asarray(u2["w"]), 4 * np.asarray(u1["w"]), rtol=1e-6)
+    assert float(jnp.abs(u1["w"]).max()) > 0
 
 
-# ---- sweep.multirun: a group trained by group_loop.train_group, each run with its own files -------------
+# ---- sweep.multirun: a group trained by loop.train_runs, each run with its own files -------------
 
 GROUP_LRS, GROUP_SEEDS, GROUP_STEPS = (1e-3, 3e-3, 1e-2), (0, 1, 0), 6
 
@@ -122,7 +143,7 @@ def _losses(workdir) -> list[float]:
 def grouped(tmp_path_factory, corpus_dir):
     """The three runs trained as one group, uninterrupted: (workdirs, summaries)."""
     dirs = [str(tmp_path_factory.mktemp(f"group_{r}")) for r in range(len(GROUP_LRS))]
-    return dirs, group_loop.train_group(_group_configs(corpus_dir), dirs, verbose=False)
+    return dirs, loop.train_runs(_group_configs(corpus_dir), dirs, verbose=False)
 
 
 def test_group_equals_runs_trained_alone(grouped, corpus_dir, tmp_path):
@@ -145,16 +166,16 @@ def test_group_equals_runs_trained_alone(grouped, corpus_dir, tmp_path):
 def test_group_preempted_resumes_alone_or_as_group_to_the_same_result(grouped, corpus_dir, tmp_path):
     dirs = [str(tmp_path / f"run_{r}") for r in range(len(GROUP_LRS))]
     configs = _group_configs(corpus_dir)
-    stopped = group_loop.train_group(configs, dirs, verbose=False, stop_at=4)
+    stopped = loop.train_runs(configs, dirs, verbose=False, stop_at=4)
     assert [s["status"] for s in stopped] == ["preempted"] * 3 and all(s["step"] == 4 for s in stopped)
     # run 0 resumes alone from the group's checkpoint (train()'s format)...
     alone = train(configs[0], dirs[0], verbose=False)
     assert alone["eval_loss"] == pytest.approx(grouped[1][0]["eval_loss"], rel=1e-4)
     # ... so it no longer matches the others' step: they cannot regroup with it
-    with pytest.raises(group_loop.GroupMismatch, match=r"steps \[4, 6\]"):
-        group_loop.train_group(configs, dirs, verbose=False)
+    with pytest.raises(multirun.GroupMismatch, match=r"steps \[4, 6\]"):
+        loop.train_runs(configs, dirs, verbose=False)
     # runs 1 and 2 resume together
-    resumed = group_loop.train_group(configs[1:], dirs[1:], verbose=False)
+    resumed = loop.train_runs(configs[1:], dirs[1:], verbose=False)
     for r, s in zip((1, 2), resumed):
         assert s["status"] == "ok" and s["eval_loss"] == pytest.approx(grouped[1][r]["eval_loss"], rel=1e-4)
         np.testing.assert_allclose(_losses(dirs[r]), _losses(grouped[0][r]), rtol=1e-4)
@@ -162,31 +183,31 @@ def test_group_preempted_resumes_alone_or_as_group_to_the_same_result(grouped, c
 
 def test_group_key_groups_only_learning_rate_and_seed(corpus_dir):
     a, b, c = _group_configs(corpus_dir)
-    assert group_loop.group_key(a) == group_loop.group_key(b) == group_loop.group_key(c)
+    assert multirun.group_key(a) == multirun.group_key(b) == multirun.group_key(c)
     other = a.copy_and_resolve_references()
     other.train.steps += 1
-    assert group_loop.group_key(other) != group_loop.group_key(a)
+    assert multirun.group_key(other) != multirun.group_key(a)
     other = a.copy_and_resolve_references()
     other.model.dropout_rate = 0.1
-    assert group_loop.group_key(other) is None
+    assert multirun.group_key(other) is None
     with pytest.raises(ValueError, match="differ only in train.learning_rate and train.seed"):
         other = a.copy_and_resolve_references()
         other.model.num_layers += 1
-        group_loop.train_group([a, other], ["/nonexistent/a", "/nonexistent/b"], verbose=False)
+        loop.train_runs([a, other], ["/nonexistent/a", "/nonexistent/b"], verbose=False)
 
 
 def test_a_diverging_run_fails_alone_and_the_group_goes_on(grouped, corpus_dir, tmp_path, monkeypatch):
     configs = _group_configs(corpus_dir)[:2]
     configs[1].train.learning_rate = 1e30  # parameters overflow to inf within a step or two
     dirs = [str(tmp_path / "ok"), str(tmp_path / "diverged")]
-    compiled_for, compile_step = [], group_loop.compile_step
+    compiled_for, compile_step = [], loop.compile_step
 
     def recording(step, states, batch_spec):
         compiled_for.append(int(states.step.shape[0]))  # the run axis
         return compile_step(step, states, batch_spec)
 
-    monkeypatch.setattr(group_loop, "compile_step", recording)
-    ok, bad = group_loop.train_group(configs, dirs, verbose=False)
+    monkeypatch.setattr(loop, "compile_step", recording)
+    ok, bad = loop.train_runs(configs, dirs, verbose=False)
     assert compiled_for == [2, 1]  # the failed run left the step: it is no longer computed
     assert bad["status"] == "failed" and "non-finite" in bad["error"] and "trained in a group" in bad["error"]
     assert not os.path.exists(os.path.join(dirs[1], "checkpoints", str(GROUP_STEPS)))  # no NaN state saved
@@ -198,7 +219,7 @@ def test_skip_policy_counts_each_runs_skipped_updates(corpus_dir, tmp_path):
     for c in configs:
         c.train.nonfinite = "skip"
     configs[1].train.learning_rate = 1e30  # every update after the first overflows: skipped
-    ok, bad = group_loop.train_group(configs, [str(tmp_path / "ok"), str(tmp_path / "skips")], verbose=False)
+    ok, bad = loop.train_runs(configs, [str(tmp_path / "ok"), str(tmp_path / "skips")], verbose=False)
     assert ok["status"] == bad["status"] == "ok"
     assert ok["skipped_updates"] == 0 and 0 < bad["skipped_updates"] < GROUP_STEPS
     assert [row["skipped_updates"] for row in read_metrics(str(tmp_path / "skips"))][-1] == bad["skipped_updates"]

@@ -1,7 +1,7 @@
 """sweep.multirun in the sweep runner: which pending runs train together, and training one group.
 
 Runs that share their shape and data and differ only in learning rate or seed (an LR scan's sizes,
-repeats) train as one vmapped program (transformer/training/group_loop.py); each is still claimed,
+repeats) train as one vmapped program (transformer/training/loop.train_runs); each is still claimed,
 recorded and resumable on its own, as runner.run_in_process does for single runs.
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """sweep.multirun: the runs in order of their first member, gathered into groups that can train as
-    one program (group_loop.group_key: same shape and data, other learning rate or seed). A run that
+    one program (multirun.group_key: same shape and data, other learning rate or seed). A run that
     already finished (summary.json "ok", its row not yet written) stays alone: train() records it at once."""
-    from transformer.training.group_loop import group_key
+    from transformer.training.multirun import group_key
 
     out: list[list[dict[str, Any]]] = []
     by_key: dict[str, list[dict[str, Any]]] = {}
@@ -44,10 +44,10 @@ def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, 
 
 def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str, Any]], progress: runner.Progress,
                      verbose: bool = False) -> int:
-    """Claims the runs of `group` and trains them as one program (sweep.multirun; group_loop.py). Runs
+    """Claims the runs of `group` and trains them as one program (sweep.multirun; loop.train_runs). Runs
     another runner holds are left to it; if the group fails or its runs' checkpoints are at different
     steps, its runs train one by one, resuming from the group's checkpoints. Returns 3 if preempted."""
-    from transformer.training.group_loop import train_group  # imported late: the caller sets up JAX first
+    from transformer.training.loop import train_runs  # imported late: the caller sets up JAX first
 
     held = []
     for run in group:
@@ -63,7 +63,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             progress.started(run)
         if len(runs) > 1:
             try:
-                summaries = train_group([ml_collections.ConfigDict(r["config"]) for r in runs],
+                summaries = train_runs([ml_collections.ConfigDict(r["config"]) for r in runs],
                                         [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose)
             except Exception as e:  # the runs go on alone, from the group's checkpoints
                 if verbose:

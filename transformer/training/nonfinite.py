@@ -35,11 +35,12 @@ def first_bad(window: Sequence[tuple[int, dict]]) -> tuple[int, float] | None:
     return None
 
 
-def skipped_updates(opt_state: Any) -> int | None:
+def skipped_updates(opt_state: Any) -> int | list[int] | None:
     """Updates optax.apply_if_finite has dropped so far (it is checkpointed with the state), or None
     when the optimizer does not skip."""
     if isinstance(opt_state, optax.ApplyIfFiniteState):
-        return int(jax.device_get(opt_state.total_notfinite))
+        n = jax.device_get(opt_state.total_notfinite)
+        return int(n) if np.ndim(n) == 0 else [int(x) for x in n]  # a list for a group's stacked state
     return None
 
 

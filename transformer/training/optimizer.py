@@ -1,9 +1,19 @@
-"""AdamW with warm-up and decay, global-norm clipping and a weight-decay mask (optax)."""
+"""AdamW with warm-up and decay, global-norm clipping and a weight-decay mask (optax).
+
+One form for every run: the schedule is built for a peak learning rate of 1 and the last stage,
+`scale_by_peak_lr`, multiplies the update by the run's peak rate, which its state holds. Every schedule
+here is linear in the peak (warm-up from 0, decay to a fixed fraction) and AdamW's update, weight decay
+included, is linear in the learning rate, so this equals AdamW built with that peak (up to float32
+rounding). Because the peak is state, not program, the runs of an LR scan that share a shape differ only
+in numbers: one compiled step trains them all (sweep.multirun), and a run's checkpoint has one layout
+whether it trained alone or in a group.
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from transformer.models.config import ConfigError
@@ -27,17 +37,18 @@ def warmup_steps(train_cfg: Any) -> int:
     return warmup
 
 
-def make_schedule(train_cfg: Any) -> optax.Schedule:
-    """Linear warm-up from 0 to `learning_rate` over warmup_steps(train_cfg), then decay to
-    `final_lr_fraction` of it at `steps`.
+def make_schedule(train_cfg: Any, peak: float | None = None) -> optax.Schedule:
+    """Linear warm-up from 0 to the peak (default `train.learning_rate`) over warmup_steps(train_cfg), then
+    decay to `final_lr_fraction` of it at `steps`.
 
     cosine: half-cosine decay; linear: straight line; constant: flat after warm-up.
     """
-    peak, steps, warmup = float(train_cfg.learning_rate), int(train_cfg.steps), warmup_steps(train_cfg)
+    if not float(train_cfg.learning_rate) > 0:
+        raise ConfigError(f"train.learning_rate={train_cfg.learning_rate!r} must be positive")
+    peak = float(train_cfg.learning_rate) if peak is None else float(peak)
+    steps, warmup = int(train_cfg.steps), warmup_steps(train_cfg)
     if train_cfg.schedule not in SCHEDULES:
         raise ConfigError(f"train.schedule={train_cfg.schedule!r} is not valid; choose one of {', '.join(SCHEDULES)}")
-    if not peak > 0:
-        raise ConfigError(f"train.learning_rate={peak!r} must be positive")
     if not 0 <= warmup <= steps:
         raise ConfigError(f"train.warmup_steps={warmup} must be between 0 and train.steps={steps} (or -1, the "
                           f"default: min({AUTO_WARMUP_MAX}, {AUTO_WARMUP_FRACTION:.0%} of train.steps))")
@@ -64,8 +75,35 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) in DECAYED, params)
 
 
+class PeakLR(NamedTuple):
+    """Optimizer state of `scale_by_peak_lr`: the run's peak learning rate (float32 scalar)."""
+    learning_rate: jax.Array
+
+
+def scale_by_peak_lr(peak: float) -> optax.GradientTransformation:
+    """Multiplies the updates by the peak learning rate held in the state (initialised to `peak`)."""
+
+    def init(params: Any) -> PeakLR:
+        del params
+        return PeakLR(jnp.asarray(peak, jnp.float32))
+
+    def update(updates: Any, state: PeakLR, params: Any = None) -> tuple[Any, PeakLR]:
+        del params
+        return jax.tree.map(lambda u: u * state.learning_rate.astype(u.dtype), updates), state
+
+    return optax.GradientTransformation(init, update)
+
+
+def with_peak_lrs(opt_state: Any, learning_rates: Sequence[float] | float) -> Any:
+    """`opt_state` with its PeakLR set to `learning_rates` (a float, or one per run of a stacked state)."""
+    lr = jnp.asarray(learning_rates, jnp.float32)
+    return jax.tree.map(lambda x: PeakLR(lr) if isinstance(x, PeakLR) else x, opt_state,
+                        is_leaf=lambda x: isinstance(x, PeakLR))
+
+
 def make_optimizer(train_cfg: Any) -> optax.GradientTransformation:
-    """clip(global norm) → AdamW(schedule, decay mask); `nonfinite="skip"` drops non-finite updates."""
+    """clip(global norm) → AdamW(unit schedule, decay mask) → × the peak rate in the state (see the module
+    docstring); `nonfinite="skip"` drops non-finite updates."""
     if train_cfg.nonfinite not in NONFINITE_POLICIES:
         raise ConfigError(f"train.nonfinite={train_cfg.nonfinite!r} is not valid; "
                           f"choose one of {', '.join(NONFINITE_POLICIES)}")
@@ -73,8 +111,9 @@ def make_optimizer(train_cfg: Any) -> optax.GradientTransformation:
         raise ConfigError(f"train.grad_clip={train_cfg.grad_clip!r} must be >= 0 (0 disables clipping)")
     tx = optax.chain(
         optax.clip_by_global_norm(train_cfg.grad_clip) if train_cfg.grad_clip > 0 else optax.identity(),
-        optax.adamw(make_schedule(train_cfg), b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
+        optax.adamw(make_schedule(train_cfg, peak=1.0), b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
                     weight_decay=train_cfg.weight_decay, mask=decay_mask),
+        scale_by_peak_lr(float(train_cfg.learning_rate)),
     )
     if train_cfg.nonfinite == "skip":
         tx = optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)

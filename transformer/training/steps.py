@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh
 
 from transformer.tasks.base import Batch, Task
-from transformer.training import sharding
+from transformer.training import multirun, sharding
 from transformer.models.config import ConfigError
 from transformer.training.losses import chunked_cross_entropy, cross_entropy
 from transformer.training.state import TrainState
@@ -74,11 +74,21 @@ def make_eval_step(model: nn.Module, task: Task) -> Callable[[Any, Batch], dict]
 
 
 def jit_steps(train_step: Callable, eval_step: Callable, state_shardings: TrainState, mesh: Mesh,
-              mesh_rules: Any) -> tuple[Callable, Callable]:
-    """`jax.jit` both steps with explicit in/out shardings; the train state is donated."""
+              mesh_rules: Any, *, runs: int = 0) -> tuple[Callable, Callable]:
+    """`jax.jit` both steps with explicit in/out shardings; the train state is donated.
+
+    runs > 0: a group (multirun.py): the state and the train batch carry a leading run axis and the train
+    step is vmapped over it; the eval step takes stacked params and one shared batch."""
     batch_s = sharding.batch_sharding(mesh, mesh_rules)
     rep = sharding.replicated(mesh)
-    train = jax.jit(train_step, in_shardings=(state_shardings, batch_s), out_shardings=(state_shardings, rep),
+    params_s = state_shardings.params
+    if runs:
+        train_step, eval_step = jax.vmap(train_step), jax.vmap(eval_step, in_axes=(0, None))
+        state_shardings, params_s = multirun.with_run_axis(state_shardings), multirun.with_run_axis(params_s)
+        train_batch_s = multirun.with_run_axis(batch_s)
+    else:
+        train_batch_s = batch_s
+    train = jax.jit(train_step, in_shardings=(state_shardings, train_batch_s), out_shardings=(state_shardings, rep),
                     donate_argnums=0)
-    evaluate = jax.jit(eval_step, in_shardings=(state_shardings.params, batch_s), out_shardings=rep)
+    evaluate = jax.jit(eval_step, in_shardings=(params_s, batch_s), out_shardings=rep)
     return train, evaluate
