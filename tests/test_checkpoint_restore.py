@@ -10,13 +10,9 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
 
-from test_reliability import _NullIterator, _tree_hash, tiny_config
-from transformer.models import build_model
-from transformer.tasks import get_task
-from transformer.training import checkpointing, sharding, validate
+from test_reliability import _restore, _tree_hash, tiny_config
+from transformer.training import checkpointing
 from transformer.training.loop import train
-from transformer.training.optimizer import make_optimizer
-from transformer.training.state import abstract_state
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +20,6 @@ def run_dir(tmp_path_factory, corpus_dir) -> str:
     workdir = str(tmp_path_factory.mktemp("restore") / "run")
     assert train(tiny_config(corpus_dir), workdir, verbose=False)["status"] == "ok"
     return workdir
-
-
-def _restore(workdir: str, **model_overrides):
-    c = tiny_config("")
-    c.model.update(model_overrides)
-    model, tx = build_model(validate.model_config(c, 259)), make_optimizer(c.train)
-    mesh = sharding.make_mesh(c.mesh)
-    abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
-    ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-    try:
-        return ck.restore(abstract, _NullIterator())
-    finally:
-        ck.close()
 
 
 def _copy(run_dir: str, tmp_path) -> tuple[str, dict]:

@@ -149,6 +149,7 @@ def _short_run(corpus_dir: str, preset: str, **train):
     return c
 
 
+@pytest.mark.slow
 def test_tiny_mlm_beats_unigram_baseline(tmp_path, corpus_dir):
     c = _short_run(corpus_dir, "modern_tiny", steps=200)
     summary = train(c, str(tmp_path / "mlm"), verbose=False)
@@ -157,6 +158,7 @@ def test_tiny_mlm_beats_unigram_baseline(tmp_path, corpus_dir):
     assert summary["eval_loss"] < h - 0.3, (summary["eval_loss"], h)  # ~2.6 vs 3.19 nats at 300 steps, T=128
 
 
+@pytest.mark.slow
 def test_classification_beats_majority_baseline(tmp_path, corpus_dir):
     c = _short_run(corpus_dir, "modern_tiny,classify", steps=150, eval_steps=16)
     summary = train(c, str(tmp_path / "classify"), verbose=False)

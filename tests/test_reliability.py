@@ -88,6 +88,7 @@ def test_fresh_processes_give_identical_metrics(reference_runs):
         json.load(open(os.path.join(reference_runs[1], "summary.json")))["eval_loss"]
 
 
+@pytest.mark.slow
 def test_kills_at_random_moments_resume_bit_exactly(reference_runs, corpus_dir, tmp_path):
     """SIGKILL / SIGTERM at seeded random moments (start-up included); rerunning the same command each
     time ends with the uninterrupted run's metrics rows and final state, bit for bit."""
@@ -178,8 +179,10 @@ def finished_run(tmp_path_factory, corpus_dir):
     return workdir
 
 
-def _restore(workdir: str):
+def _restore(workdir: str, **model_overrides):
+    """Restores `workdir`'s newest readable checkpoint into tiny_config's model (with `model_overrides`)."""
     c = tiny_config("")
+    c.model.update(model_overrides)
     model, tx = build_model(validate.model_config(c, 259)), make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh)
     abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))

@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from configs import seq2seq
 from experiments.sample import _with_sentinels
 from transformer.data import get_tokenizer
@@ -17,6 +19,7 @@ def test_sentinels_are_shown_by_index():
     assert _with_sentinels(tok, ids) == "<X0>ab<X1>c"
 
 
+@pytest.mark.slow
 def test_sample_cli_fills_spans_with_a_seq2seq_run(tmp_path, corpus_dir):
     c = seq2seq.get_config("t5_tiny")
     c.data.data_dir, c.data.seq_len = corpus_dir, 64

@@ -182,6 +182,7 @@ def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert len(results.read_results(str(tmp_path))) == 2
 
 
+@pytest.mark.slow
 def test_sweep_cli_killed_then_resumed_records_each_run_once(tmp_path, corpus_dir):
     workdir = str(tmp_path / "sweep")
     cmd = _sweep_cmd(workdir, *TINY, f"--config.base.data.data_dir={corpus_dir}")
@@ -233,6 +234,7 @@ def test_multirun_group_that_fails_falls_back_to_runs_one_by_one(tmp_path, capsy
     assert all(r["status"] == "failed" and "model.activation='bogus'" in r["error"] for r in rows)
 
 
+@pytest.mark.slow
 def test_multirun_sweep_stopped_by_sigterm_resumes_its_group(tmp_path, corpus_dir):
     workdir = str(tmp_path / "scan")
     cmd = _sweep_cmd(workdir, "--config.sweep.multirun=True", "--config.sweep.lr_scan.d_models=8,16",
@@ -278,6 +280,7 @@ def test_cli_errors_and_slurm_dry_run(tmp_path):
     assert not os.path.exists(workdir)  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_lr_scan_cli_writes_lr_fit_that_an_isoflop_sweep_uses(tmp_path, corpus_dir):
     scan = ["--config.sweep.lr_scan.d_models=8,16", "--config.sweep.lr_scan.tokens=20000",
             "--config.sweep.lr_scan.num_lrs=3", "--config.sweep.head_dim=8", "--config.base.data.seq_len=32",

@@ -2,6 +2,8 @@
 one sweep directory, retries of a failing run, a results writer killed mid-line."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -130,6 +132,7 @@ TINY = ["--config.sweep.budgets=1e9,3e9", "--config.sweep.sizes_per_budget=3", "
         "--config.base.data.seq_len=32", "--config.base.train.batch_size=8", "--config.base.train.eval_steps=1"]
 
 
+@pytest.mark.slow
 def test_two_runners_on_one_sweep_dir_share_the_runs(tmp_path, corpus_dir):
     workdir = str(tmp_path / "sweep")
     cmd = [sys.executable, "-m", "experiments.sweep", "--config=configs/sweeps/quick.py", f"--workdir={workdir}",

@@ -113,6 +113,7 @@ def test_weight_decay_skips_norms_and_biases():
         assert decayed == (path[-1].key in ("kernel", "embedding")), jax.tree_util.keystr(path)
 
 
+@pytest.mark.slow
 def test_loss_falls_below_unigram_entropy(tmp_path, corpus_dir):
     c = tiny_config(corpus_dir, steps=400, batch_size=16, learning_rate=3e-3, warmup_steps=40,
                     eval_every=400, eval_steps=16, checkpoint_every=400, log_every=100)

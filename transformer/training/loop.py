@@ -81,7 +81,11 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         os.makedirs(workdir, exist_ok=True)
         check_workdir_config(workdir, json.loads(json.dumps(d)))
         path = os.path.join(workdir, "summary.json")
-        previous.append(json.load(open(path)) if os.path.exists(path) else None)
+        if os.path.exists(path):
+            with open(path) as f:
+                previous.append(json.load(f))
+        else:
+            previous.append(None)
     if all(p is not None and p.get("status") == "ok" for p in previous):
         if verbose and primary:
             print(f"{', '.join(workdirs)} already finished (status ok); nothing to do", flush=True)
