@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from transformer.models.config import ConfigError
@@ -96,9 +97,16 @@ def scale_by_peak_lr(peak: float) -> optax.GradientTransformation:
 
 def with_peak_lrs(opt_state: Any, learning_rates: Sequence[float] | float) -> Any:
     """`opt_state` with its PeakLR set to `learning_rates` (a float, or one per run of a stacked state)."""
-    lr = jnp.asarray(learning_rates, jnp.float32)
-    return jax.tree.map(lambda x: PeakLR(lr) if isinstance(x, PeakLR) else x, opt_state,
-                        is_leaf=lambda x: isinstance(x, PeakLR))
+    lr = np.asarray(learning_rates, np.float32)
+
+    def replace(x: Any) -> Any:
+        if not isinstance(x, PeakLR):
+            return x
+        sharding = getattr(x.learning_rate, "sharding", None)  # keep the state's placement (multi-process too)
+        same = sharding is not None and np.shape(x.learning_rate) == lr.shape
+        return PeakLR(jax.device_put(lr, sharding) if same else jnp.asarray(lr))
+
+    return jax.tree.map(replace, opt_state, is_leaf=lambda x: isinstance(x, PeakLR))
 
 
 def make_optimizer(train_cfg: Any) -> optax.GradientTransformation:
