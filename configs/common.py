@@ -65,8 +65,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.batch_size = 16           # global, across all processes
     c.train.learning_rate = 1e-3
     c.train.warmup_steps = -1           # -1: min(100, 10% of train.steps); an explicit count must be <= steps
-    c.train.schedule = "cosine"       # cosine | linear | constant
+    c.train.schedule = "cosine"       # cosine | linear | constant | wsd (warm-up, stable, decay)
     c.train.final_lr_fraction = 0.1   # decay ends at this fraction of the peak
+    c.train.decay_fraction = 0.2      # wsd: the last fraction of train.steps spent decaying ("1 - sqrt" shape)
     c.train.weight_decay = 0.1
     c.train.b1 = 0.9
     c.train.b2 = 0.95

@@ -26,12 +26,13 @@ import logging
 import os
 import shutil
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
 from etils import epath
 
 from transformer.config import ConfigError
@@ -124,10 +125,15 @@ def tree_differences(saved: Any, expected: Any, limit: int = 8) -> list[str]:
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    """`keep`: the newest steps kept; `preserve`: steps never removed (a wsd run's decay start, from which a
+    longer run or a sweep's branch continues)."""
+
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True, preserve: Sequence[int] = ()):
         self.directory = os.path.abspath(directory)
         self.data_position_restored = False  # set by restore(): False when the process count changed
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+        policy = checkpoint_managers.AnyPreservationPolicy([checkpoint_managers.LatestN(keep),
+                                                            checkpoint_managers.CustomSteps(list(preserve))])
+        options = ocp.CheckpointManagerOptions(preservation_policy=policy, enable_async_checkpointing=async_save,
                                                create=True, cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -197,6 +203,25 @@ class Checkpointer:
             multihost_utils.sync_global_devices(f"set_aside_{step}")
         self.manager.reload()
         return target
+
+    def set_aside_after(self, step: int, why: str) -> list[int]:
+        """Moves every step after `step` to DIR/superseded_checkpoints/ (kept, never deleted): a wsd run
+        continued to more steps resumes from its decay start, and the old decay's steps are not its past."""
+        later = [s for s in self.steps() if s > step]
+        for s in later:
+            target = os.path.join(os.path.dirname(self.directory), "superseded_checkpoints", f"{s}-{int(time.time())}")
+            if jax.process_index() == 0:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.move(self._step_dir(s), target)
+        if later:
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+                multihost_utils.sync_global_devices(f"superseded_{step}")
+            self.manager.reload()
+            if jax.process_index() == 0:
+                print(f"{why}: moved checkpoints {later} to {os.path.dirname(self.directory)}/superseded_checkpoints/",
+                      flush=True)
+        return later
 
     def restore(self, abstract_state: Any, data_iterator: Any) -> tuple[int, Any] | None:
         """Restores the newest readable step into `abstract_state`'s shardings and `data_iterator`.

@@ -30,7 +30,7 @@ from transformer.data import get_tokenizer, record_tokenizer
 from transformer.models import build_model
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.tasks import get_task
-from transformer.training import checkpointing, multirun, nonfinite, sharding, steps
+from transformer.training import checkpointing, multirun, nonfinite, optimizer, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule, with_peak_lrs
 from transformer.training.resolve import resolve
@@ -76,12 +76,12 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     tokenizer = get_tokenizer(config.data, workdir=workdirs[0])  # the run's recorded copy when resuming
     runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
     model_cfg, mesh_shape, resolved = runs[0].model_cfg, runs[0].mesh_shape, [r.config for r in runs]
-    previous = []
+    previous, continue_from = [], []
     for workdir, d in zip(workdirs, resolved):
         os.makedirs(workdir, exist_ok=True)
-        check_workdir_config(workdir, json.loads(json.dumps(d)))
+        continue_from.append(check_workdir_config(workdir, json.loads(json.dumps(d))))  # a wsd run made longer
         path = os.path.join(workdir, "summary.json")
-        if os.path.exists(path):
+        if os.path.exists(path) and continue_from[-1] is None:
             with open(path) as f:
                 previous.append(json.load(f))
         else:
@@ -105,7 +105,12 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         for workdir, d in zip(workdirs, resolved):
             record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
             write_json(os.path.join(workdir, "config.json"), d)
-    ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints) for w in workdirs]
+    decay_start = optimizer.decay_start(t)  # wsd: checkpointed and kept, a longer run continues from it
+    ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints,
+                                        preserve=[decay_start] if decay_start else []) for w in workdirs]
+    for ck, step_from in zip(ckpts, continue_from):
+        if step_from is not None:
+            ck.set_aside_after(step_from, f"continuing to {t.steps} steps from the decay start {step_from}")
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
 
     def fresh_state(c: Any, announce: bool = False) -> Any:
@@ -273,7 +278,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                     window.append((step, {"loss": m["loss"], "finite": m["finite"]}))  # device scalars: no sync
                     is_log = step % t.log_every == 0 or step == t.steps
                     is_eval = step % t.eval_every == 0 or step == t.steps
-                    is_ckpt = step % t.checkpoint_every == 0 or step == t.steps
+                    is_ckpt = step % t.checkpoint_every == 0 or step == t.steps or step == decay_start
                     if is_log or is_eval or is_ckpt:  # a host sync: check every step since the last one
                         fetched, window = jax.device_get(window), []
                         check_window(fetched)  # before any checkpoint of a bad state

@@ -10,11 +10,12 @@ import signal
 from typing import Any, Callable
 
 import jax
+import ml_collections
 import numpy as np
 
 from transformer import files
 from transformer.config import ConfigError
-from transformer.training import hardware, sharding
+from transformer.training import hardware, optimizer, sharding
 
 
 class Preempted(Exception):
@@ -28,18 +29,37 @@ def write_json(path: str, obj: Any) -> None:
 LAUNCH_SECTIONS = ("distributed",)  # how a run is launched, not what it computes: may change on resume
 
 
-def check_workdir_config(workdir: str, resolved: dict) -> None:
+# A wsd run continued to more steps on its workdir differs from the run it continues only in these.
+CONTINUABLE_KEYS = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every")
+
+
+def check_workdir_config(workdir: str, resolved: dict) -> int | None:
+    """Refuses a workdir holding another run's config.json. Returns None, or the step to continue from when
+    `resolved` continues the workdir's warm-up–stable–decay run to more steps (its stable phase extended): the
+    old run's decay start, where the two runs are still one (optimizer.decay_start)."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        return
+        return None
     with open(path) as f:
         existing = json.load(f)
     existing, resolved = ({k: v for k, v in d.items() if k not in LAUNCH_SECTIONS} for d in (existing, resolved))
-    if existing != resolved:
-        diff = sorted(k for k in set(flatten_keys(existing)) | set(flatten_keys(resolved))
-                      if flatten_keys(existing).get(k) != flatten_keys(resolved).get(k))
-        raise ConfigError(f"workdir {workdir} holds a different run's config (differs in {', '.join(diff[:8])}); "
-                          f"use a new --workdir, or the same settings to resume")
+    if existing == resolved:
+        return None
+    old, new = flatten_keys(existing), flatten_keys(resolved)
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if set(diff) <= set(CONTINUABLE_KEYS) and old.get("train.schedule") == "wsd" == new.get("train.schedule"):
+        old_t, new_t = (ml_collections.ConfigDict(d["train"]) for d in (existing, resolved))
+        if new_t.steps > old_t.steps and optimizer.warmup_steps(old_t) == optimizer.warmup_steps(new_t):
+            return optimizer.decay_start(old_t)
+        raise ConfigError(
+            f"workdir {workdir} holds a wsd run of {old_t.steps} steps: it continues only to more steps with the "
+            f"same warm-up ({optimizer.warmup_steps(old_t)} steps; with train.warmup_steps=-1 the warm-up follows "
+            f"train.steps, so set it explicitly), got train.steps={new_t.steps} with a warm-up of "
+            f"{optimizer.warmup_steps(new_t)}")
+    raise ConfigError(f"workdir {workdir} holds a different run's config (differs in {', '.join(diff[:8])}); "
+                      f"use a new --workdir, or the same settings to resume"
+                      + ("; a run continues to more steps only with train.schedule='wsd'"
+                         if set(diff) <= set(CONTINUABLE_KEYS) else ""))
 
 
 def flatten_keys(d: dict, prefix: str = "") -> dict:
