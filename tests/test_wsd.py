@@ -73,3 +73,22 @@ def test_only_a_wsd_run_continues_and_only_to_more_steps(corpus_dir, tmp_path):
     train(tiny_config(corpus_dir, steps=8, warmup_steps=2), cosine, verbose=False)
     with pytest.raises(ConfigError, match="only with train.schedule='wsd'"):
         train(tiny_config(corpus_dir, steps=16, warmup_steps=2), cosine, verbose=False)
+
+
+def test_a_sweep_branch_seeded_from_its_source_equals_the_run_trained_alone(corpus_dir, tmp_path):
+    """runner.seed_branch copies the source run's decay-start checkpoint into the branch's workdir; training
+    the branch from there ends exactly like training its config from step 0."""
+    from transformer.sweeps import runner
+
+    sweep = str(tmp_path / "sweep")
+    train(_wsd(corpus_dir, 8), os.path.join(sweep, "runs", "src"), verbose=False)
+    run = {"run_id": "branch", "branch_from": "src", "start_step": 6}
+    assert runner.seed_branch(sweep, run)
+    assert not runner.seed_branch(sweep, run)  # seeded once; later it resumes from its own checkpoints
+    branched = train(_wsd(corpus_dir, 16), os.path.join(sweep, "runs", "branch"), verbose=False)
+    alone = train(_wsd(corpus_dir, 16), str(tmp_path / "alone"), verbose=False)
+    assert branched["eval_loss"] == alone["eval_loss"] and branched["tokens"] == alone["tokens"]
+    rows = lambda w: [r for r in _rows(w) if r["step"] > 6]
+    assert rows(os.path.join(sweep, "runs", "branch")) == rows(str(tmp_path / "alone"))
+    missing = {"run_id": "orphan", "branch_from": "src", "start_step": 5}  # no checkpoint 5 there
+    assert not runner.seed_branch(sweep, missing)

@@ -87,20 +87,27 @@ def _calibration(config: ml_collections.ConfigDict, rows: dict, lr_of: Callable[
     budget = min(s.budgets)
     base_mults = sorted(float(x) for x in cal.multipliers)
     step = base_mults[1] / base_mults[0]
+    sizes = ladder(config, cal.d_models)
+    mults = [list(base_mults) for _ in sizes]
     runs: list[Run] = []
-    for shape, m in ladder(config, cal.d_models):
-        lr0, mults = lr_of(size_of(m, s)), list(base_mults)
-        for extension in range(cal.max_extensions + 1):
-            mine = [make_run(config, shape, m, budget, float(f"{lr0 * x:.4g}"), role="lr", stage="lr",
-                             label=f"{shape.name}-lr{lr0 * x:.3g}") for x in mults]
-            runs += [r for r in mine if r.run_id not in {q.run_id for q in runs}]
-            done = [rows[r.run_id] for r in mine if r.run_id in rows and rows[r.run_id].get("eval_loss") is not None]
-            if preview or len(done) < len(mine) or extension == cal.max_extensions:
-                break
-            best = lr_scan.optimum([r["learning_rate"] for r in done], [r["eval_loss"] for r in done])
-            if not best["at_edge"]:
-                break
-            mults = sorted(mults + [mults[0] / step if best["edge"] == "low" else mults[-1] * step])
+    for extension in range(cal.max_extensions + 1):  # in rounds, so the plan only grows at its end
+        new = []
+        for (shape, m), xs in zip(sizes, mults):
+            lr0 = lr_of(size_of(m, s))
+            new += [make_run(config, shape, m, budget, float(f"{lr0 * x:.4g}"), role="lr", stage="lr",
+                             label=f"{shape.name}-lr{lr0 * x:.3g}") for x in xs]
+        runs += [r for r in new if r.run_id not in {q.run_id for q in runs}]
+        if preview or any(r.run_id not in rows for r in runs) or extension == cal.max_extensions:
+            break
+        grown = False
+        for i, (shape, m) in enumerate(sizes):
+            mine = [rows[r.run_id] for r in runs if r.shape == shape and rows[r.run_id].get("eval_loss") is not None]
+            best = lr_scan.optimum([r["learning_rate"] for r in mine], [r["eval_loss"] for r in mine])
+            if best["at_edge"]:
+                mults[i] = sorted(mults[i] + [mults[i][0] / step if best["edge"] == "low" else mults[i][-1] * step])
+                grown = True
+        if not grown:
+            break
     if preview or any(r.run_id not in rows for r in runs):
         return runs, None
     fit = lr_scan.analyze([rows[r.run_id] for r in runs], s.param_count,
