@@ -80,6 +80,7 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.schedule_check = ml_collections.ConfigDict()
     s.schedule_check.budget = 0.0      # 0: off
     s.schedule_check.schedule = "cosine"
+    s.schedule_check.sizes = 0         # the sizes nearest the budget's centre that are checked; 0: all
 
     s.evals_per_run = 1                # evaluations spread over each run (the last one at its end)
     s.checkpoints_per_run = 4          # checkpoints spread over each run (resume granularity)

@@ -207,9 +207,12 @@ def _budget(config: ml_collections.ConfigDict, lad: list, budget: float, n_opt: 
                 runs.append(make_run(config, run.shape, m, budget, run.learning_rate, role="grid", stage=stage,
                                      seed=base_seed + k, label=f"{run.shape.name}-C{format_flops(budget)}-s{k}"))
     if s.schedule_check.budget and math.isclose(budget, s.schedule_check.budget, rel_tol=1e-9):
-        name = s.schedule_check.schedule
+        name, checked = s.schedule_check.schedule, kept
+        if s.schedule_check.sizes:
+            checked = sorted(sorted(kept, key=lambda rm: abs(math.log(rm[0].size / n_opt)))[:s.schedule_check.sizes],
+                             key=lambda rm: rm[0].size)
         runs += [make_run(config, run.shape, m, budget, run.learning_rate, role="check", stage=stage,
-                          schedule=name, label=f"{run.shape.name}-C{format_flops(budget)}-{name}") for run, m in kept]
+                          schedule=name, label=f"{run.shape.name}-C{format_flops(budget)}-{name}") for run, m in checked]
     return runs, notes
 
 

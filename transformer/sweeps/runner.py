@@ -310,7 +310,10 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                 todo.remove(run)
                 run_dir = os.path.join(workdir, "runs", run["run_id"])
                 os.makedirs(run_dir, exist_ok=True)
-                env, cpus = worker_env(slot, parallel)
+                # a run that trains alone (nothing else running or ready: a stage's last run, the validation
+                # run) gets every core; otherwise each worker gets its share
+                alone = not procs and len(ready) == 1
+                env, cpus = worker_env(0, 1) if alone else worker_env(slot, parallel)
                 log = open(os.path.join(run_dir, "worker.log"), "a")
                 cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
                        f"--run_index={index[run['run_id']]}"]
