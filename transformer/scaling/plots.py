@@ -88,9 +88,10 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
 
 
 def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    exps = np.array(draws["a" if kind == "N" else "b"])
-    coefs = np.array(draws[f"{kind}_coef"])
-    pred_KG = coefs[:, None] * flops_G[None, :] ** exps[:, None]
+    exps = np.array(draws["a" if kind == "N" else "b"], float)  # a failed draw is null: NaN, left out
+    coefs = np.array(draws[f"{kind}_coef"], float)
+    ok = np.isfinite(exps) & np.isfinite(coefs)
+    pred_KG = coefs[ok, None] * flops_G[None, :] ** exps[ok, None]
     return np.percentile(pred_KG, 2.5, axis=0), np.percentile(pred_KG, 97.5, axis=0)
 
 
