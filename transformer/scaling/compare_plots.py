@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib import figure, ticker
 
 from transformer.scaling import frontier
-from transformer.scaling.compare import ROLES, multiplier
+from transformer.scaling.compare import ROLES, multiplier, percentiles
 from transformer.scaling.plots import LABEL_C, LABEL_LOSS
 
 STYLE = {"baseline": ("C0", "baseline"), "variant": ("C3", "variant")}
@@ -30,11 +30,12 @@ def _draws(fit: dict[str, Any]) -> dict[str, np.ndarray] | None:
 
 
 def _band(values_KG: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """2.5th and 97.5th percentiles per column over the draws without NaN; +inf kept (an open end)."""
+    """2.5th and 97.5th percentiles per column over the draws without NaN (`compare.percentiles`: an end
+    among infinite draws is +inf)."""
     ok_K = ~np.any(np.isnan(values_KG), axis=1)
     if ok_K.sum() < BAND_FLOOR:
         return None
-    lo_G, hi_G = np.percentile(np.where(np.isinf(values_KG[ok_K]), 1e300, values_KG[ok_K]), [2.5, 97.5], axis=0)
+    lo_G, hi_G = np.array([percentiles(column) for column in values_KG[ok_K].T]).T
     return lo_G, hi_G
 
 
@@ -103,37 +104,41 @@ def _multiplier_panel(ax: Any, result: dict[str, Any], flops_G: np.ndarray) -> N
         ax.text(0.5, 0.5, "no multiplier: a sweep has no frontier", transform=ax.transAxes, ha="center")
         return
     m_G = multiplier(laws["baseline"], frontier.loss_at(laws["variant"], flops_G), flops_G)
-    finite = list(m_G[np.isfinite(m_G)])
-    ax.plot(flops_G, np.where(np.isfinite(m_G), m_G, np.nan), color="C3", lw=1.5, label="variant against baseline")
     draws = {role: _draws(fits[role]) for role in ROLES}
+    band = None
     if all(d is not None for d in draws.values()):
         with np.errstate(over="ignore", invalid="ignore"):
-            m_KG = multiplier(draws["baseline"], frontier.loss_at(draws["variant"], flops_G), flops_G)  # type: ignore[arg-type]
-        band = _band(m_KG)
-        if band:
-            ax.fill_between(flops_G, *band, color="C3", alpha=0.15, lw=0, label="95% interval (noise draws)")
-            finite += [v for v in np.concatenate(band) if v < 1e299]
-    for rec, marker in [(r, "o") for r in result["budgets"]] + [(result["extrapolated"], "D")]:
+            band = _band(multiplier(draws["baseline"], frontier.loss_at(draws["variant"], flops_G), flops_G))  # type: ignore[arg-type]
+    marks = [(r, "o") for r in result["budgets"]] + [(result["extrapolated"], "D")]
+    # The axis spans 1, the multipliers and their finite interval ends (not the band, which may run off).
+    shown = [1.0] + [x for r, _ in marks for x in [r.get("compute_multiplier"), *(r.get("compute_multiplier_ci95") or [])]
+                     if x is not None]
+    bottom, top = min(shown) / 1.4, max(shown) * 1.4
+    ax.set_ylim(bottom, top)
+    ax.plot(flops_G, np.where(np.isfinite(m_G), m_G, np.nan), color="C3", lw=1.5, label="variant against baseline")
+    if band:
+        lo_G, hi_G = (np.clip(b, bottom / 10, top * 10) for b in band)
+        ax.fill_between(flops_G, lo_G, hi_G, color="C3", alpha=0.15, lw=0, label="95% interval (noise draws)")
+    for rec, marker in marks:
         m, ci = rec.get("compute_multiplier"), rec.get("compute_multiplier_ci95")
         if m is None:
             continue
-        lo, hi = (ci if ci else (m, m))
-        hi_shown = hi if hi is not None else m * 1e3  # an infinite upper end: drawn off the axis
-        ax.errorbar([rec["flops"]], [m], yerr=[[m - (lo if lo is not None else m)], [hi_shown - m]], fmt=marker,
-                    color="C3", ms=5, capsize=3, zorder=3)
-        finite += [m] + [x for x in (lo, hi) if x is not None]
+        lo, hi = ci if ci else (m, m)
+        lo = m if lo is None else lo
+        ax.errorbar([rec["flops"]], [m], yerr=[[m - lo], [(top if hi is None else hi) - m]], fmt=marker, color="C3",
+                    ms=5, capsize=3, zorder=3)
+        if hi is None:  # an infinite upper end runs to the top of the axis
+            ax.annotate("inf", (rec["flops"], top), xytext=(0, -10), textcoords="offset points", ha="center",
+                        fontsize=7, color="C3")
     ax.errorbar([], [], yerr=[], fmt="o", color="C3", ms=5, capsize=3, label="at the grid's budgets")
     ax.errorbar([], [], yerr=[], fmt="D", color="C3", ms=5, capsize=3,
                 label=f"at --at_flops ({result['extrapolated']['at_flops_from']})")
     ax.axvline(result["options"]["at_flops"], color="0.5", ls=":", lw=1)
-    if finite:
-        lo, hi = min(min(finite), 1.0), max(max(finite), 1.0)
-        ax.set_ylim(lo / 1.3, hi * 1.3)
-    ax.text(0.01, 0.97, "above 1: the variant is better", transform=ax.transAxes, va="top", fontsize=7)
-    ax.text(0.01, 0.03, "below 1: the baseline is better", transform=ax.transAxes, va="bottom", fontsize=7)
     times = ticker.FuncFormatter(lambda v, _: f"{v:.3g}x")
     ax.yaxis.set_major_formatter(times)
-    ax.yaxis.set_minor_formatter(times)
+    ax.yaxis.set_minor_formatter(times if top / bottom < 30 else ticker.NullFormatter())
     ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.text(0.01, 0.97, "above 1: the variant is better", transform=ax.transAxes, va="top", fontsize=7)
+    ax.text(0.01, 0.03, "below 1: the baseline is better", transform=ax.transAxes, va="bottom", fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
