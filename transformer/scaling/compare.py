@@ -196,8 +196,8 @@ def at_compute(flops_Q: np.ndarray, laws: dict[str, dict | None], draws: dict[st
         db, dv = draws["baseline"], draws["variant"]
         ok_K = np.all([np.isfinite(d[k]) for d in (db, dv) for k in ("E", "k", "gamma")], axis=0)
         col = {role: {k: d[k][ok_K][:, None] for k in d} for role, d in (("baseline", db), ("variant", dv))}
-        lv_KQ = frontier.loss_at(col["variant"], flops_Q)  # type: ignore[arg-type]
-        lb_KQ = frontier.loss_at(col["baseline"], flops_Q)  # type: ignore[arg-type]
+        lv_KQ = frontier.loss_at(col["variant"], flops_Q)
+        lb_KQ = frontier.loss_at(col["baseline"], flops_Q)
         m_KQ = multiplier(col["baseline"], lv_KQ, flops_Q)
     for q, rec in enumerate(out):
         rec.update(compute_multiplier=float(m_Q[q]) if np.isfinite(m_Q[q]) else None,
@@ -286,7 +286,8 @@ def compare(baseline: str, variant: str, *, at_flops: float | None = None, boots
         measured = {role: _budget_record(fitted[role], c) for role in ROLES}
         rec["measured"] = measured
         both = measured["baseline"]["loss_opt"] is not None and measured["variant"]["loss_opt"] is not None
-        rec["minima_difference"] = (measured["variant"]["loss_opt"] - measured["baseline"]["loss_opt"]) if both else None
+        rec["minima_difference"] = (measured["variant"]["loss_opt"] - measured["baseline"]["loss_opt"]
+                                    if both else None)
     extrapolated = {**records[-1], "at_flops_from": "--at_flops" if at_flops is not None else
                     f"default: {AT_FLOPS_FACTOR:g}x the largest budget", "beyond_largest_budget": at / budgets_B.max()}
     notes = [f"{role}: {f['noise']['source']}: no intervals" for role, f in fitted.items() if not f["noise"]["sigma"]]

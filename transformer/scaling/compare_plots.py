@@ -57,7 +57,7 @@ def plot_compare(result: dict[str, Any], path: str) -> str:
                          label=f"{name}: L_opt = {law['E']:.3f} + k·C^-{law['gamma']:.3f}")
             if draws is not None:
                 with np.errstate(over="ignore", invalid="ignore"):
-                    band = _band(frontier.loss_at(draws, flops_G))  # type: ignore[arg-type]
+                    band = _band(frontier.loss_at(draws, flops_G))
                 if band:
                     ax_loss.fill_between(flops_G, *band, color=colour, alpha=0.15, lw=0)
         minima = fits[role]["approach2"]["budgets"]
@@ -108,11 +108,11 @@ def _multiplier_panel(ax: Any, result: dict[str, Any], flops_G: np.ndarray) -> N
     band = None
     if all(d is not None for d in draws.values()):
         with np.errstate(over="ignore", invalid="ignore"):
-            band = _band(multiplier(draws["baseline"], frontier.loss_at(draws["variant"], flops_G), flops_G))  # type: ignore[arg-type]
+            band = _band(multiplier(draws["baseline"], frontier.loss_at(draws["variant"], flops_G), flops_G))
     marks = [(r, "o") for r in result["budgets"]] + [(result["extrapolated"], "D")]
     # The axis spans 1, the multipliers and their finite interval ends (not the band, which may run off).
-    shown = [1.0] + [x for r, _ in marks for x in [r.get("compute_multiplier"), *(r.get("compute_multiplier_ci95") or [])]
-                     if x is not None]
+    shown = [1.0] + [x for r, _ in marks
+                     for x in [r.get("compute_multiplier"), *(r.get("compute_multiplier_ci95") or [])] if x is not None]
     bottom, top = min(shown) / 1.4, max(shown) * 1.4
     ax.set_ylim(bottom, top)
     ax.plot(flops_G, np.where(np.isfinite(m_G), m_G, np.nan), color="C3", lw=1.5, label="variant against baseline")
