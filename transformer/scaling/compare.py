@@ -81,6 +81,12 @@ def _fmt(c: float) -> str:
     return f"{c:.3g}"
 
 
+def _names(count: collections.Counter) -> str:
+    """"d16-L1, d32-L1 (x3)": shapes with their repeat counts (seed replicates) where above 1."""
+    order = sorted(count, key=lambda name: [int(x) for x in name[1:].split("-L")])
+    return ", ".join(name + (f" (x{count[name]})" if count[name] > 1 else "") for name in order)
+
+
 def grid_differences(base: dict[str, Any], var: dict[str, Any]) -> list[str]:
     """What differs between two grids: budgets only in one, and per shared budget the shapes only in one."""
     diffs = []
@@ -90,10 +96,10 @@ def grid_differences(base: dict[str, Any], var: dict[str, Any]) -> list[str]:
             diffs.append(f"budgets only in the {name}: {', '.join(map(_fmt, only))}")
     for c in (c for c in base["sizes"] if c in var["sizes"]):
         count_b, count_v = collections.Counter(base["sizes"][c]), collections.Counter(var["sizes"][c])
-        only_b, only_v = sorted((count_b - count_v).elements()), sorted((count_v - count_b).elements())
+        only_b, only_v = _names(count_b - count_v), _names(count_v - count_b)
         if only_b or only_v:
-            diffs.append(f"budget {_fmt(c)}: sizes only in the baseline: {', '.join(only_b) or 'none'}; only in "
-                         f"the variant: {', '.join(only_v) or 'none'}")
+            diffs.append(f"budget {_fmt(c)}: sizes only in the baseline: {only_b or 'none'}; only in "
+                         f"the variant: {only_v or 'none'}")
     return diffs
 
 
