@@ -200,6 +200,29 @@ def test_process_shards_are_row_slices_of_the_global_batch(data_cfg):
         pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=7, seed=0, process_count=2)
 
 
+@pytest.mark.parametrize("task", ["mlm", "span_corruption", "classify"])
+def test_task_batches_do_not_depend_on_the_process_count(task, data_cfg):
+    """Masking and span noise draw per global row, classification snippets are global rows too: two
+    processes' batches are the rows of one process's, and a restored iterator continues the same way."""
+    from transformer.data import classification, mlm, span_corruption
+
+    cfg = _cfg(data_cfg, seq_len=64, noise_density=0.15, mean_noise_span_length=3.0)
+    make = {"mlm": mlm.make_mlm_iterator, "span_corruption": span_corruption.make_span_corruption_iterator,
+            "classify": classification.make_classification_iterator}[task]
+    kw = dict(split="train", global_batch_size=8, seed=4)
+    one = make(cfg, **kw)
+    halves = [make(cfg, process_index=p, process_count=2, **kw) for p in range(2)]
+    for _ in range(3):
+        whole, parts = next(one), [next(h) for h in halves]
+        for k in whole:
+            np.testing.assert_array_equal(whole[k], np.concatenate([p[k] for p in parts]), err_msg=k)
+    resumed = make(cfg, process_index=1, process_count=2, **kw)
+    resumed.set_state(json.loads(json.dumps(one.get_state())))
+    after, again = next(one), next(resumed)
+    for k in after:
+        np.testing.assert_array_equal(after[k][4:], again[k], err_msg=k)
+
+
 def test_tfds_split_is_tokenized_once_into_a_cache_next_to_the_dataset(data_cfg):
     cfg = _cfg(data_cfg, seq_len=64)
     path = token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False)

@@ -375,6 +375,12 @@ def test_prepare_data_cli(folder, tmp_path):
     assert token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False) == result["cache"]
     assert os.stat(os.path.join(result["cache"], "meta.json")).st_mtime_ns == meta_mtime  # read, not rebuilt
     assert result["train"]["documents"] + result["eval"]["documents"] == 80
+    # a sweep config: its base.data
+    sweep = [c.replace("--config.data.", "--config.base.data.") for c in cmd]
+    sweep[sweep.index("--config=configs/lm.py:gpt2_tiny")] = "--config=configs/sweeps/quick.py"
+    done = subprocess.run(sweep, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["cache"] == result["cache"]
 
 
 def test_unigram_entropy_of_cached_files_counts_tokens_and_eos(folder, tmp_path):
@@ -468,3 +474,29 @@ def test_bits_per_byte_divides_the_loss_by_the_bytes_of_the_evaluated_targets(ki
     per_token = got["eval_loss"]  # nats per target token: 0.7 x the mean bytes per target
     assert per_token == pytest.approx(0.7, rel=0.05) if kind == "bytes" else per_token > 1.5 * 0.7
     assert seen["targets"] > 3 * 4 * 16  # three batches of mostly real targets were evaluated
+
+
+def test_sweep_dry_run_shows_epochs_and_warns_where_the_data_repeats(folder, tmp_path, capsys):
+    """experiments.sweep's dry-run table: epochs = D / the training split's tokens (from meta.json); `?` and how
+    to get them while the data is not tokenized (the dry run tokenizes nothing); a warning above 1 epoch."""
+    from experiments.sweep import print_table
+
+    cfg = data_config(tmp_path, folder)
+    run = lambda i, tokens: {"run_id": f"d{i}", "params": 1000, "tokens": tokens, "steps": 10, "batch_size": 8,  # noqa: E731
+                             "learning_rate": 1e-3, "flops": 6e3 * tokens, "estimated_seconds": 60.0,
+                             "config": {"data": cfg.to_dict()}}
+    doc = {"name": "t", "mode": "isoflop", "notes": [], "estimated_seconds": 120.0, "runs": [run(0, 100), run(1, 10**5)],
+           "sweep": {"estimate_flops_per_second": 1e9, "estimate_step_overhead_s": 0.01, "estimate_run_overhead_s": 5}}
+    epochs = lambda out: [line.split()[4] for line in out.splitlines() if line.split()[:2] in (["0", "d0"], ["1", "d1"])]  # noqa: E731
+    print_table(doc)
+    out = capsys.readouterr().out
+    assert epochs(out) == ["?", "?"] and "unknown until the data is tokenized" in out and "warning" not in out
+    assert not os.path.exists(cfg.cache_dir)  # nothing built
+    split_tokens = token_cache.read_meta(token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False))[
+        "train"]["tokens"]
+    doc["runs"] = [run(0, split_tokens // 2), run(1, 2 * split_tokens)]  # half an epoch; 2 epochs
+    print_table(doc)
+    out = capsys.readouterr().out
+    assert epochs(out) == [f"{(split_tokens // 2) / split_tokens:.3g}", "2"]
+    assert "warning: 1 runs see their training data more than once (up to 2 epochs)" in out
+    assert "unknown" not in out

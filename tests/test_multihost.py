@@ -83,12 +83,12 @@ def runs(tmp_path_factory, corpus_dir):
     x 2 devices preempted after step STOP_AT, then resumed by the 1-process command line."""
     base = tmp_path_factory.mktemp("multihost")
     one, two, stopped = str(base / "one"), str(base / "two"), str(base / "stopped")
-    out = _wait([_cli(one, corpus_dir, 4), *_two_processes(two, corpus_dir),
-                 *_two_processes(stopped, corpus_dir, stop=True)])
+    uninterrupted = [_cli(one, corpus_dir, 4), *_two_processes(two, corpus_dir)]
+    out = _wait(_two_processes(stopped, corpus_dir, stop=True))  # the first to end: it trains half as long
     assert f"stop_at={STOP_AT}: checkpointed step {STOP_AT}" in out, out[-3000:]
     preempted = _summary(stopped)
     shutil.copytree(stopped, str(base / "stopped_at_4"))  # as the 2 processes left it, for the restore test
-    resumed = _wait([_cli(stopped, corpus_dir, 4)])
+    resumed = _wait([_cli(stopped, corpus_dir, 4)] + uninterrupted)
     assert f"resuming from step {STOP_AT}" in resumed, resumed[-3000:]
     return {"one": one, "two": two, "stopped": stopped, "preempted": preempted, "at_stop": str(base / "stopped_at_4")}
 
