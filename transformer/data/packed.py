@@ -6,10 +6,13 @@ each epoch in its own seeded permutation (or in file order, unshuffled); row i i
 continues in the next row as a new segment whose positions restart at 0 (as grain's ConcatThenSplit
 packs in pipeline.py). Batch s of the global batch G is rows [s·G, (s+1)·G); process p of n reads
 rows [s·G + p·G/n, s·G + (p+1)·G/n): the global batch of a step depends on (config, seed, s) alone.
+A random per-row transform (BERT masking, span corruption) draws from a generator seeded by
+(transform seed, global row index), so its result does not depend on the process count either.
 """
 from __future__ import annotations
 
 import collections
+from typing import Callable
 
 import grain
 import numpy as np
@@ -40,15 +43,19 @@ class PackedRows:
 
     def _epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
         """(documents in stream order [D], their stream ends within the epoch [D])."""
-        if e not in self._epochs:
+        found = self._epochs.get(e)  # read threads share this memo: never index it after an eviction
+        if found is None:
             if self.shuffle:
                 order = np.random.default_rng(np.random.SeedSequence([self.seed, e])).permutation(len(self.lengths_D))
             else:
                 order = np.arange(len(self.lengths_D))
-            self._epochs[e] = (order, np.cumsum(self.lengths_D[order]))
+            found = self._epochs[e] = (order, np.cumsum(self.lengths_D[order]))
             while len(self._epochs) > _EPOCHS_KEPT:
-                self._epochs.popitem(last=False)
-        return self._epochs[e]
+                try:
+                    self._epochs.popitem(last=False)
+                except KeyError:  # another thread evicted it first
+                    break
+        return found
 
     def rows(self, first: int, count: int) -> dict[str, np.ndarray]:
         """Rows [first, first + count) as [count, R] tokens / segment_ids / positions (int32)."""
@@ -76,34 +83,46 @@ class PackedRows:
                 "positions": positions_CR.astype(np.int32)}
 
 
-class PackedBatches:
-    """A grain random-access source: item s = this process's [B, T] LM features of global batch s."""
+RowTransform = Callable[[dict[str, np.ndarray], list[np.random.Generator]], dict[str, np.ndarray]]
+"""(a batch's [B, T] LM features, one generator per row) -> the batch's features for the task."""
 
-    def __init__(self, rows: PackedRows, global_batch_size: int, process_index: int, process_count: int):
+
+class PackedBatches:
+    """A grain random-access source: item s = this process's [B, T] features of global batch s (the LM
+    features, or what `transform` makes of them with row b's generator seeded by (transform_seed,
+    global row index of b))."""
+
+    def __init__(self, rows: PackedRows, global_batch_size: int, process_index: int, process_count: int,
+                 transform: RowTransform | None = None, transform_seed: int = 0):
         from transformer.data.pipeline import lm_features  # the one definition of the features
 
         self._features = lm_features
         self.rows, self.G = rows, global_batch_size
         self.B = global_batch_size // process_count
         self.first = process_index * self.B
+        self.transform, self.transform_seed = transform, transform_seed
         self._len = _REPEAT_BATCHES if rows.repeat else -(-rows.num_rows // global_batch_size)
 
     def __len__(self) -> int:
         return self._len
 
     def __getitem__(self, s: int) -> dict[str, np.ndarray]:
-        r = self.rows.rows(int(s) * self.G + self.first, self.B)
-        return self._features(r["tokens"], r["segment_ids"], r["positions"])
+        first = int(s) * self.G + self.first
+        r = self.rows.rows(first, self.B)
+        features = self._features(r["tokens"], r["segment_ids"], r["positions"])
+        if self.transform is None:
+            return features
+        rngs = [np.random.default_rng([self.transform_seed, first + b]) for b in range(self.B)]
+        return self.transform(features, rngs)
 
     def __repr__(self) -> str:
         return f"PackedBatches({self.rows._args}, G={self.G}, B={self.B}, first={self.first})"
 
 
-def make_packed_dataset(cache_path: str, split: str, *, seq_len: int, global_batch_size: int, seed: int,
+def make_packed_batches(cache_path: str, split: str, *, seq_len: int, global_batch_size: int, seed: int,
                         process_index: int, process_count: int, shuffle: bool, repeat: bool,
-                        read_threads: int, prefetch: int) -> grain.IterDataset:
-    """Batches from the cache as a grain IterDataset; its iterator state is the next batch index."""
+                        transform: RowTransform | None = None, transform_seed: int = 0) -> grain.MapDataset:
+    """Batches from the cache as a grain MapDataset indexed by the global batch (batches.BatchIterator)."""
     rows = PackedRows(cache_path, split, seq_len + 1, seed, shuffle, repeat)
-    source = PackedBatches(rows, global_batch_size, process_index, process_count)
-    return grain.MapDataset.source(source).to_iter_dataset(
-        grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch))
+    return grain.MapDataset.source(PackedBatches(rows, global_batch_size, process_index, process_count,
+                                                 transform, transform_seed))

@@ -79,6 +79,7 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
     row.update({k: run.get(k, default) for k, default in (("role", "grid"), ("stage", ""), ("seed", 0),
                                                           ("schedule", None), ("branch_from", None))})
     row.update(mode=mode, status=status, error=error, eval_loss=s.get("eval_loss"),
+               eval_bits_per_byte=s.get("eval_bits_per_byte"), epochs=s.get("epochs"),
                train_loss=s.get("train_loss"), wall_seconds=wall_seconds,
                tokens_per_second=s.get("tokens_per_second"), mfu=s.get("mfu"),
                compile_seconds=s.get("compile_seconds"), device=s.get("device"))

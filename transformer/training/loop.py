@@ -39,7 +39,7 @@ from transformer.training.run_io import (Preempted, Progress, abstract_batch, ch
 from transformer.training.state import abstract_state, init_state
 from transformer.training.warm_start import warm_start
 
-LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy")  # a run's last logged values go to its summary
+LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte")  # a run's last logged values go to its summary
 
 
 def compile_step(step_fn: Any, state: Any, batch_spec: dict) -> Any:
@@ -101,6 +101,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.data.shuffle_seed + c.train.seed,
                       process_index=pid, process_count=nproc, shuffle=True, repeat=True) for c in configs]
     data_its = [task.make_iterator(c, **a) for c, a in zip(configs, data_args)]
+    train_split_tokens = getattr(data_its[0], "split_tokens", None)  # packed text: for `epochs`
+    token_bytes_V = tokenizer.byte_lengths() if task.name == "lm" else None  # for eval_bits_per_byte
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
         for workdir, d in zip(workdirs, resolved):
             record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
@@ -132,14 +134,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         at = sorted({r[0] if r else 0 for r in restored})
         if len(at) > 1:
             raise multirun.GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
-        start_step = at[0]
-        if not grouped and restored[0] is not None and not ckpts[0].data_position_restored:
-            data_args[0]["seed"] += start_step  # written by another number of processes: new shards, new seed
-            data_its[0] = task.make_iterator(config, **data_args[0])
-            if primary:
-                print(f"warning: checkpoint {start_step} was written by another number of processes; model and "
-                      f"optimizer restored, the data iterator starts over on the new shards (seed + {start_step})",
-                      flush=True)
+        start_step = at[0]  # the iterators are at global batch start_step, under any process count
         run_states = [r[1] if r else fresh_state(c, announce=True) for r, c in zip(restored, configs)]
         state = (jax.device_put(multirun.stack(run_states), multirun.with_run_axis(shardings)) if grouped
                  else run_states[0])
@@ -302,7 +297,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         evals = None
                         if is_eval:
                             t_eval = time.time()
-                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc)
+                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
                             eval_seconds += time.time() - t_eval
                         extra = ""
                         for p, r in enumerate(live):
@@ -335,7 +330,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         save(step)  # data_its have yielded `step` batches
                         last_saved = step
                 if live and step == t.steps and any(last[r].get("eval_loss") is None for r in live):
-                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc)  # resumed at the end
+                    # resumed at the end
+                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
                     for p, r in enumerate(live):
                         last[r].update({k: pick(v, p) for k, v in final.items()})
         except Preempted:
@@ -363,7 +359,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 tokens_per_step=tokens_per_step, fpt=fpt, last=last[r], task_name=task.name, skipped=skipped[r],
                 seconds={k: v / R for k, v in seconds.items()},
                 tps=timed_tokens / timed_seconds if timed_seconds else None, num_devices=len(devices),
-                mesh_shape=mesh_shape, **({"multirun": R} if grouped else {})) for r in range(R)]
+                mesh_shape=mesh_shape, train_split_tokens=train_split_tokens,
+                **({"multirun": R} if grouped else {})) for r in range(R)]
             if primary:
                 for workdir, summary in zip(workdirs, summaries):
                     write_json(os.path.join(workdir, "summary.json"), summary)
