@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from typing import Any
 
 from transformer.training import wandb_run
@@ -34,7 +35,10 @@ class MetricsWriter:
         from tensorboardX import SummaryWriter  # no TensorFlow needed
         # purge_step: TensorBoard drops the earlier event files' points from this step on (those logged
         # after the restored checkpoint by the interrupted run), as the JSONL truncation does.
-        self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1 if resume_step else None)
+        # filename_suffix: the file name's own timestamp has whole seconds, and a writer opened in the same
+        # second as the previous one would overwrite its file; TensorBoard reads a run's files in name order.
+        self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1 if resume_step else None,
+                                 filename_suffix=f".{time.time_ns()}")
         self._file = open(self.path, "a", buffering=1)
         if config is not None and wandb_run.settings(config)["wandb"]:
             self._wandb = wandb_run.WandbRun(workdir, config, kept, logged_through)
