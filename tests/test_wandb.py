@@ -122,25 +122,31 @@ def test_offline_run_holds_the_metrics_config_and_summary_and_a_resume_reuses_it
         assert final[k] == summary[k], k
 
 
-def test_wandb_switched_on_for_a_run_with_rows_gets_them_first(offline, tmp_path):
-    """MetricsWriter alone: rows written with W&B off, then a resume from step 4 with W&B on: the W&B run
-    starts with the kept rows (steps 2, 4), then the new ones; a failed run is marked so."""
+def test_wandb_rows_once_each_across_resumes_and_from_the_start(offline, tmp_path):
+    """MetricsWriter alone, three invocations: rows 2..6 with W&B off; a resume from step 4 with W&B on
+    (the W&B run starts with the kept rows 2, 4) writing 6, 8; a resume from step 6 writing 8, 10 (W&B
+    already has 8: only 10 is sent). A failed run's summary says so."""
     workdir = str(tmp_path)
     config = tiny_config("/data").to_dict()
-    w = MetricsWriter(workdir)
-    for step in (2, 4, 6):
-        w.write(step, {"train_loss": 10.0 - step})
-    w.close()
+
+    def invocation(resume_step: int, steps: tuple, offset: float, summary: dict | None = None) -> None:
+        w = MetricsWriter(workdir, resume_step=resume_step, config=config)
+        for step in steps:
+            w.write(step, {"train_loss": offset - step, "eval_loss": float("nan")})
+        if summary is not None:
+            w.set_summary(summary)
+        w.close()
+
+    invocation(0, (2, 4, 6), 10.0)
     config["logging"].update(wandb=True, wandb_mode="offline")
-    w = MetricsWriter(workdir, resume_step=4, config=config)
-    for step in (6, 8):
-        w.write(step, {"train_loss": 20.0 - step, "eval_loss": float("nan")})
-    w.set_summary({"status": "failed", "error": "boom"})
-    w.close()
-    (run,) = offline_runs(workdir)
-    assert [(r["step"], r["train_loss"]) for r in run["history"]] == [(2, 8.0), (4, 6.0), (6, 14.0), (8, 12.0)]
-    assert [r["train_loss"] for r in read_metrics(workdir)] == [8.0, 6.0, 14.0, 12.0]
-    assert run["summary"]["error"] == "boom" and run["summary"]["status"] == "failed"
+    invocation(4, (6, 8), 20.0)
+    invocation(6, (8, 10), 30.0, {"status": "failed", "error": "boom"})
+    runs = offline_runs(workdir)
+    assert len({r["id"] for r in runs}) == 1
+    assert [[(r["step"], r["train_loss"]) for r in run["history"]] for run in runs] == [
+        [(2, 8.0), (4, 6.0), (6, 14.0), (8, 12.0)], [(10, 20.0)]]
+    assert [r["train_loss"] for r in read_metrics(workdir)] == [8.0, 6.0, 14.0, 22.0, 20.0]
+    assert runs[1]["summary"]["error"] == "boom" and runs[1]["summary"]["status"] == "failed"
 
 
 def test_sweep_runs_are_grouped_by_sweep_and_logging_is_not_part_of_a_run_id(tmp_path):
