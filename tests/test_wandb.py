@@ -149,6 +149,24 @@ def test_wandb_rows_once_each_across_resumes_and_from_the_start(offline, tmp_pat
     assert runs[1]["summary"]["error"] == "boom" and runs[1]["summary"]["status"] == "failed"
 
 
+def test_a_group_of_runs_logs_one_wandb_run_each_at_once(offline, tmp_path):
+    """sweep.multirun: the loop holds one MetricsWriter per run, all open, rows interleaved."""
+    config = tiny_config("/data").to_dict()
+    config["logging"].update(wandb=True, wandb_mode="offline")
+    writers = [MetricsWriter(str(tmp_path / f"r{r}"), config=config) for r in range(2)]
+    for step in (2, 4):
+        for r, w in enumerate(writers):
+            w.write(step, {"train_loss": 10.0 * r + step})
+    for r, w in enumerate(writers):
+        w.set_summary({"status": "ok", "train_loss": 10.0 * r + 4})
+        w.close()
+    for r in range(2):
+        (run,) = offline_runs(str(tmp_path / f"r{r}"))
+        assert run["name"] == f"r{r}" and run["id"] == open(tmp_path / f"r{r}" / "wandb_id").read().strip()
+        assert [(x["step"], x["train_loss"]) for x in run["history"]] == [(2, 10.0 * r + 2), (4, 10.0 * r + 4)]
+        assert run["summary"]["train_loss"] == 10.0 * r + 4
+
+
 def test_sweep_runs_are_grouped_by_sweep_and_logging_is_not_part_of_a_run_id(tmp_path):
     config = tiny_config("/data")
     plain = grid.run_id("d64-L2-1e11", config)
