@@ -40,7 +40,7 @@ class MetricsWriter:
         self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1 if resume_step else None,
                                  filename_suffix=f".{time.time_ns()}")
         self._file = open(self.path, "a", buffering=1)
-        if config is not None and wandb_run.settings(config)["wandb"]:
+        if config is not None and wandb_run.enabled(config):
             self._wandb = wandb_run.WandbRun(workdir, config, kept, logged_through)
 
     def _truncate_after(self, step: int) -> tuple[list[dict], int]:

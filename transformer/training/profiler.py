@@ -22,14 +22,13 @@ from transformer.config import ConfigError
 def window(config: Any) -> tuple[int, int] | None:
     """(first, last) profiled step of a config, or None when profiling is off; ConfigError on a window
     that is not one of the run's steps."""
-    section = config.get("logging") or {}
-    start, count = section.get("profile_start", 0), section.get("profile_count", 5)
-    steps = config["train"]["steps"]
+    start = (config.get("logging") or {}).get("profile_start", 0)  # none in configs older than the section
+    if start == 0:
+        return None
+    count, steps = config["logging"]["profile_count"], config["train"]["steps"]
     for name, value in (("profile_start", start), ("profile_count", count)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"logging.{name}={value!r} must be a non-negative integer")
-    if start == 0:
-        return None
     if count == 0:
         raise ConfigError(f"logging.profile_count=0 gives an empty profiler window; trace at least one step "
                           f"(or set logging.profile_start=0 to profile nothing)")

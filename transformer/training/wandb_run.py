@@ -3,8 +3,8 @@
 MetricsWriter (metrics.py) owns one WandbRun per workdir and hands it every row it writes to
 metrics.jsonl, with its step; the run's config is the resolved config (DIR/config.json) and its summary
 is summary.json. The W&B run id is kept in DIR/wandb_id, so a resumed run logs to the same W&B run
-(resume="allow"; offline, each invocation writes its own DIR/wandb/offline-run-*-ID directory and
-`wandb sync` uploads them in order to that one run).
+(resume="allow"; offline, each invocation writes its own DIR/wandb/offline-run-*-ID directory, and
+`wandb sync --id ID` uploads them in order of their start to that one run).
 
 W&B steps only increase, so rows are never sent twice: a resumed run does not send again the rows of
 steps an earlier invocation may already have logged (those after the restored checkpoint, which the
@@ -22,22 +22,19 @@ from typing import Any
 from transformer.config import ConfigError
 
 MODES = ("online", "offline")
-DEFAULTS = {"wandb": False, "wandb_project": "transformer", "wandb_entity": "", "wandb_mode": "online",
-            "wandb_group": ""}
 
 
-def settings(config: Any) -> dict:
-    """The logging.wandb* settings of a config (a ConfigDict or the resolved dict), defaults filled in
-    (configs written before the logging section existed have none)."""
-    section = config.get("logging") or {}
-    return {k: section.get(k, v) for k, v in DEFAULTS.items()}
+def enabled(config: Any) -> bool:
+    """logging.wandb of a config (a ConfigDict or the resolved dict); off where the config has no logging
+    section (one written before it existed). The other logging.wandb_* keys come from configs/common.py."""
+    return bool((config.get("logging") or {}).get("wandb", False))
 
 
 def check(config: Any) -> None:
     """ConfigError, before any training, when logging.wandb is on but unusable."""
-    s = settings(config)
-    if not s["wandb"]:
+    if not enabled(config):
         return
+    s = config["logging"]
     if s["wandb_mode"] not in MODES:
         raise ConfigError(f"logging.wandb_mode={s['wandb_mode']!r} is not valid; choose one of {', '.join(MODES)}")
     if not s["wandb_project"]:
@@ -61,7 +58,7 @@ class WandbRun:
     def __init__(self, workdir: str, config: dict, history: list[dict], logged_through: int):
         import wandb
 
-        s = settings(config)
+        s = config["logging"]
         id_path = os.path.join(workdir, "wandb_id")
         resumed = os.path.exists(id_path)
         if resumed:
