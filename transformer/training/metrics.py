@@ -49,19 +49,19 @@ class MetricsWriter:
             return [], 0
         with open(self.path) as f:
             rows = [line for line in f if line.strip()]
-        keep, kept, last = [], [], 0
+        kept_lines, kept, last = [], [], 0
         for line in rows:
             try:
                 row = json.loads(line)
                 last = max(last, row["step"])
                 if row["step"] <= step:
-                    keep.append(line)
+                    kept_lines.append(line)
                     kept.append(row)
             except (ValueError, KeyError):
                 continue  # a half-written last line from a kill
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            f.writelines(keep)
+            f.writelines(kept_lines)
         os.replace(tmp, self.path)
         return kept, last
 
