@@ -89,6 +89,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.tensor = 1
     c.mesh.rules = DEFAULT_RULES
 
+    # What a run reports about itself, never what it computes: left out of a sweep run's id, and may change
+    # when a run resumes (transformer/training/wandb_run.py, profiler.py).
+    c.logging = ml_collections.ConfigDict()
+    c.logging.wandb = False           # also log metrics rows, config and summary to Weights & Biases (extra: wandb)
+    c.logging.wandb_project = "transformer"
+    c.logging.wandb_entity = ""       # "" -> your default W&B entity
+    c.logging.wandb_mode = "online"   # online | offline (files under DIR/wandb/; upload later with `wandb sync`)
+    c.logging.wandb_group = ""        # "" -> none; a sweep's runs get the sweep directory's name
+    c.logging.profile_start = 0       # >0: trace steps profile_start .. +profile_count-1 into DIR/profile/
+    c.logging.profile_count = 5       # (steps numbered as in metrics.jsonl: step 1 is the first update)
+
     c.distributed = ml_collections.ConfigDict()
     c.distributed.coordinator_address = ""
     c.distributed.num_processes = 0   # 0: a single process, or what the cluster's environment says

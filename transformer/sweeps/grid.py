@@ -26,7 +26,7 @@ from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.training import validate
 
 # Settings that say where or how a run executes, not what it computes: left out of the run id.
-_ENVIRONMENT_KEYS = ("data.data_dir", "data.cache_dir", "data.worker_count", "distributed")
+_ENVIRONMENT_KEYS = ("data.data_dir", "data.cache_dir", "data.worker_count", "distributed", "logging")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,7 +63,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             progress.started(run)
         if len(runs) > 1:
             try:
-                summaries = train_runs([ml_collections.ConfigDict(r["config"]) for r in runs],
+                summaries = train_runs([runner.run_config(workdir, r) for r in runs],
                                         [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose)
             except Exception as e:  # the runs go on alone, from the group's checkpoints
                 if verbose:

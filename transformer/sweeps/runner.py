@@ -91,6 +91,15 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
 CLAIMED_ELSEWHERE = 4  # exit code of a worker whose run another runner holds
 
 
+def run_config(workdir: str, run: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A run's training config from sweep.json; its W&B runs are grouped by sweep: logging.wandb_group, when
+    unset, is the sweep directory's name (logging is not part of the run id)."""
+    config = ml_collections.ConfigDict(run["config"])
+    if "logging" in config and not config.logging.get("wandb_group"):
+        config.logging.wandb_group = os.path.basename(os.path.normpath(workdir))
+    return config
+
+
 def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False,
               max_retries: int = 0) -> tuple[dict[str, Any] | None, int]:
     """Trains (or resumes) one run in this process and records it. A run that raises is tried again
@@ -102,7 +111,7 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
     from transformer.training.loop import train  # imported late: the caller sets up JAX first
 
     t0 = time.time()
-    config = ml_collections.ConfigDict(run["config"])
+    config = run_config(workdir, run)
     seed_branch(workdir, run, verbose)
     for attempt in range(max_retries + 1):
         try:

@@ -33,6 +33,7 @@ from transformer.tasks import get_task
 from transformer.training import checkpointing, multirun, nonfinite, optimizer, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule, with_peak_lrs
+from transformer.training.profiler import ProfileWindow
 from transformer.training.resolve import resolve
 from transformer.training.run_io import (Preempted, Progress, abstract_batch, check_workdir_config,  # noqa: F401
                                          evaluate, global_batch, make_summary, preemption_signals, write_json)
@@ -128,6 +129,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         return state
 
     writers: list[MetricsWriter] = []
+    profile = ProfileWindow(config, workdirs[0], enabled=primary)  # logging.profile_*: a group's trace is in run 0
     signals = contextlib.ExitStack()  # the handlers come back in the `finally` below
     try:
         restored = [ck.restore(abstract, it) for ck, it in zip(ckpts, data_its)]
@@ -145,7 +147,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
             print(f"{model_cfg.family} model: {counts['total']:,} params ({counts['non_embedding']:,} non-embedding), "
                   f"{fpt / 1e6:.2f} MFLOP/token; mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}; "
                   f"{'resuming from step ' + str(start_step) if start_step else 'starting'}: {what}", flush=True)
-        writers = [MetricsWriter(w, enabled=primary, resume_step=start_step) for w in workdirs]
+        writers = [MetricsWriter(w, enabled=primary, resume_step=start_step, config=d)  # + W&B (logging.wandb)
+                   for w, d in zip(workdirs, resolved)]
         last = [{} for _ in range(R)]  # a resumed run's last logged values
         spikes = []
         for r, w in enumerate(workdirs):
@@ -261,6 +264,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 while step < t.steps and live:
                     if should_stop(sync_point=step == start_step or step % t.log_every == 0):
                         raise Preempted()
+                    profile.before(step + 1)
                     if grouped:
                         rows = [next(data_its[r]) for r in live]
                         batch = global_batch({k: np.stack([b[k] for b in rows]) for k in rows[0]}, train_batch_s)
@@ -270,6 +274,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                     if serialize_steps:
                         jax.block_until_ready(m)
                     step, window_steps = step + 1, window_steps + 1
+                    profile.after(step, (state, m))
                     window.append((step, {"loss": m["loss"], "finite": m["finite"]}))  # device scalars: no sync
                     is_log = step % t.log_every == 0 or step == t.steps
                     is_eval = step % t.eval_every == 0 or step == t.steps
@@ -362,9 +367,11 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 mesh_shape=mesh_shape, train_split_tokens=train_split_tokens,
                 **({"multirun": R} if grouped else {})) for r in range(R)]
             if primary:
-                for workdir, summary in zip(workdirs, summaries):
+                for workdir, summary, writer in zip(workdirs, summaries, writers):
                     write_json(os.path.join(workdir, "summary.json"), summary)
+                    writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
     finally:
+        profile.close()
         signals.close()
         for ck in ckpts:
             ck.close()

@@ -27,7 +27,8 @@ def write_json(path: str, obj: Any) -> None:
     files.write_json(path, obj, indent=2, sort_keys=True)
 
 
-LAUNCH_SECTIONS = ("distributed",)  # how a run is launched, not what it computes: may change on resume
+# How a run is launched and what it reports, not what it computes: these may change when a run resumes.
+LAUNCH_SECTIONS = ("distributed", "logging")
 
 
 # A wsd run continued to more steps on its workdir differs from the run it continues only in these.
