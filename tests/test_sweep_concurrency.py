@@ -12,7 +12,7 @@ import time
 
 from configs.sweeps import quick
 from transformer.sweeps import runner
-from transformer.sweeps import claims, grid, plan, results
+from transformer.sweeps import claims, plan, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO}

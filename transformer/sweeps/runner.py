@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Sequence
 
 import ml_collections
@@ -24,6 +25,7 @@ import ml_collections
 from transformer import files
 from transformer.models.config import ConfigError, MissingInputError
 from transformer.sweeps import claims, results
+from transformer.sweeps.progress import Progress
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The command line that trains one run of DIR as a worker process (--parallel, SLURM array tasks). A process
@@ -165,51 +167,6 @@ def record(workdir: str, run: dict[str, Any], summary: dict[str, Any],
     return (row if results.append_result(workdir, row) else None), (0 if status == "ok" else 1)
 
 
-class Progress:
-    """One line per event: done/running/failed/total, what happened, and an ETA."""
-
-    def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict]):
-        self.runs = {r["run_id"]: r for r in runs}
-        self.status = {rid: row.get("status") for rid, row in recorded.items() if rid in self.runs}
-        self.running: set[str] = set()
-        self.t0 = time.time()
-        self.estimate_done = 0.0  # estimated seconds of the runs finished in this session
-
-    def _eta(self) -> str:
-        """The remaining runs' estimates (FLOPs and steps at the configured speed, plus overhead),
-        rescaled by how the runs finished so far compared with their estimates."""
-        left = [r for rid, r in self.runs.items() if rid not in self.status]
-        if not left:
-            return "0s"
-        seconds = sum(r["estimated_seconds"] for r in left)
-        if self.estimate_done > 0:
-            seconds *= (time.time() - self.t0) / self.estimate_done
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
-            f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-    def event(self, message: str) -> None:
-        done = sum(1 for s in self.status.values() if s == "ok")
-        failed = sum(1 for s in self.status.values() if s != "ok")
-        print(f"[sweep {done + failed}/{len(self.runs)} done, {len(self.running)} running, {failed} failed, "
-              f"ETA {self._eta()}] {message}", flush=True)
-
-    def started(self, run: dict[str, Any]) -> None:
-        self.running.add(run["run_id"])
-        self.event(f"start {run['run_id']}: N={run['params']:,}, {run['steps']} steps, lr {run['learning_rate']:.3g}")
-
-    def finished(self, run: dict[str, Any], row: dict[str, Any] | None, note: str = "") -> None:
-        self.running.discard(run["run_id"])
-        if row is None:
-            self.event(f"stopped {run['run_id']} {note}".rstrip())
-            return
-        self.status[run["run_id"]] = row["status"]
-        self.estimate_done += run["estimated_seconds"]
-        if row["status"] == "ok":
-            self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s")
-        else:
-            self.event(f"FAILED {run['run_id']}: {row['error']}")
-
-
 def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
     """(runs without a results row, {run_id: row} of those with one)."""
     recorded = {r["run_id"]: r for r in results.read_results(workdir)}
@@ -327,9 +284,12 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                 log = open(os.path.join(run_dir, "worker.log"), "a")
                 cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
                        f"--run_index={index[run['run_id']]}"]
-                procs[slot] = (subprocess.Popen(
-                    cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None), run)
+                with warnings.catch_warnings():  # JAX warns at any fork; the child execs at once (no preexec_fn)
+                    warnings.filterwarnings("ignore", message="os.fork")
+                    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                if cpus:  # before the worker's XLA reads its affinity, seconds later, after Python's imports
+                    os.sched_setaffinity(proc.pid, cpus)
+                procs[slot] = (proc, run)
                 log.close()
                 progress.started(run)
             time.sleep(0.2)
