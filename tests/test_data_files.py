@@ -513,12 +513,17 @@ def test_sweep_dry_run_shows_epochs_and_warns_where_the_data_repeats(folder, tmp
     from experiments.sweep import print_table
 
     cfg = data_config(tmp_path, folder)
-    run = lambda i, tokens: {"run_id": f"d{i}", "params": 1000, "tokens": tokens, "steps": 10, "batch_size": 8,  # noqa: E731
-                             "learning_rate": 1e-3, "flops": 6e3 * tokens, "estimated_seconds": 60.0,
-                             "config": {"data": cfg.to_dict()}}
-    doc = {"name": "t", "mode": "isoflop", "notes": [], "estimated_seconds": 120.0, "runs": [run(0, 100), run(1, 10**5)],
+    def run(i: int, tokens: int) -> dict:
+        return {"run_id": f"d{i}", "params": 1000, "tokens": tokens, "steps": 10, "batch_size": 8,
+                "learning_rate": 1e-3, "flops": 6e3 * tokens, "estimated_seconds": 60.0,
+                "config": {"data": cfg.to_dict()}}
+
+    def epochs(out: str) -> list[str]:  # the epochs column of runs 0 and 1
+        return [line.split()[4] for line in out.splitlines() if line.split()[:2] in (["0", "d0"], ["1", "d1"])]
+
+    doc = {"name": "t", "mode": "isoflop", "notes": [], "estimated_seconds": 120.0,
+           "runs": [run(0, 100), run(1, 10**5)],
            "sweep": {"estimate_flops_per_second": 1e9, "estimate_step_overhead_s": 0.01, "estimate_run_overhead_s": 5}}
-    epochs = lambda out: [line.split()[4] for line in out.splitlines() if line.split()[:2] in (["0", "d0"], ["1", "d1"])]  # noqa: E731
     print_table(doc)
     out = capsys.readouterr().out
     assert epochs(out) == ["?", "?"] and "unknown until the data is tokenized" in out and "warning" not in out
