@@ -281,6 +281,8 @@ def test_iterator_resume_gives_identical_batches(data_cfg, tmp_path):
         got = [next(fresh) for _ in range(3)]
         assert all(np.array_equal(a[k], b[k]) for a, b in zip(expected, got) for k in a), restore
     mngr.close()
+    with pytest.raises(ValueError, match="not a global batch index.*older version"):
+        make().set_state({"next_index": 7})  # a per-process position from before: refused, not misread
 
 
 def test_worker_processes_give_the_same_batches_from_a_restored_position(data_cfg):

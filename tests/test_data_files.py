@@ -113,6 +113,37 @@ def test_packing_matches_grain_concat_then_split(folder, tmp_path):
             np.testing.assert_array_equal(got[key][i], value, err_msg=f"row {i} {key}")
 
 
+def test_shuffled_epochs_are_whole_permutations_of_the_documents(folder, tmp_path):
+    """Rows read across several shuffled epochs (one read spanning them all): each epoch of the stream is every
+    document once, whole, in its own order; segment ids and positions restart exactly at document starts."""
+    cfg = data_config(tmp_path, folder)
+    tok = tokenizers.ByteTokenizer()
+    path = token_cache.ensure_cache(cfg, tok, verbose=False)
+    docs = sorted(np.concatenate([[1], tok.encode(t), [2]]).astype(np.int32).tobytes()
+                  for t in documents.iter_split(cfg, "train"))
+    rows = packed.PackedRows(path, "train", 17, seed=5, shuffle=True, repeat=True)
+    S = rows.total_tokens
+    count = -(-7 * S // (2 * 17))  # 3.5 epochs
+    r = rows.rows(3, count)        # from row 3 (stream token 51): the read starts inside epoch 0
+    stream = r["tokens"].ravel()
+    orders = []
+    for e in (1, 2):               # the epochs read whole: stream tokens [e·S, (e+1)·S)
+        epoch = stream[e * S - 51:(e + 1) * S - 51]
+        starts = np.flatnonzero(epoch == 1)
+        assert starts[0] == 0      # an epoch starts with a document
+        pieces = [epoch[a:b].tobytes() for a, b in zip(starts, list(starts[1:]) + [len(epoch)])]
+        assert sorted(pieces) == docs
+        orders.append(pieces)
+    assert orders[0] != orders[1]  # each epoch in its own order
+    seg, pos = r["segment_ids"], r["positions"]
+    starts_CR = r["tokens"] == 1
+    assert (seg > 0).all()
+    new_CR = np.concatenate([np.ones((count, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    assert np.array_equal(new_CR[:, 1:], starts_CR[:, 1:])  # a new segment exactly where a document starts
+    assert (pos[starts_CR] == 0).all() and (pos[:, 0] == 0).all()
+    assert (np.diff(pos, axis=1)[~new_CR[:, 1:]] == 1).all()
+
+
 def test_batches_are_global_rows_split_across_processes(folder, tmp_path):
     cfg = data_config(tmp_path, folder, eval_fraction=0.25)
     kw = dict(split="train", global_batch_size=4, seed=3)
@@ -482,12 +513,17 @@ def test_sweep_dry_run_shows_epochs_and_warns_where_the_data_repeats(folder, tmp
     from experiments.sweep import print_table
 
     cfg = data_config(tmp_path, folder)
-    run = lambda i, tokens: {"run_id": f"d{i}", "params": 1000, "tokens": tokens, "steps": 10, "batch_size": 8,  # noqa: E731
-                             "learning_rate": 1e-3, "flops": 6e3 * tokens, "estimated_seconds": 60.0,
-                             "config": {"data": cfg.to_dict()}}
-    doc = {"name": "t", "mode": "isoflop", "notes": [], "estimated_seconds": 120.0, "runs": [run(0, 100), run(1, 10**5)],
+    def run(i: int, tokens: int) -> dict:
+        return {"run_id": f"d{i}", "params": 1000, "tokens": tokens, "steps": 10, "batch_size": 8,
+                "learning_rate": 1e-3, "flops": 6e3 * tokens, "estimated_seconds": 60.0,
+                "config": {"data": cfg.to_dict()}}
+
+    def epochs(out: str) -> list[str]:  # the epochs column of runs 0 and 1
+        return [line.split()[4] for line in out.splitlines() if line.split()[:2] in (["0", "d0"], ["1", "d1"])]
+
+    doc = {"name": "t", "mode": "isoflop", "notes": [], "estimated_seconds": 120.0,
+           "runs": [run(0, 100), run(1, 10**5)],
            "sweep": {"estimate_flops_per_second": 1e9, "estimate_step_overhead_s": 0.01, "estimate_run_overhead_s": 5}}
-    epochs = lambda out: [line.split()[4] for line in out.splitlines() if line.split()[:2] in (["0", "d0"], ["1", "d1"])]  # noqa: E731
     print_table(doc)
     out = capsys.readouterr().out
     assert epochs(out) == ["?", "?"] and "unknown until the data is tokenized" in out and "warning" not in out

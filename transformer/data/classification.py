@@ -170,7 +170,8 @@ def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: 
     if repeat:
         snippets = snippets.repeat()
     else:  # whole global batches: the last one padded
-        snippets = grain.MapDataset.source(_PaddedTo(snippets, -(-len(snippets) // global_batch_size) * global_batch_size))
+        padded = -(-len(snippets) // global_batch_size) * global_batch_size
+        snippets = grain.MapDataset.source(_PaddedTo(snippets, padded))
     # item k of batch(B) is snippets [k·B, (k+1)·B): process p's part of global batch s is item s·n + p
     return BatchIterator(snippets.batch(batch_B)[process_index::process_count],
                          worker_count=int(data_cfg.get("worker_count", 0)))

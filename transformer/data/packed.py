@@ -57,29 +57,46 @@ class PackedRows:
                     break
         return found
 
+    def _pieces(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The document pieces that make up stream tokens [start, stop), in order, as arrays [P]: a unique id
+        per document occurrence, its first token's index in the cache, its length. Two searches per epoch
+        crossed, whatever the number of tokens."""
+        occurrence, source, length = [], [], []
+        p, S, D = start, self.total_tokens, len(self.lengths_D)
+        while p < stop:
+            e, q = divmod(p, S)
+            q_stop = min(S, q + stop - p)
+            order, ends = self._epoch(e)
+            k_P = np.arange(np.searchsorted(ends, q, side="right"), np.searchsorted(ends, q_stop - 1, side="right") + 1)
+            doc_P = order[k_P]
+            doc_start_P = ends[k_P] - self.lengths_D[doc_P]
+            lo_P, hi_P = np.maximum(doc_start_P, q), np.minimum(ends[k_P], q_stop)
+            occurrence.append(e * D + k_P)
+            source.append(self.split.offsets[doc_P] + lo_P - doc_start_P)
+            length.append(hi_P - lo_P)
+            p += q_stop - q
+        return tuple(np.concatenate(a) if a else np.zeros(0, np.int64) for a in (occurrence, source, length))
+
     def rows(self, first: int, count: int) -> dict[str, np.ndarray]:
         """Rows [first, first + count) as [count, R] tokens / segment_ids / positions (int32)."""
         R = self.row_len
-        p_N = np.arange(first * R, (first + count) * R, dtype=np.int64)
-        valid_N = np.ones_like(p_N, bool) if self.repeat else p_N < self.total_tokens
-        epoch_N, q_N = np.divmod(p_N, self.total_tokens)
-        tokens_N = np.zeros(len(p_N), np.int32)
-        doc_N = np.zeros(len(p_N), np.int64)        # a unique id per document occurrence in the stream
-        within_N = np.zeros(len(p_N), np.int64)     # position within that document
-        for e in np.unique(epoch_N[valid_N]):
-            sel = valid_N & (epoch_N == e)
-            order, ends = self._epoch(int(e))
-            k = np.searchsorted(ends, q_N[sel], side="right")
-            within = q_N[sel] - (ends[k] - self.lengths_D[order[k]])
-            tokens_N[sel] = self.split.tokens[self.split.offsets[order[k]] + within]
-            doc_N[sel] = int(e) * len(order) + k
-            within_N[sel] = within
+        start = first * R
+        stop = (first + count) * R if self.repeat else min((first + count) * R, self.total_tokens)
+        occurrence_P, source_P, length_P = self._pieces(start, max(start, stop))
+        n = int(length_P.sum())  # the real tokens; the rest (one pass, past its end) is padding
+        piece_start_P = np.cumsum(length_P) - length_P
+        i_N = np.arange(n, dtype=np.int64)
+        tokens_N, doc_N, within_N = (np.zeros(count * R, np.int64) for _ in range(3))
+        tokens_N[:n] = self.split.tokens[i_N + np.repeat(source_P - piece_start_P, length_P)]
+        doc_N[:n] = np.repeat(occurrence_P, length_P)          # a document occurrence's id
+        within_N[:n] = i_N - np.repeat(piece_start_P, length_P)  # position within its piece of the read
         tokens_CR, doc_CR, within_CR = (a.reshape(count, R) for a in (tokens_N, doc_N, within_N))
-        valid_CR = valid_N.reshape(count, R)
+        valid_CR = (np.arange(count * R) < n).reshape(count, R)
         new_CR = np.concatenate([np.ones((count, 1), bool), doc_CR[:, 1:] != doc_CR[:, :-1]], axis=1)
         segment_ids_CR = np.cumsum(new_CR, axis=1) * valid_CR
+        # only a row's first segment can continue a document (the others start at its bos): restart it at 0
         positions_CR = (within_CR - np.where(segment_ids_CR == 1, within_CR[:, :1], 0)) * valid_CR
-        return {"tokens": tokens_CR, "segment_ids": segment_ids_CR.astype(np.int32),
+        return {"tokens": tokens_CR.astype(np.int32), "segment_ids": segment_ids_CR.astype(np.int32),
                 "positions": positions_CR.astype(np.int32)}
 
 

@@ -69,8 +69,8 @@ def fingerprint(data_cfg: ml_collections.ConfigDict) -> str:
     if documents.uses_files(data_cfg):
         return documents.files_fingerprint(data_cfg)
     keys = ("tfds_name", "text_feature", "train_split", "eval_split")
-    return _tfds_fingerprint(json.dumps({**{k: data_cfg[k] for k in keys}, "data_dir": corpus.resolve_data_dir(data_cfg)},
-                                        sort_keys=True))
+    identity = {**{k: data_cfg[k] for k in keys}, "data_dir": corpus.resolve_data_dir(data_cfg)}
+    return _tfds_fingerprint(json.dumps(identity, sort_keys=True))
 
 
 def is_available(data_cfg: ml_collections.ConfigDict) -> bool:

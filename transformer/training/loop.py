@@ -40,7 +40,8 @@ from transformer.training.run_io import (Preempted, Progress, abstract_batch, ch
 from transformer.training.state import abstract_state, init_state
 from transformer.training.warm_start import warm_start
 
-LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte")  # a run's last logged values go to its summary
+# a run's last logged values go to its summary
+LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte")
 
 
 def compile_step(step_fn: Any, state: Any, batch_spec: dict) -> Any:
