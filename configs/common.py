@@ -51,7 +51,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.files = ""                 # local files: comma-separated globs of .txt/.jsonl/.jsonl.gz/.parquet (replaces tfds_name)
     c.data.eval_files = ""            # "" -> hold out data.eval_fraction of data.files (by a hash of each document)
     c.data.eval_fraction = 0.01
-    c.data.cache_dir = ""             # token cache for data.files; "" -> ~/.cache/transformer
+    c.data.cache_dir = ""             # token cache (every source); "" -> next to a TFDS dataset, ~/.cache/transformer for files
     c.data.tokenizer = "bytes"        # bytes | sentencepiece | a SentencePiece .model path | a tokenizer.json path
     c.data.vocab_size = 1024          # sentencepiece only
     c.data.seq_len = 256
