@@ -124,7 +124,7 @@ def test_shuffled_epochs_are_whole_permutations_of_the_documents(folder, tmp_pat
     rows = packed.PackedRows(path, "train", 17, seed=5, shuffle=True, repeat=True)
     S = rows.total_tokens
     count = -(-7 * S // (2 * 17))  # 3.5 epochs
-    r = rows.rows(3, count)        # from row 3 (stream token 51): the read starts inside epoch 0
+    r = rows._stream_rows(3, count)  # from stream row 3 (token 51): the read starts inside epoch 0
     stream = r["tokens"].ravel()
     orders = []
     for e in (1, 2):               # the epochs read whole: stream tokens [e·S, (e+1)·S)
@@ -142,6 +142,27 @@ def test_shuffled_epochs_are_whole_permutations_of_the_documents(folder, tmp_pat
     assert np.array_equal(new_CR[:, 1:], starts_CR[:, 1:])  # a new segment exactly where a document starts
     assert (pos[starts_CR] == 0).all() and (pos[:, 0] == 0).all()
     assert (np.diff(pos, axis=1)[~new_CR[:, 1:]] == 1).all()
+
+
+def test_shuffled_rows_are_read_in_a_seeded_order_block_by_block(folder, tmp_path):
+    """Shuffled, each block of M = num_rows stream rows is read once, in its own seeded order: a batch's rows
+    come from all over the stream, not from one stretch of it (consecutive rows are mostly one document)."""
+    cfg = data_config(tmp_path, folder)
+    path = token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False)
+    rows = packed.PackedRows(path, "train", 17, seed=5, shuffle=True, repeat=True)
+    M = rows.num_rows
+    as_set = lambda r: sorted(x.tobytes() for x in np.concatenate([r["tokens"], r["segment_ids"], r["positions"]], 1))
+    for b in (0, 1):
+        read, stream = rows.rows(b * M, M), rows._stream_rows(b * M, M)
+        assert as_set(read) == as_set(stream)                         # every stream row of the block once
+        assert not np.array_equal(read["tokens"], stream["tokens"])   # ... not in stream order
+    first = rows.rows(0, 8)["tokens"]
+    order0 = [int(np.flatnonzero([np.array_equal(first[i], row) for row in rows._stream_rows(0, M)["tokens"]])[0])
+              for i in range(8)]
+    assert np.ptp(order0) > M // 4                                     # a batch spans the corpus
+    again = packed.PackedRows(path, "train", 17, seed=5, shuffle=True, repeat=True).rows(0, 8)["tokens"]
+    other = packed.PackedRows(path, "train", 17, seed=6, shuffle=True, repeat=True).rows(0, 8)["tokens"]
+    assert np.array_equal(first, again) and not np.array_equal(first, other)
 
 
 def test_batches_are_global_rows_split_across_processes(folder, tmp_path):

@@ -1,11 +1,12 @@
 """Packed rows from the token cache, addressable by a global index.
 
 The packed stream is the cache's documents (each bos + ids + eos) concatenated, epoch after epoch,
-each epoch in its own seeded permutation (or in file order, unshuffled); row i is stream tokens
+each epoch in its own seeded permutation (or in file order, unshuffled); stream row i is stream tokens
 [i·R, (i+1)·R) with R = T + 1, computed by offset arithmetic alone. A document cut by a row boundary
-continues in the next row as a new segment whose positions restart at 0 (as grain's ConcatThenSplit
-packs in pipeline.py). Batch s of the global batch G is rows [s·G, (s+1)·G); process p of n reads
-rows [s·G + p·G/n, s·G + (p+1)·G/n): the global batch of a step depends on (config, seed, s) alone.
+continues in the next row as a new segment whose positions restart at 0. Shuffled, the rows are read in a
+seeded order too, block by block (PackedRows.rows), so a batch mixes rows from all over the corpus. Batch s
+of the global batch G is read rows [s·G, (s+1)·G); process p of n reads read rows [s·G + p·G/n,
+s·G + (p+1)·G/n): the global batch of a step depends on (config, seed, s) alone.
 A random per-row transform (BERT masking, span corruption) draws from a generator seeded by
 (transform seed, global row index), so its result does not depend on the process count either.
 """
@@ -21,6 +22,7 @@ from transformer.data import token_cache
 
 _EPOCHS_KEPT = 2            # per-epoch permutations kept (a batch spans at most two epochs)
 _REPEAT_BATCHES = 1 << 62   # "forever" as a grain source length
+_ROW_SALT = 0x524F5753      # separates the row orders' seeds from the document orders'
 
 
 class PackedRows:
@@ -34,6 +36,7 @@ class PackedRows:
         self.total_tokens = int(self.split.offsets[-1])
         self.num_rows = -(-self.total_tokens // row_len)  # one pass, the last row padded
         self._epochs: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
 
     def __getstate__(self) -> tuple:
         return self._args
@@ -77,8 +80,35 @@ class PackedRows:
             p += q_stop - q
         return tuple(np.concatenate(a) if a else np.zeros(0, np.int64) for a in (occurrence, source, length))
 
+    def _row_block(self, b: int) -> np.ndarray:
+        """The order in which block b of the stream's rows (rows [b·M, (b + 1)·M), M = num_rows) is read."""
+        found = self._blocks.get(b)
+        if found is None:
+            found = self._blocks[b] = np.random.default_rng(
+                np.random.SeedSequence([self.seed, _ROW_SALT, b])).permutation(self.num_rows)
+            while len(self._blocks) > _EPOCHS_KEPT:
+                try:
+                    self._blocks.popitem(last=False)
+                except KeyError:
+                    break
+        return found
+
     def rows(self, first: int, count: int) -> dict[str, np.ndarray]:
-        """Rows [first, first + count) as [count, R] tokens / segment_ids / positions (int32)."""
+        """Rows [first, first + count) of the read order as [count, R] tokens / segment_ids / positions (int32).
+
+        Shuffled, read row g is stream row b·M + perm_b[g − b·M] (b = g // M, M = num_rows, perm_b seeded by
+        (seed, b)): each block of M rows is read once, in its own order, so the rows of one batch come from
+        all over the corpus (consecutive stream rows would mostly be one document: a batch of 8 rows of 129
+        bytes is ~1 kB of one file). Unshuffled, read row g is stream row g."""
+        if not self.shuffle:
+            return self._stream_rows(first, count)
+        g = np.arange(first, first + count)
+        stream = [int(b) * self.num_rows + int(self._row_block(int(b))[p]) for b, p in zip(*np.divmod(g, self.num_rows))]
+        parts = [self._stream_rows(r, 1) for r in stream]
+        return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+    def _stream_rows(self, first: int, count: int) -> dict[str, np.ndarray]:
+        """Stream rows [first, first + count) as [count, R] tokens / segment_ids / positions (int32)."""
         R = self.row_len
         start = first * R
         stop = (first + count) * R if self.repeat else min((first + count) * R, self.total_tokens)
