@@ -143,3 +143,39 @@ def test_the_validation_run_is_designed_from_the_prediction_written_first(tmp_pa
     assert checked["predicted_loss"] == prediction["loss"] and out["validation"] == checked
     assert abs(checked["relative_error"]) < 0.02  # the law is smooth and the noise small
     assert os.path.exists(os.path.join(workdir, "fit", "loss_frontier.png"))
+
+
+def test_parallel_workers_start_a_branch_only_after_its_source_is_recorded(tmp_path, monkeypatch):
+    """runner.run_parallel with stand-in worker processes (each records its run when it is polled): every
+    branch starts after its source run is recorded, and every run is recorded once."""
+    c = _config(branch=True, warmup_tokens_per_param=1.0, budgets=(1e11, 2e11))
+    c.base.train.schedule = "wsd"
+    workdir = str(tmp_path)
+    p, doc = runner.plan_and_write(workdir, c)
+    started: list[str] = []
+
+    class Worker:
+        def __init__(self, cmd, **kwargs):
+            self.run = doc["runs"][int(cmd[-1].split("=")[1])]
+            self.pid, self.returncode, self.polls = 0, None, 0
+            started.append(self.run["run_id"])
+            src = self.run.get("branch_from")
+            assert src is None or src in {r["run_id"] for r in results.read_results(workdir)}, "branch before source"
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 3:  # still training
+                return None
+            row = runner.result_row(self.run, {"status": "ok", "eval_loss": 2.0}, "ok", None, 1.0, "isoflop")
+            results.append_result(workdir, row)
+            self.returncode = 0
+            return 0
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Worker)
+    monkeypatch.setattr(runner, "worker_env", lambda slot, parallel: ({}, None))
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    assert runner.run_parallel(workdir, doc, parallel=2) == 0
+    branches = [r for r in doc["runs"] if r.get("branch_from")]
+    assert len(branches) >= 3 and sorted(started) == sorted(r["run_id"] for r in doc["runs"])
+    for r in branches:
+        assert started.index(r["branch_from"]) < started.index(r["run_id"])

@@ -270,7 +270,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
     try:
         while (todo and stop["signal"] is None) or procs:
             for slot in range(parallel):
-                ready = [r for r in todo if branch_ready(workdir, r, [q for q, _ in procs.values()])]
+                ready = [r for r in todo if branch_ready(workdir, r, [q for _, q in procs.values()])]
                 if slot in procs or not ready or stop["signal"] is not None:
                     continue
                 run = ready[0]
