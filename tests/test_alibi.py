@@ -100,49 +100,53 @@ def test_cudnn_is_refused_with_a_bias_and_auto_avoids_it():
         resolve_attention_impl(base.replace(attention_impl="cudnn"), backend="gpu")
 
 
-@pytest.fixture(scope="module")
-def trained_alibi_run(tmp_path_factory, corpus_dir):
-    """A small ALiBi decoder trained on the corpus at seq_len 32 (150 steps, ~20 s on 2 cores)."""
+def _train(corpus_dir: str, workdir: str, positional: str, steps: int = 300) -> str:
     from configs.lm import get_config
     from transformer.training.loop import train
 
     c = get_config("gpt2_tiny")
-    c.model.positional = "alibi"
+    c.model.positional = positional
     c.data.data_dir, c.data.seq_len = corpus_dir, 32
-    c.train.update(steps=150, batch_size=16, learning_rate=3e-3, warmup_steps=15, eval_every=150, eval_steps=1,
-                   checkpoint_every=150, log_every=50)
-    workdir = str(tmp_path_factory.mktemp("alibi_run"))
+    c.train.update(steps=steps, batch_size=16, learning_rate=3e-3, warmup_steps=15, eval_every=steps, eval_steps=1,
+                   checkpoint_every=steps, log_every=100)
     assert train(c, workdir, verbose=False)["status"] == "ok"
     return workdir
 
 
-def test_trained_model_runs_at_twice_its_training_length(trained_alibi_run):
-    """Evaluated on rows of 64 tokens, the positions 32–63 it never saw in training are predicted at least as
-    well as positions 0–31 (ALiBi's claim: train short, test long), and far better than a uniform guess."""
+def _second_half_losses(workdir: str) -> tuple[float, float]:
+    """Mean loss on tokens 32–63 of 64-token validation rows (one document each): with the whole row as context
+    (slots 32–63 are past the training length), and restarted at token 32 (contexts within the training length)."""
     import copy
 
     from transformer.data import make_lm_iterator
     from transformer.training.restore import load_run
 
-    run = load_run(trained_alibi_run)
+    run = load_run(workdir)
     data_cfg = copy.deepcopy(run.config.data)
     data_cfg.seq_len = 64
     it = make_lm_iterator(data_cfg, split="validation", global_batch_size=32, seed=0, shuffle=False, repeat=False)
-    losses, weights = [], []
-    apply = jax.jit(lambda tokens, pos, seg: run.model.apply({"params": run.params}, tokens, pos, seg))
+    apply = jax.jit(lambda tokens, positions: run.model.apply({"params": run.params}, tokens, positions))
+    full, restarted, weights = [], [], []
     for _ in range(4):
         batch = next(it)
-        logits = apply(batch["inputs"], batch["positions"], batch["segment_ids"])
-        assert np.isfinite(np.asarray(logits)).all()
-        logp = jax.nn.log_softmax(logits)
-        nll = -np.take_along_axis(np.asarray(logp), batch["targets"][..., None], -1)[..., 0]
-        # rows holding one document from the first slot (its positions are the slots): slot = position
-        single = (batch["segment_ids"] == batch["segment_ids"][:, :1]).all(1) & (batch["positions"][:, 0] == 0)
-        losses.append(nll[single])
-        weights.append(batch["weights"][single])
-    nll_RT, w_RT = np.concatenate(losses), np.concatenate(weights)
-    assert len(nll_RT) >= 16
-    seen = (nll_RT[:, :32] * w_RT[:, :32]).sum() / w_RT[:, :32].sum()
-    beyond = (nll_RT[:, 32:] * w_RT[:, 32:]).sum() / w_RT[:, 32:].sum()
-    assert beyond < seen + 0.02, (seen, beyond)
-    assert beyond < math.log(259) - 2.0, (seen, beyond)
+        one_document = (batch["segment_ids"] == batch["segment_ids"][:, :1]).all(1)
+        x, y, w = batch["inputs"][one_document], batch["targets"][one_document], batch["weights"][one_document]
+        positions = np.broadcast_to(np.arange(64, dtype=np.int32), x.shape)
+        for out, logits in ((full, apply(x, positions)[:, 32:]), (restarted, apply(x[:, 32:], positions[:, :32]))):
+            assert np.isfinite(np.asarray(logits)).all()
+            out.append(-np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), y[:, 32:, None], -1)[..., 0])
+        weights.append(w[:, 32:])
+    w = np.concatenate(weights)
+    assert w.shape[0] >= 64
+    return tuple(float((np.concatenate(x) * w).sum() / w.sum()) for x in (full, restarted))
+
+
+@pytest.mark.slow
+def test_trained_model_runs_at_twice_its_training_length(tmp_path, corpus_dir):
+    """ALiBi's claim, train short, test long: a model trained on 32-token rows (300 steps, ~25 s on 2 cores),
+    given 64 tokens, predicts tokens 32–63 at least as well as when restarted at token 32, i.e. context
+    beyond its training length does not hurt. Measured: 2.900 against 2.898 nats (a RoPE model trained the
+    same way: 2.902 against 2.829, it degrades), and far below a uniform guess (ln 259 = 5.56)."""
+    full, restarted = _second_half_losses(_train(corpus_dir, str(tmp_path / "alibi"), "alibi"))
+    assert full < restarted + 0.02, (full, restarted)
+    assert restarted < math.log(259) - 2.0, (full, restarted)
