@@ -141,3 +141,20 @@ def test_param_counts_include_one_table_per_stack(family):
 def test_bad_settings_are_config_errors(change, match):
     with pytest.raises(ConfigError, match=match):
         ModelConfig(**{**T5, **change})
+
+
+@pytest.mark.parametrize("positional", ["t5_relative", "alibi"])
+def test_packed_documents_get_the_bias_of_their_own_positions(positional):
+    """Slot offsets stand for position offsets: the second document of a packed row (slots 5–9, positions 0–4)
+    gets exactly the logits it gets alone, and nothing leaks from the first (decoder, causal)."""
+    cfg = ModelConfig(**dict(T5, positional=positional))
+    model = build_model(cfg)
+    seg = jnp.array([[1] * 5 + [2] * 5 + [0] * 2])
+    pos = jnp.array([list(range(5)) + list(range(5)) + [0, 0]])
+    tok = jnp.asarray(np.random.default_rng(4).integers(3, 61, (1, 12)), jnp.int32)
+    params = _scaled(model, tok)
+    logits = model.apply({"params": params}, tok, pos, seg)
+    alone = model.apply({"params": params}, tok[:, 5:10])
+    np.testing.assert_allclose(logits[:, 5:10], alone, atol=1e-5)
+    changed = model.apply({"params": params}, tok.at[:, :5].set((tok[:, :5] + 3) % 61), pos, seg)
+    np.testing.assert_allclose(changed[:, 5:10], logits[:, 5:10], atol=1e-6)
