@@ -24,7 +24,8 @@ from transformer.training.restore import load_run  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = "def f(x):\n    return x + 1  # naïve ∑\n"
-TEXTS = [open(os.path.join(os.path.dirname(json.__file__), f)).read() for f in ("decoder.py", "encoder.py", "scanner.py")]
+TEXTS = [open(os.path.join(os.path.dirname(json.__file__), name)).read()
+         for name in ("decoder.py", "encoder.py", "scanner.py")]
 
 
 def _ours(workdir: str, step: int | None = None) -> tuple[list[int], np.ndarray]:

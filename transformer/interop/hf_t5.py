@@ -114,6 +114,11 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
                 scale_decoder_outputs=cfg.scale_tied_head, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 
 
+def _mlp_names(cfg: ModelConfig) -> tuple[tuple[str, str], ...]:
+    """(Hugging Face name, ours) of the feed-forward kernels."""
+    return (("wi_0", "wi_gate"), ("wi_1", "wi_up"), ("wo", "wo")) if cfg.gated else (("wi", "wi"), ("wo", "wo"))
+
+
 def _query_scale(cfg: ModelConfig) -> float:
     """What export multiplies the query kernels by, so that T5's unscaled q·k gives our logits."""
     return cfg.attention_scale or cfg.dim_per_head ** -0.5
@@ -130,8 +135,8 @@ def params_from_hf(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, 
         return p
 
     def mlp(prefix: str) -> dict[str, Any]:
-        names = (("wi_0", "wi_gate"), ("wi_1", "wi_up"), ("wo", "wo")) if cfg.gated else (("wi", "wi"), ("wo", "wo"))
-        return {ours: {"kernel": t.linear_in_out(read(f"{prefix}.DenseReluDense.{hf}.weight"))} for hf, ours in names}
+        return {ours: {"kernel": t.linear_in_out(read(f"{prefix}.DenseReluDense.{hf}.weight"))}
+                for hf, ours in _mlp_names(cfg)}
 
     def norm(name: str) -> dict[str, np.ndarray]:
         return {"scale": read(f"{name}.weight")}
@@ -188,8 +193,7 @@ def params_to_hf(params: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarr
                 attention(p + "1.EncDecAttention", b["cross_attention"])
             f = "2" if cross else "1"
             out[p + f + ".layer_norm.weight"] = b["mlp_norm"]["scale"]
-            names = (("wi_0", "wi_gate"), ("wi_1", "wi_up"), ("wo", "wo")) if cfg.gated else (("wi", "wi"), ("wo", "wo"))
-            for hf, ours in names:
+            for hf, ours in _mlp_names(cfg):
                 out[p + f"{f}.DenseReluDense.{hf}.weight"] = t.linear_in_out(b["mlp"][ours]["kernel"])
 
     stack("encoder", cfg.encoder_layers, cross=False)
