@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from transformer.config import ConfigError, MissingInputError  # noqa: E402
-from transformer.data.tokenizers import ByteTokenizer, HFTokenizer, train_sentencepiece  # noqa: E402
+from transformer.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,  # noqa: E402
+                                         train_sentencepiece)
 from transformer.interop.export import export_run  # noqa: E402
 from transformer.interop.hf_tokenizer import save_tokenizer  # noqa: E402
 from transformer.training.restore import load_run  # noqa: E402
@@ -66,7 +67,7 @@ def test_exported_byte_run_reproduces_our_logits_in_transformers(tiny_lm_run, tm
 def _check_tokenizer(tok, path: str, extra: list[str]) -> None:
     save_tokenizer(tok, path, extra)
     hf = transformers.AutoTokenizer.from_pretrained(path)
-    for text in TEXTS + [PROMPT, "  \t\n\n  x  ", "é世🙂"]:
+    for text in TEXTS + [PROMPT, "  \t\n\n  x  ", "é世🙂 ﬁ ① ＡＢ"]:
         assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text).tolist()
         assert hf(text)["input_ids"] == [tok.bos_id] + tok.encode(text).tolist()
     for i, name in enumerate(extra):
@@ -81,9 +82,25 @@ def test_byte_tokenizer_with_sentinels(tmp_path):
     assert hf("<s>", add_special_tokens=False)["input_ids"] == [63, 118, 65]   # text stays text, as in training
 
 
-def test_sentencepiece_tokenizer_of_a_run(tmp_path):
-    """The codebase's own SentencePiece setup (BPE, byte fallback, whitespace kept, "\\n" a piece)."""
-    _check_tokenizer(train_sentencepiece(TEXTS, 400), str(tmp_path), [])
+def _llama_style_sentencepiece():
+    """SentencePiece's defaults (NFKC character map, whitespace collapsed, a dummy prefix), as a LLaMA-style
+    .model a run may name in data.tokenizer."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS), model_writer=model, vocab_size=500,
+                                   model_type="bpe", byte_fallback=True, hard_vocab_limit=False, minloglevel=2)
+    return SentencePieceTokenizer(model.getvalue())
+
+
+@pytest.mark.parametrize("kind", ["ours", "llama_style"])
+def test_sentencepiece_tokenizer_of_a_run(kind, tmp_path):
+    """The codebase's own SentencePiece setup (BPE, byte fallback, whitespace kept, "\\n" a piece) and
+    SentencePiece's defaults."""
+    tok = train_sentencepiece(TEXTS, 400) if kind == "ours" else _llama_style_sentencepiece()
+    _check_tokenizer(tok, str(tmp_path), [])
 
 
 def test_tokenizer_json_of_a_run(tmp_path):

@@ -3,8 +3,9 @@
 
   bytes             a byte-level BPE with no merges: byte b is id b + 3 (as ByteTokenizer), <pad> <s> </s>
                     are ids 0, 1, 2 (GPT-2's byte-to-character table, so any UTF-8 text round-trips);
-  SentencePiece     converted with transformers' own SentencePiece converter (BPE vocabulary and merges,
-                    byte fallback, "▁" for spaces, user-defined pieces such as "\\n" as added tokens);
+  SentencePiece     a BPE model (tokenizers) with the SentencePiece model's pieces, the merges they imply
+                    (ordered by score, as transformers' converter does), byte fallback, "▁" for spaces and
+                    user-defined pieces such as "\\n" as added tokens;
   tokenizer.json    the run's file, its special tokens kept.
 `tokenizer(text)` prepends the run's bos, as every training document began with it (so
 `AutoModelForCausalLM` sees what the run's model saw; add_special_tokens=False gives the bare ids).
@@ -17,8 +18,6 @@ run's tokenizer before anything is written; a difference is an error, never a si
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any, Sequence
 
 from transformer.config import ConfigError
@@ -53,34 +52,51 @@ def _byte_level(tok: ByteTokenizer) -> tuple[Any, dict[str, str]]:
     return rust, dict(pad_token="<pad>", bos_token="<s>", eos_token="</s>", split_special_tokens=True)
 
 
+def _bpe_merges(pieces: list[tuple[str, float]]) -> list[tuple[str, str]]:
+    """The merges a SentencePiece BPE model implies: every split of a piece into two pieces, the piece with
+    the higher score merged first (ties: shorter left part first), as transformers' converter orders them."""
+    vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
+    merges = []
+    for piece, score in pieces:
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += [(left, right, score) for left, right in sorted(splits, key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))]
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
 def _sentencepiece(tok: SentencePieceTokenizer) -> tuple[Any, dict[str, str]]:
     from sentencepiece import sentencepiece_model_pb2
-    from tokenizers import AddedToken
-    from transformers.convert_slow_tokenizer import SpmConverter
-    from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
+    from tokenizers import AddedToken, Tokenizer as RustTokenizer, decoders, models, normalizers
 
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(tok.model_proto)
-    if proto.trainer_spec.model_type != proto.trainer_spec.BPE:
+    spec = proto.trainer_spec
+    if spec.model_type != spec.BPE:
         raise ConfigError("only BPE SentencePiece models convert to a Hugging Face tokenizer here (this one is "
-                          f"{proto.trainer_spec.ModelType.Name(proto.trainer_spec.model_type)})")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "tokenizer.model")
-        with open(path, "wb") as f:
-            f.write(tok.model_proto)
-        vocab, _, merges = SentencePieceExtractor(path).extract()
-    rust = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, merges)
-    if proto.normalizer_spec.add_dummy_prefix:
-        from tokenizers import normalizers
-        rust.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), rust.normalizer])
-    user_defined = [p.piece for p in proto.pieces if p.type == p.USER_DEFINED]
-    rust.add_tokens([AddedToken(p, normalized=False, special=False) for p in user_defined])
-    controls = [p.piece for p in proto.pieces if p.type == p.CONTROL]
-    rust.add_special_tokens([AddedToken(p, normalized=False, special=True) for p in controls])
+                          f"{spec.ModelType.Name(spec.model_type)})")
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    unk = proto.pieces[spec.unk_id].piece if spec.unk_id >= 0 else None
+    rust = RustTokenizer(models.BPE(vocab={p: i for i, (p, _) in enumerate(pieces)}, merges=_bpe_merges(pieces),
+                                    unk_token=unk, fuse_unk=True, byte_fallback=spec.byte_fallback))
+    norm = proto.normalizer_spec  # in SentencePiece's order: character map, whitespace, dummy prefix, "▁"
+    steps = [normalizers.Precompiled(norm.precompiled_charsmap)] if norm.precompiled_charsmap else []
+    if norm.remove_extra_whitespaces:
+        from tokenizers import Regex
+        steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
+    if norm.add_dummy_prefix:
+        steps.append(normalizers.Prepend(" "))
+    rust.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "▁")])
+    rust.decoder = decoders.Sequence([decoders.Replace("▁", " ")]
+                                     + ([decoders.ByteFallback()] if spec.byte_fallback else []) + [decoders.Fuse()]
+                                     + ([decoders.Strip(" ", 1, 0)] if norm.add_dummy_prefix else []))
+    rust.add_tokens([AddedToken(p.piece, normalized=False, special=False) for p in proto.pieces
+                     if p.type == p.USER_DEFINED])
+    rust.add_special_tokens([AddedToken(p.piece, normalized=False, special=True) for p in proto.pieces
+                             if p.type == p.CONTROL])
     names = {"pad_token": tok.pad_id, "bos_token": tok.bos_id, "eos_token": tok.eos_id}
     specials = {k: proto.pieces[i].piece for k, i in names.items()}
-    if proto.trainer_spec.unk_id >= 0:
-        specials["unk_token"] = proto.pieces[proto.trainer_spec.unk_id].piece
+    if unk is not None:
+        specials["unk_token"] = unk
     return rust, dict(specials, split_special_tokens=True)
 
 
