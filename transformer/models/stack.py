@@ -38,8 +38,8 @@ def position_bias(module: nn.Module, cfg: ModelConfig, T: int, start: jax.Array 
                   decode: bool) -> jax.Array | None:
     """The stack's bias_1NTS for cfg.positional in positional.BIAS (None for other encodings), from slots:
     queries 0..T-1 against keys 0..T-1, or when decoding the T new tokens at cache slots start.. against
-    every slot of the cache. The "key_slots" cache variable (S,) records the slot of each cached key; its
-    length is the cache's (the stack knows no other way), written as tokens arrive."""
+    every slot of the cache. The stack's "key_slots" cache variable (S,) holds the slot of each cached key,
+    written as tokens arrive; it is how the stack knows the cache's length S."""
     if cfg.positional not in positional.BIAS:
         return None
     q_slots_T = start + jnp.arange(T, dtype=jnp.int32)
