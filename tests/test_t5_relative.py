@@ -101,9 +101,13 @@ def test_seq2seq_cached_generation_equals_full_forward():
     sources, targets, N = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]], [[1], [1, 30, 31], [1, 40]], 24
     out = generate_seq2seq(model, params, sources, targets=targets, max_new_tokens=N,
                            sampling=SamplingConfig(temperature=0.0), return_logits=True)
+    # one compilation: sources padded (segment id 0) to 8, targets right-padded to 28 (a causal decoder)
+    full = jax.jit(lambda src, seg, tgt: model.apply({"params": params}, src, tgt, seg))
     for b in range(3):
         tgt = targets[b] + out.tokens_BN[b].tolist()
-        full_TV = np.asarray(model.apply({"params": params}, jnp.asarray([sources[b]]), jnp.asarray([tgt])))[0]
+        src, seg = np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32)
+        src[0, :len(sources[b])], seg[0, :len(sources[b])] = sources[b], 1
+        full_TV = np.asarray(full(src, seg, np.asarray([tgt + [0] * (28 - len(tgt))], np.int32)))[0]
         P = len(targets[b])
         np.testing.assert_allclose(out.logits_BNV[b], full_TV[P - 1:P - 1 + N], atol=5e-5, rtol=0)
     assert np.abs(np.diff(out.logits_BNV, axis=1)).max() > 1e-2
@@ -115,8 +119,10 @@ def test_decoder_lm_cached_generation_equals_full_forward():
     prompts, N = [[1, 40, 41, 42, 43, 44, 45], [1, 50], [1, 30, 31, 32]], 6
     out = generate(model, params, prompts, max_new_tokens=N, sampling=SamplingConfig(temperature=0.0),
                    return_logits=True)
+    full = jax.jit(lambda tokens_BT: model.apply({"params": params}, tokens_BT))
     for b, prompt in enumerate(prompts):
-        full_TV = np.asarray(model.apply({"params": params}, jnp.asarray([prompt + out.tokens_BN[b].tolist()])))[0]
+        seq = prompt + out.tokens_BN[b].tolist()   # right-padded to 16: one shape, one compilation
+        full_TV = np.asarray(full(np.asarray([seq + [0] * (16 - len(seq))], np.int32)))[0]
         np.testing.assert_allclose(out.logits_BNV[b], full_TV[len(prompt) - 1:len(prompt) - 1 + N], atol=2e-5)
 
 
