@@ -58,6 +58,18 @@ def test_run_ids_are_stable_and_content_derived():
     assert all(a != b and a.rsplit("-", 1)[0] == b.rsplit("-", 1)[0] for a, b in zip(ids, new_ids))
 
 
+def test_a_new_model_option_at_its_default_keeps_the_run_ids():
+    """A config from before a model option existed (the key absent) and one with the option at its default
+    are the same runs; the option set to another value is another run."""
+    run = plan.design(quick.get_config()).runs[0]
+    older = run.config.copy_and_resolve_references()
+    del older.model["attention_scale"]  # as written before the option existed
+    assert grid.run_id("x", older) == grid.run_id("x", run.config)
+    other = run.config.copy_and_resolve_references()
+    other.model.attention_scale = 1.0
+    assert grid.run_id("x", other) != grid.run_id("x", run.config)
+
+
 @pytest.mark.parametrize("dense", [False, True])
 def test_grid_straddles_prior_with_equal_flops(dense):
     c = quick.get_config()

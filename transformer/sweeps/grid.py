@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from transformer.sweeps.defaults import MODES, PARAM_COUNTS, sweep_defaults
-from transformer.models.config import ConfigError, MissingInputError
+from transformer.models.config import ConfigError, MissingInputError, model_defaults
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.training import validate
 
@@ -93,8 +93,12 @@ def format_flops(c: float) -> str:
 
 
 def run_id(label: str, config: ml_collections.ConfigDict) -> str:
-    """`label-<8 hex>`: sha1 of the canonical JSON of the config without its environment keys."""
+    """`label-<8 hex>`: sha1 of the canonical JSON of the config without its environment keys and without the
+    model settings at ModelConfig's defaults, so a new model option (whose default keeps today's model) does
+    not rename every existing run."""
     d = json.loads(json.dumps(config.to_dict()))
+    defaults = json.loads(json.dumps(model_defaults()))
+    d["model"] = {k: v for k, v in d.get("model", {}).items() if k not in defaults or v != defaults[k]}
     for key in _ENVIRONMENT_KEYS:
         *parents, last = key.split(".")
         holder = d
