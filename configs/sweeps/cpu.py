@@ -6,11 +6,12 @@ Design (each choice measured or taken from the literature; README "What the cpu 
 - Shapes: GPT-2 blocks at a fixed depth of 2 and head_dim 8, width d_model 16–160 in steps of 8, d_ff = 4·d:
   N changes smoothly (≤ 0.35 in ln N between neighbours above d32) and no IsoFLOP curve mixes depths (the
   previous ladder jumped 1 → 2 → 3 layers inside every curve, 0.26–0.29 nats a jump).
-- Budgets 1.25e12–1e13 FLOPs, 5 sizes each spanning 6× in N around the optimum: the prior (600 tokens per
-  parameter, byte-level tokens at these sizes) for the first, then re-centred on the power law through the
-  finished budgets' minima (sweep.recenter).
-- Learning rate from measurement: lr = c·N^-0.5, c calibrated at the first budget (so at the sweep's tokens per
-  parameter) on d32 and d56 at ½, 1 and 2× the rule (extended where the best is at an edge).
+- Budgets 1.25e12–1e13 FLOPs, 5 sizes each spanning 4.5× in N around the optimum: the prior (80 tokens per
+  parameter, where a pilot of this sweep found the first budget's optimum) for the first, then re-centred on the
+  power law through the finished budgets' minima (sweep.recenter).
+- Learning rate from measurement: lr = c·N^-0.5 (Adam's optimal rate ∝ 1/width at a fixed depth, N ∝ width²),
+  c calibrated at the first budget (so at the sweep's tokens per parameter) on d32 and d56 at ½, 1 and 2× the
+  rule (extended where the best is at an edge); the prior c = 1.2 is the pilot's calibration.
 - Batch 8 × 128 tokens with AdamW β2 = 0.99: small models train best with small batches, where β2 = 0.99
   matters (Porian et al. 2024); every run takes ≥ 1,000 steps. Warm-up: N tokens (Porian et al.).
 - Warm-up–stable–decay with a 20% "1−sqrt" cooldown (Hägele et al. 2024): each size's run at a budget continues
@@ -40,8 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
         budgets=(1.25e12, 2.5e12, 5e12, 1e13),
         d_models=tuple(range(16, 161, 8)),
         num_layers=2, head_dim=8, ffn_ratio=4.0,
-        sizes_per_budget=5, size_span=6.0, prior_tokens_per_param=600.0, recenter=True,
-        lr_coefficient=0.5, lr_exponent=-0.5, lr_max=3e-2,
+        sizes_per_budget=5, size_span=4.5, prior_tokens_per_param=80.0, recenter=True,
+        lr_coefficient=1.2, lr_exponent=-0.5, lr_max=3e-2,
         lr_calibration=dict(d_models=(32, 56), multipliers=(0.5, 1.0, 2.0)),
         warmup_tokens_per_param=1.0, warmup_min=20, min_steps=1000, branch=True,
         seeds=dict(extra=2, sizes=3),

@@ -5,7 +5,9 @@ The cpu sweep's design (configs/sweeps/cpu.py) at a tenth of its compute: 2-laye
 (head_dim 8), byte tokenizer, seq_len 64, batch 16, AdamW β2 = 0.99, warm-up–stable–decay runs that branch
 from the previous budget's decay start, budgets re-centred on the minima found so far, and the prediction
 check: the fit predicts the compute-optimal model and its loss at 4× the largest budget before training it.
-Enough to see IsoFLOP valleys, a fit and a checked prediction; not to measure exponents well (cpu.py, gpu.py).
+The learning rate is the cpu sweep's calibrated rule (1.2·N^-0.5), and the prior 80 tokens per parameter is
+where the cpu sweep found its first budget's optimum. Enough to see IsoFLOP valleys, a fit and a checked
+prediction; not to measure exponents well (cpu.py, gpu.py).
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ def get_config() -> ml_collections.ConfigDict:
         budgets=(1e11, 2e11, 4e11),
         d_models=tuple(range(8, 97, 8)),
         num_layers=2, head_dim=8,
-        sizes_per_budget=4, size_span=6.0, prior_tokens_per_param=300.0, recenter=True,
-        lr_coefficient=0.5, lr_exponent=-0.5, lr_max=2e-2,
+        sizes_per_budget=4, size_span=6.0, prior_tokens_per_param=80.0, recenter=True,
+        lr_coefficient=1.2, lr_exponent=-0.5, lr_max=3e-2,
         warmup_tokens_per_param=1.0, warmup_min=10, min_steps=200, branch=True,
         validate_flops=1.6e12,
         evals_per_run=2, checkpoints_per_run=2, logs_per_run=4,
