@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
-from transformer.sweeps import outcome, runner, slurm
+from transformer.sweeps import outcome, progress, runner, slurm
 from transformer.models.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
@@ -33,58 +33,6 @@ _RETRY = flags.DEFINE_bool("retry_failed", False, "Run the runs recorded as fail
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show each run's own training progress.")
 _RUN_INDEX = flags.DEFINE_integer("run_index", -1, "Worker mode: train run I of DIR/sweep.json.")
 _FIT_WHEN_DONE = flags.DEFINE_bool("fit_when_done", False, "Worker mode: fit when every run is recorded.")
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
-
-
-def _train_split_tokens(data: dict, known: dict) -> int | None:
-    """Tokens of the training split from the token cache's meta.json (None until the data is tokenized:
-    a dry run builds, trains and writes nothing)."""
-    import json
-
-    import ml_collections
-
-    from transformer.data import token_cache
-
-    key = json.dumps(data, sort_keys=True)
-    if key not in known:
-        path = token_cache.existing_cache(ml_collections.ConfigDict(data))
-        known[key] = int(token_cache.read_meta(path)["train"]["tokens"]) if path else None
-    return known[key]
-
-
-def print_table(doc: dict) -> None:
-    """The dry run's table of runs (with epochs: passes over the training split's tokens) and the time
-    estimate; warns where the data repeats."""
-    from transformer.data import token_cache
-    from transformer.sweeps.grid import format_flops
-
-    known: dict = {}
-    epochs = [token_cache.epochs(r["tokens"], _train_split_tokens(r["config"]["data"], known)) for r in doc["runs"]]
-    print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
-    print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'epochs':>7} {'steps':>7} {'batch':>5} {'lr':>9} "
-          f"{'C (FLOPs)':>10} {'est.':>8}")
-    for i, (r, e) in enumerate(zip(doc["runs"], epochs)):
-        print(f"{i:>3}  {r['run_id']:<34} {r['params']:>11,} {r['tokens']:>13,} {'?' if e is None else f'{e:.3g}':>7} "
-              f"{r['steps']:>7} {r['batch_size']:>5} {r['learning_rate']:>9.3g} {format_flops(r['flops']):>10} "
-              f"{_duration(r['estimated_seconds']):>8}")
-    for note in doc["notes"]:
-        print(f"note: {note}")
-    repeated = [e for e in epochs if e is not None and e > 1]
-    if repeated:
-        print(f"warning: {len(repeated)} runs see their training data more than once (up to {max(repeated):.2g} "
-              f"epochs): up to ~4 epochs repeated tokens are worth almost as much as fresh ones, beyond that much "
-              f"less, and a fit that assumes fresh data overstates what more tokens buy (Muennighoff et al. 2023)")
-    if any(e is None for e in epochs):
-        print("note: epochs (?) are unknown until the data is tokenized: python -m experiments.prepare_data "
-              "--config=<this sweep's config> (or the first run) builds the token cache")
-    s = doc["sweep"]
-    total_flops = sum(r["flops"] for r in doc["runs"])
-    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(doc['estimated_seconds'])} in one process "
-          f"at {s['estimate_flops_per_second']:.3g} FLOP/s sustained + {s['estimate_step_overhead_s'] * 1e3:.0f} ms "
-          f"per step + {s['estimate_run_overhead_s']:.0f} s per run (sweep.estimate_*)")
-
 
 def _worker(workdir: str, index: int) -> None:
     doc = runner.load_sweep(workdir)
@@ -115,12 +63,18 @@ def _dry_run(workdir: str, config) -> None:
     from transformer.sweeps import plan
 
     rows = {r["run_id"]: r for r in runner.results.read_results(workdir)} if os.path.isdir(workdir) else {}
-    p = plan.design(config, rows, outcome.load_prediction(workdir) if rows else None, preview=True)
-    doc = runner.sweep_document(config, p)
-    if _LAUNCHER.value == "slurm":
-        print(slurm.slurm_script(workdir, doc), end="")
+    prediction = outcome.load_prediction(workdir) if rows else None
+    if _LAUNCHER.value == "slurm":  # the script the command would submit now: the runs of this stage that are ready
+        p = plan.design(config, rows, prediction)
+        if p.waiting == "prediction":  # the real command predicts first; the preview assumes the prior's prediction
+            p = plan.design(config, rows, prediction, preview=True)
+        doc = runner.sweep_document(config, p)
+        ready = [r["index"] for r in doc["runs"]
+                 if r["run_id"] not in rows and (not r.get("branch_from") or r["branch_from"] in rows)]
+        print(slurm.slurm_script(workdir, doc, ready), end="")
         return
-    print_table(doc)
+    doc = runner.sweep_document(config, plan.design(config, rows, prediction, preview=True))
+    progress.print_table(doc)
     staged = [k for k, on in (("lr_calibration", bool(config.sweep.lr_calibration.d_models)),
                               ("recenter", config.sweep.recenter), ("validate_flops", bool(config.sweep.validate_flops)))
               if on]

@@ -531,7 +531,7 @@ def test_bits_per_byte_divides_the_loss_by_the_bytes_of_the_evaluated_targets(ki
 def test_sweep_dry_run_shows_epochs_and_warns_where_the_data_repeats(folder, tmp_path, capsys):
     """experiments.sweep's dry-run table: epochs = D / the training split's tokens (from meta.json); `?` and how
     to get them while the data is not tokenized (the dry run tokenizes nothing); a warning above 1 epoch."""
-    from experiments.sweep import print_table
+    from transformer.sweeps.progress import print_table
 
     cfg = data_config(tmp_path, folder)
     def run(i: int, tokens: int) -> dict:

@@ -73,9 +73,10 @@ def test_a_new_model_option_at_its_default_keeps_the_run_ids():
 @pytest.mark.parametrize("dense", [False, True])
 def test_grid_straddles_prior_with_equal_flops(dense):
     c = quick.get_config()
-    if dense:  # one layer, widths every 4: N grows smoothly, so the sizes can follow their targets
-        c.sweep.update(dict(d_models=tuple(range(8, 400, 4)), head_dim=4, aspect_ratio=1e4, budgets=(1e12, 1e13)))
-    runs = plan.design(c).runs
+    if dense:  # widths every 4 at budgets where that is a fine step in N: the sizes can follow their targets
+        c.sweep.update(dict(d_models=tuple(range(8, 400, 4)), head_dim=4, aspect_ratio=1e4, budgets=(1e13, 1e14),
+                            validate_flops=4e14))
+    runs = plan.design(c, preview=True).runs  # every budget, centred on the prior
     s = c.sweep
     for budget in s.budgets:
         group = sorted((r for r in runs if r.budget == budget), key=lambda r: r.size)
@@ -86,7 +87,13 @@ def test_grid_straddles_prior_with_equal_flops(dense):
             assert r.flops == r.steps * r.batch_size * r.seq_len * r.flops_per_token
             assert abs(r.flops - budget) <= 0.5 * r.batch_size * r.seq_len * r.flops_per_token
             assert r.config.train.steps == r.steps and r.config.train.learning_rate == r.learning_rate
-            assert r.warmup_steps == min(max(s.warmup_min, round(s.warmup_fraction * r.steps)), r.steps // 2)
+            # warm-up over warmup_tokens_per_param·N tokens (Porian et al.), whole steps, clamped to [min, steps/2]
+            tokens_per_step = r.batch_size * r.seq_len
+            assert s.warmup_tokens_per_param > 0 and r.config.train.warmup_steps == r.warmup_steps
+            assert s.warmup_min <= r.warmup_steps <= r.steps // 2
+            if s.warmup_min < r.warmup_steps < r.steps // 2:
+                assert (r.warmup_steps - 1) * tokens_per_step < s.warmup_tokens_per_param * r.size
+                assert r.warmup_steps * tokens_per_step >= s.warmup_tokens_per_param * r.size
         gaps = np.diff(np.log(sizes))
         if dense:
             np.testing.assert_allclose(gaps, math.log(s.size_span) / (s.sizes_per_budget - 1), rtol=0.15)
@@ -104,7 +111,7 @@ def test_grid_lr_rule_from_lr_fit(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(budgets=(1e7, 1e11)), r"budget 1e7 is too small for its smallest model d8-L1 .*smallest budget that works is"),
+    (dict(budgets=(1e7, 1e11)), r"budget 1e7 is too small for its smallest model d8-L2 .*smallest budget that works is"),
     (dict(sizes_per_budget=2), r"sweep.sizes_per_budget=2"),
     (dict(min_steps=2000), r"budget 1e11 has only \d sizes .*sweep.min_sizes=3"),
     (dict(bogus=1), r"unknown sweep setting\(s\) sweep.bogus"),
@@ -283,12 +290,12 @@ def test_cli_errors_and_slurm_dry_run(tmp_path):
     assert out.returncode == 2 and "budget 1e7 is too small" in out.stderr, out.stderr[-2000:]
     out = _run(_sweep_cmd(workdir, "--dry_run", "--launcher=slurm", "--config.sweep.slurm.time=02:00:00"))
     assert out.returncode == 0, out.stderr[-2000:]
-    n = len(plan.design(quick.get_config()).runs)
+    first_stage = plan.design(quick.get_config()).runs  # a staged sweep submits the runs of its first stage
     assert out.stdout.startswith("#!/bin/bash")
-    assert f"#SBATCH --array=0-{n - 1}\n" in out.stdout and "#SBATCH --time=02:00:00" in out.stdout
+    assert f"#SBATCH --array={','.join(str(r.index) for r in first_stage)}\n" in out.stdout and "#SBATCH --time=02:00:00" in out.stdout
     assert "--run_index=$SLURM_ARRAY_TASK_ID" in out.stdout and f"--workdir={workdir}" in out.stdout
     out = _run(_sweep_cmd(workdir, "--dry_run"))
-    assert out.returncode == 0 and "estimated" in out.stdout and out.stdout.count("-C") == n
+    assert out.returncode == 0 and "estimated" in out.stdout and out.stdout.count("-C") == len(plan.design(quick.get_config(), preview=True).runs)
     assert not os.path.exists(workdir)  # a dry run writes nothing
 
 

@@ -71,7 +71,7 @@ def offline_runs(workdir: str) -> list[dict]:
             kind = r.WhichOneof("record_type")
             if kind == "run":
                 run.update(id=r.run.run_id, group=r.run.run_group, name=r.run.display_name,
-                           config=_items(r.run.config.update))
+                           config=_items(r.run.config.update), start=r.run.start_time.ToNanoseconds())
             elif kind == "history":
                 row = _items(r.history.item)
                 run["history"].append({"step": row.pop("_step"),
@@ -79,7 +79,8 @@ def offline_runs(workdir: str) -> list[dict]:
             elif kind == "summary":
                 run["summary"].update(_items(r.summary.update))
         out.append(run)
-    return out
+    # the directory names hold the start time to the second: two invocations within a second sort by random id
+    return sorted(out, key=lambda run: run["start"])
 
 
 @pytest.fixture

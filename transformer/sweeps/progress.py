@@ -1,8 +1,15 @@
-"""The sweep runner's progress lines: done/running/failed/total, what happened, and an ETA."""
+"""What a sweep prints: the dry run's table of runs (epochs, time estimate) and the runner's progress lines
+(done/running/failed/total, what happened, an ETA)."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Sequence
+
+import ml_collections
+
+from transformer.data import token_cache
+from transformer.sweeps.grid import format_flops
 
 
 class Progress:
@@ -48,3 +55,46 @@ class Progress:
             self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s")
         else:
             self.event(f"FAILED {run['run_id']}: {row['error']}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def _train_split_tokens(data: dict, known: dict) -> int | None:
+    """Tokens of the training split from the token cache's meta.json (None until the data is tokenized:
+    a dry run builds, trains and writes nothing)."""
+    key = json.dumps(data, sort_keys=True)
+    if key not in known:
+        path = token_cache.existing_cache(ml_collections.ConfigDict(data))
+        known[key] = int(token_cache.read_meta(path)["train"]["tokens"]) if path else None
+    return known[key]
+
+
+def print_table(doc: dict) -> None:
+    """The dry run's table of runs (with epochs: passes over the training split's tokens) and the time
+    estimate; warns where the data repeats."""
+    known: dict = {}
+    epochs = [token_cache.epochs(r["tokens"], _train_split_tokens(r["config"]["data"], known)) for r in doc["runs"]]
+    print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
+    print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'epochs':>7} {'steps':>7} {'batch':>5} {'lr':>9} "
+          f"{'C (FLOPs)':>10} {'est.':>8}")
+    for i, (r, e) in enumerate(zip(doc["runs"], epochs)):
+        print(f"{i:>3}  {r['run_id']:<34} {r['params']:>11,} {r['tokens']:>13,} {'?' if e is None else f'{e:.3g}':>7} "
+              f"{r['steps']:>7} {r['batch_size']:>5} {r['learning_rate']:>9.3g} {format_flops(r['flops']):>10} "
+              f"{_duration(r['estimated_seconds']):>8}")
+    for note in doc["notes"]:
+        print(f"note: {note}")
+    repeated = [e for e in epochs if e is not None and e > 1]
+    if repeated:
+        print(f"warning: {len(repeated)} runs see their training data more than once (up to {max(repeated):.2g} "
+              f"epochs): up to ~4 epochs repeated tokens are worth almost as much as fresh ones, beyond that much "
+              f"less, and a fit that assumes fresh data overstates what more tokens buy (Muennighoff et al. 2023)")
+    if any(e is None for e in epochs):
+        print("note: epochs (?) are unknown until the data is tokenized: python -m experiments.prepare_data "
+              "--config=<this sweep's config> (or the first run) builds the token cache")
+    s = doc["sweep"]
+    total_flops = sum(r["flops"] for r in doc["runs"])
+    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(doc['estimated_seconds'])} in one process "
+          f"at {s['estimate_flops_per_second']:.3g} FLOP/s sustained + {s['estimate_step_overhead_s'] * 1e3:.0f} ms "
+          f"per step + {s['estimate_run_overhead_s']:.0f} s per run (sweep.estimate_*)")
