@@ -22,6 +22,7 @@ NORM_POSITIONS = ("pre", "post")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 PARAM_DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+PARAMETRIZATIONS = ("sp", "mup")  # model.parametrization: standard, or μP (transformer/layers/mup.py)
 # model.attention_impl="auto" is resolved when the model is built (transformer.models.resolve).
 AUTO = "auto"
 
@@ -77,6 +78,10 @@ class ModelConfig:
     remat: str = "none"
     scan_layers: bool = False
     num_classes: int = 0             # encoder classification head (0: none)
+    # μP (Yang et al. 2022; transformer/layers/mup.py): init, per-parameter Adam LR, output and attention scale.
+    parametrization: str = "sp"      # sp (standard) | mup
+    mup_base_width: int = 0          # mup: the d_model at which μP equals SP (where SP hyperparameters were tuned)
+    mup_base_head_dim: int = 0       # mup: the head dim at the base width; 0: this model's (width grows by heads)
 
     def __post_init__(self) -> None:
         _choice("model.family", self.family, FAMILIES)
@@ -106,6 +111,7 @@ class ModelConfig:
             raise ConfigError(f"model.dropout_rate={self.dropout_rate!r} must be in [0, 1)")
         if self.rope_base <= 0:
             raise ConfigError(f"model.rope_base={self.rope_base!r} must be positive")
+        self._check_parametrization()
         if self.attention_impl == "cudnn":  # the only dtype rule of attention, checked once, here
             if self.dtype == "float32":
                 raise ConfigError("model.attention_impl='cudnn' needs train.compute_dtype='bfloat16' (cuDNN's "
@@ -114,6 +120,23 @@ class ModelConfig:
                 raise ConfigError("model.attention_impl='cudnn' has no bidirectional sliding window (jax's cuDNN "
                                   "path supports a left window only); use attention_impl='chunked' with "
                                   f"model.family={self.family!r} and model.sliding_window={self.sliding_window}")
+
+    def _check_parametrization(self) -> None:
+        _choice("model.parametrization", self.parametrization, PARAMETRIZATIONS)
+        for name in ("mup_base_width", "mup_base_head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"model.{name}={value!r} must be a non-negative integer")
+        if self.parametrization != "mup":
+            return  # the mup_* settings are ignored under SP, so one config can switch between the two
+        if not self.mup_base_width:
+            raise ConfigError("model.parametrization='mup' needs model.mup_base_width > 0: the d_model at which μP "
+                              "equals the standard parametrization (the width your SP hyperparameters were tuned "
+                              f"at), e.g. model.mup_base_width={self.d_model} makes this model the base")
+        if self.scale_embeddings:
+            raise ConfigError("model.scale_embeddings=True multiplies the embeddings by sqrt(d_model), which grows "
+                              "with width; μP (model.parametrization='mup') needs width-independent embedding "
+                              "coordinates: set model.scale_embeddings=False or model.parametrization='sp'")
 
     @property
     def kv_heads(self) -> int:

@@ -28,7 +28,8 @@ decoding alike (the decode step calls the same entry with its cache offset):
              "cudnn" on GPU with bfloat16 compute (and a head dim cuDNN takes), else "chunked".
 The former "xla" choice (jax.nn.dot_product_attention with no implementation) ran the same unfused
 XLA computation as "einsum" on this jax and was removed; naming it is a ConfigError.
-Softmax is always float32.
+Softmax is always float32. μP's attention scale (transformer/layers/mup.py) is folded into q before
+any implementation runs, so each keeps its 1/sqrt(H).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.layers import positional
+from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
 from transformer.config import AUTO, ConfigError, ModelConfig
 
@@ -304,6 +305,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{cfg.positional} attention needs positions_BT")
             q_BTNH = positional.ROTARY[cfg.positional](cfg, q_BTNH, positions_BT)
             k_BSKH = positional.ROTARY[cfg.positional](cfg, k_BSKH, positions_BT)
+        q_BTNH = mup.scale_queries(cfg, q_BTNH)  # μP's sqrt(H0)/H scores, folded into q (SP: q as it is)
         q_BTNH = nn.with_logical_constraint(q_BTNH, ("batch", "seq", "act_heads", "act_head_dim"))
         k_BSKH = nn.with_logical_constraint(k_BSKH, ("batch", "seq", "act_kv_heads", "act_head_dim"))
         v_BSKH = nn.with_logical_constraint(v_BSKH, ("batch", "seq", "act_kv_heads", "act_head_dim"))
