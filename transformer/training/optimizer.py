@@ -12,7 +12,7 @@ Per-parameter learning-rate multipliers (μP's, transformer/layers/mup.py) are a
 Adam's direction and the decoupled weight decay: they scale a parameter's Adam step but not its decay
 (lr·wd per step stays the same, as in the `mup` package's MuAdamW). They are constants of the program,
 the same for every run of a shape, so the peak learning rate stays the only per-run number in the state.
-
+"""
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
