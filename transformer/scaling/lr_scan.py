@@ -72,13 +72,9 @@ def analyze(rows: Sequence[dict[str, Any]], param_count: str = "total") -> dict[
             "sizes": sizes, "fit_sizes": [s["size"] for s in used], "warnings": warnings}
 
 
-def plot(fit: dict[str, Any], path: str) -> None:
-    """Eval loss against peak learning rate per size, with each optimum marked."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+def draw(ax: Any, fit: dict[str, Any], title: str | None = None) -> None:
+    """One scan on a matplotlib axis: eval loss against peak learning rate per size, each optimum a star
+    (hollow when at the scan's edge)."""
     for s in fit["sizes"]:
         lrs = [p["learning_rate"] for p in s["points"]]
         line, = ax.plot(lrs, [p["eval_loss"] for p in s["points"]], "o-", label=f"{s['shape']} (N={s['size']:,})")
@@ -87,8 +83,25 @@ def plot(fit: dict[str, Any], path: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("eval loss")
-    ax.set_title(f"LR scan: lr_opt = {fit['coefficient']:.3g}·N^{fit['exponent']:.3f}")
+    fitted = f"lr_opt = {fit['coefficient']:.3g}·N^{fit['exponent']:.3f}"
+    ax.set_title(f"{title}: {fitted}" if title else f"LR scan: {fitted}")
     ax.legend(fontsize=8)
+
+
+def plot(fit: dict[str, Any], path: str) -> None:
+    """Eval loss against peak learning rate per size, with each optimum marked."""
+    plot_panels([fit], [None], path)
+
+
+def plot_panels(fits: Sequence[dict[str, Any]], titles: Sequence[str | None], path: str) -> None:
+    """Several scans side by side, one panel each, sharing the loss axis (e.g. SP | μP)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(fits), figsize=(6 * len(fits), 4), sharey=True, squeeze=False)
+    for ax, fit, title in zip(axes[0], fits, titles):
+        draw(ax, fit, title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
