@@ -302,3 +302,28 @@ def test_mup_transfer_sweep_designs_the_same_scan_under_both_parametrizations():
         assert {r.config.model.mup_base_width for r in runs} == {mup_transfer.BASE_WIDTH}
     assert [(r.shape, r.learning_rate) for r in scans["sp"]] == [(r.shape, r.learning_rate) for r in scans["mup"]]
     assert not {r.run_id for r in scans["sp"]} & {r.run_id for r in scans["mup"]}
+
+
+def test_plot_lr_scans_draws_scans_side_by_side_and_prints_their_optima(tmp_path):
+    import subprocess
+    import sys
+
+    from transformer.scaling import lr_scan
+
+    rows = []
+    for d_model, params, best in ((32, 30_000, 8e-3), (64, 100_000, 4e-3), (128, 400_000, 2e-3)):
+        for lr in (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2):
+            rows.append({"status": "ok", "d_model": d_model, "num_layers": 2, "params": params, "learning_rate": lr,
+                         "eval_loss": 2.0 + 0.1 * np.log(lr / best) ** 2})
+    for name in ("sp", "mup"):
+        (tmp_path / name).mkdir()
+        lr_scan.write_lr_fit(str(tmp_path / name), rows)
+    out = tmp_path / "figures" / "transfer.png"
+    done = subprocess.run([sys.executable, "-m", "experiments.plot_lr_scans", f"--scans={tmp_path / 'sp'},"
+                           f"{tmp_path / 'mup'}", "--titles=SP,μP", f"--out={out}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.stat().st_size > 10_000
+    assert "SP: lr_opt d32-L2 0.008, d64-L2 0.004, d128-L2 0.002; lr_opt = " in done.stdout
+    missing = subprocess.run([sys.executable, "-m", "experiments.plot_lr_scans", f"--scans={tmp_path / 'none'}",
+                              f"--out={out}"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "lr_fit.json does not exist" in missing.stderr

@@ -29,5 +29,5 @@ def get_config() -> ml_collections.ConfigDict:
         warmup_fraction=0.05, warmup_min=10,
         evals_per_run=1, checkpoints_per_run=1, logs_per_run=5,
         estimate_flops_per_second=1.5e10, estimate_step_overhead_s=0.01, estimate_run_overhead_s=8.0,
-        lr_scan=dict(d_models=(32, 64, 128), lr_min=2e-3, lr_max=6.4e-2, num_lrs=6, tokens=250 * 16 * 64),
+        lr_scan=dict(d_models=(32, 64, 128), lr_min=5e-4, lr_max=1.6e-2, num_lrs=6, tokens=600 * 16 * 64),
     ), base)

@@ -94,14 +94,31 @@ def plot(fit: dict[str, Any], path: str) -> None:
 
 
 def plot_panels(fits: Sequence[dict[str, Any]], titles: Sequence[str | None], path: str) -> None:
-    """Several scans side by side, one panel each, sharing the loss axis (e.g. SP | μP)."""
+    """Several scans side by side, one panel each, sharing the loss axis (e.g. SP | μP); with more than one
+    scan, a last panel draws each scan's optimal learning rate against N with its fit lr_opt = c·N^k."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(fits), figsize=(6 * len(fits), 4), sharey=True, squeeze=False)
-    for ax, fit, title in zip(axes[0], fits, titles):
-        draw(ax, fit, title)
+    n = len(fits) + (len(fits) > 1)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
+    for i, (fit, title) in enumerate(zip(fits, titles)):
+        draw(axes[0, i], fit, title)
+        if i:
+            axes[0, i].sharey(axes[0, 0])
+    if len(fits) > 1:
+        ax = axes[0, -1]
+        for fit, title in zip(fits, titles):
+            sizes = np.array([s["size"] for s in fit["sizes"]], float)
+            line, = ax.plot(sizes, [s["lr_opt"] for s in fit["sizes"]], "*", ms=12,
+                            label=f"{title}: lr_opt ∝ N^{fit['exponent']:.2f}")
+            ax.plot(sizes, fit["coefficient"] * sizes ** fit["exponent"], "-", color=line.get_color())
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("parameters N")
+        ax.set_ylabel("optimal peak learning rate")
+        ax.set_title("optimal learning rate against size")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
