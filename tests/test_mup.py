@@ -72,7 +72,6 @@ def coordinates(config) -> np.ndarray:
                 *(seen["blocks"][f"layers_{i}"]["__call__"][0] for i in range(LAYERS)), seen["__call__"][0]]
         return jnp.stack([jnp.mean(jnp.abs(a.astype(jnp.float32))) for a in acts])
 
-    @jax.jit
     def run(rng):
         params = nn.unbox(mup.rescale_init(cfg, model.init(rng, *inputs)["params"]))  # as training/state.py
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
@@ -80,7 +79,10 @@ def coordinates(config) -> np.ndarray:
         state, before = jax.lax.scan(lambda s, b: (train_step(s, b)[0], probe(s.params)), state, train)
         return jnp.concatenate([before, probe(state.params)[None]])
 
-    return np.asarray(run(jax.random.PRNGKey(0)))
+    # The cost is XLA's compilation (the program runs in ~0.2 s): LLVM's expensive passes off halve it.
+    fast_compile = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+    rng = jax.random.PRNGKey(0)
+    return np.asarray(jax.jit(run).lower(rng).compile(compiler_options=fast_compile)(rng))
 
 
 def _slopes(coords: dict[int, np.ndarray]) -> np.ndarray:
