@@ -51,7 +51,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.files = ""                 # local files: comma-separated globs of .txt/.jsonl/.jsonl.gz/.parquet (replaces tfds_name)
     c.data.eval_files = ""            # "" -> hold out data.eval_fraction of data.files (by a hash of each document)
     c.data.eval_fraction = 0.01
-    c.data.cache_dir = ""             # token cache for data.files; "" -> ~/.cache/transformer
+    c.data.cache_dir = ""             # token cache (every source); "" -> next to a TFDS dataset, ~/.cache/transformer for files
     c.data.tokenizer = "bytes"        # bytes | sentencepiece | a SentencePiece .model path | a tokenizer.json path
     c.data.vocab_size = 1024          # sentencepiece only
     c.data.seq_len = 256
@@ -65,8 +65,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.batch_size = 16           # global, across all processes
     c.train.learning_rate = 1e-3
     c.train.warmup_steps = -1           # -1: min(100, 10% of train.steps); an explicit count must be <= steps
-    c.train.schedule = "cosine"       # cosine | linear | constant
+    c.train.schedule = "cosine"       # cosine | linear | constant | wsd (warm-up, stable, decay)
     c.train.final_lr_fraction = 0.1   # decay ends at this fraction of the peak
+    c.train.decay_fraction = 0.2      # wsd: the last fraction of train.steps spent decaying ("1 - sqrt" shape)
     c.train.weight_decay = 0.1
     c.train.b1 = 0.9
     c.train.b2 = 0.95
@@ -87,6 +88,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
     c.mesh.rules = DEFAULT_RULES
+
+    # What a run reports about itself, never what it computes: left out of a sweep run's id, and may change
+    # when a run resumes (transformer/training/wandb_run.py, profiler.py).
+    c.logging = ml_collections.ConfigDict()
+    c.logging.wandb = False           # also log metrics rows, config and summary to Weights & Biases (extra: wandb)
+    c.logging.wandb_project = "transformer"
+    c.logging.wandb_entity = ""       # "" -> your default W&B entity
+    c.logging.wandb_mode = "online"   # online | offline (files under DIR/wandb/; upload later with `wandb sync`)
+    c.logging.wandb_group = ""        # "" -> none; a sweep's runs get the sweep directory's name
+    c.logging.profile_start = 0       # >0: trace steps profile_start .. +profile_count-1 into DIR/profile/
+    c.logging.profile_count = 5       # (steps numbered as in metrics.jsonl: step 1 is the first update)
 
     c.distributed = ml_collections.ConfigDict()
     c.distributed.coordinator_address = ""

@@ -15,10 +15,13 @@ from transformer.config import ConfigError, model_defaults
 # one tied table for source, target and output.
 VASWANI = dict(positional="sinusoidal", norm="layernorm", norm_position="post", activation="relu",
                scale_embeddings=True, tie_embeddings=True, use_bias=True)
-# T5 v1.1-like: pre-LN RMSNorm, no biases, GeGLU, untied head. T5's relative position bias is not
-# implemented: RoPE in self-attention stands in for it (cross-attention has no positions).
-T5 = dict(positional="rope", norm="rmsnorm", norm_position="pre", activation="geglu", scale_embeddings=False,
-          tie_embeddings=False, use_bias=False, norm_eps=1e-6)
+# T5 v1.1-like: T5's bucketed relative position bias in self-attention (32 buckets, max distance 128; one
+# table per stack, bidirectional in the encoder, unidirectional in the decoder; cross-attention has no
+# positions), pre-LN RMSNorm, no biases, GeGLU, untied head. Unlike T5, q·k keeps its 1/sqrt(head_dim)
+# (T5 folds it into its initialisation; export to Hugging Face folds it into the query kernels).
+T5 = dict(positional="t5_relative", relative_num_buckets=32, relative_max_distance=128, norm="rmsnorm",
+          norm_position="pre", activation="geglu", scale_embeddings=False, tie_embeddings=False, use_bias=False,
+          norm_eps=1e-6)
 
 PRESETS = {
     "default": dict(VASWANI, d_model=128, num_layers=2, num_encoder_layers=2, num_heads=4, d_ff=512),

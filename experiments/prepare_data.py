@@ -1,8 +1,11 @@
-"""Tokenize a config's local files into the token cache ahead of training:
+"""Tokenize a config's data into the token cache ahead of training:
 python -m experiments.prepare_data --config=configs/lm.py[:PRESET] [--config.data.files=GLOB ...]
+python -m experiments.prepare_data --config=configs/sweeps/NAME.py [--config.base.data.KEY=V ...]
 
-Training does the same on first use; this builds the cache once, e.g. before a sweep (every run of
-the sweep then reads it). Prints the cache's directory and its document/token/byte counts.
+Training does the same on first use; this builds the cache once, e.g. before a sweep (every run of the
+sweep then reads it, and the sweep's --dry_run can show each run's epochs). The data is local files
+(`data.files`) or a TFDS dataset (`data.tfds_name`); a sweep config's data is its `base.data`. Prints the
+cache's directory and its document/token/byte counts per split.
 """
 from __future__ import annotations
 
@@ -18,13 +21,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. con
 
 def main(argv: list[str]) -> None:
     del argv
-    from transformer.data import documents, get_tokenizer, token_cache
-    from transformer.config import ConfigError
+    from transformer.data import get_tokenizer, token_cache
 
-    data_cfg = _CONFIG.value.data
-    if not documents.uses_files(data_cfg):
-        raise ConfigError("data.files is empty: prepare_data tokenizes local files (TFDS datasets are read "
-                          "directly); set --config.data.files=GLOB")
+    config = _CONFIG.value
+    data_cfg = config.base.data if "base" in config else config.data
     path = token_cache.ensure_cache(data_cfg, get_tokenizer(data_cfg))
     meta = token_cache.read_meta(path)
     print(json.dumps({"cache": path, **{s: {k: meta[s][k] for k in ("documents", "tokens", "bytes")}

@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
-from transformer.sweeps import runner
+from transformer.sweeps import outcome, runner, slurm
 from transformer.models.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
@@ -38,19 +38,47 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
+def _train_split_tokens(data: dict, known: dict) -> int | None:
+    """Tokens of the training split from the token cache's meta.json (None until the data is tokenized:
+    a dry run builds, trains and writes nothing)."""
+    import json
+
+    import ml_collections
+
+    from transformer.data import token_cache
+
+    key = json.dumps(data, sort_keys=True)
+    if key not in known:
+        path = token_cache.existing_cache(ml_collections.ConfigDict(data))
+        known[key] = int(token_cache.read_meta(path)["train"]["tokens"]) if path else None
+    return known[key]
+
+
 def print_table(doc: dict) -> None:
-    """The dry run's table of runs and the time estimate."""
+    """The dry run's table of runs (with epochs: passes over the training split's tokens) and the time
+    estimate; warns where the data repeats."""
+    from transformer.data import token_cache
     from transformer.sweeps.grid import format_flops
 
+    known: dict = {}
+    epochs = [token_cache.epochs(r["tokens"], _train_split_tokens(r["config"]["data"], known)) for r in doc["runs"]]
     print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
-    print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'steps':>7} {'batch':>5} {'lr':>9} "
+    print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'epochs':>7} {'steps':>7} {'batch':>5} {'lr':>9} "
           f"{'C (FLOPs)':>10} {'est.':>8}")
-    for i, r in enumerate(doc["runs"]):
-        print(f"{i:>3}  {r['run_id']:<34} {r['params']:>11,} {r['tokens']:>13,} {r['steps']:>7} "
-              f"{r['batch_size']:>5} {r['learning_rate']:>9.3g} {format_flops(r['flops']):>10} "
+    for i, (r, e) in enumerate(zip(doc["runs"], epochs)):
+        print(f"{i:>3}  {r['run_id']:<34} {r['params']:>11,} {r['tokens']:>13,} {'?' if e is None else f'{e:.3g}':>7} "
+              f"{r['steps']:>7} {r['batch_size']:>5} {r['learning_rate']:>9.3g} {format_flops(r['flops']):>10} "
               f"{_duration(r['estimated_seconds']):>8}")
     for note in doc["notes"]:
         print(f"note: {note}")
+    repeated = [e for e in epochs if e is not None and e > 1]
+    if repeated:
+        print(f"warning: {len(repeated)} runs see their training data more than once (up to {max(repeated):.2g} "
+              f"epochs): up to ~4 epochs repeated tokens are worth almost as much as fresh ones, beyond that much "
+              f"less, and a fit that assumes fresh data overstates what more tokens buy (Muennighoff et al. 2023)")
+    if any(e is None for e in epochs):
+        print("note: epochs (?) are unknown until the data is tokenized: python -m experiments.prepare_data "
+              "--config=<this sweep's config> (or the first run) builds the token cache")
     s = doc["sweep"]
     total_flops = sum(r["flops"] for r in doc["runs"])
     print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(doc['estimated_seconds'])} in one process "
@@ -78,9 +106,31 @@ def _worker(workdir: str, index: int) -> None:
                                          max_retries=doc["sweep"].get("max_retries", 0))
         print(f"{run['run_id']}: {row['status'] if row else 'preempted'}", flush=True)
     if _FIT_WHEN_DONE.value and code != 3:
-        runner.finish_once(workdir, doc)
+        outcome.finish_once(workdir, doc)
     if code:
         raise SystemExit(code)
+
+
+def _dry_run(workdir: str, config) -> None:
+    from transformer.sweeps import plan
+
+    rows = {r["run_id"]: r for r in runner.results.read_results(workdir)} if os.path.isdir(workdir) else {}
+    p = plan.design(config, rows, outcome.load_prediction(workdir) if rows else None, preview=True)
+    doc = runner.sweep_document(config, p)
+    if _LAUNCHER.value == "slurm":
+        print(slurm.slurm_script(workdir, doc), end="")
+        return
+    print_table(doc)
+    staged = [k for k, on in (("lr_calibration", bool(config.sweep.lr_calibration.d_models)),
+                              ("recenter", config.sweep.recenter), ("validate_flops", bool(config.sweep.validate_flops)))
+              if on]
+    if staged:
+        print(f"note: a staged sweep ({', '.join('sweep.' + k for k in staged)}): later stages are designed from the "
+              f"results of earlier ones at run time; this plan assumes the priors (learning-rate rule, N_opt = "
+              f"G·C^a) for them")
+    left, done = runner.pending_runs(workdir, doc["runs"])
+    print(f"{len(left)} runs would train" + (f" ({len(done)} already recorded in {workdir}/results.jsonl)"
+                                             if done else ""))
 
 
 def main(argv: list[str]) -> None:
@@ -97,47 +147,45 @@ def main(argv: list[str]) -> None:
     if _CONFIG.value.sweep.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
         raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
                           f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
-    from transformer.sweeps import grid
-
     config = _CONFIG.value
-    runs, notes = grid.design(config)
-    doc = runner.sweep_document(config, runs, notes, [grid.estimate_seconds([r], config.sweep) for r in runs])
     if _DRY_RUN.value:
-        print(runner.slurm_script(workdir, doc) if _LAUNCHER.value == "slurm" else "", end="")
-        if _LAUNCHER.value == "local":
-            print_table(doc)
-            left, done = runner.pending_runs(workdir, doc["runs"])
-            print(f"{len(left)} runs would train" + (f" ({len(done)} already recorded in {workdir}/results.jsonl)"
-                                                     if done else ""))
-        return
+        return _dry_run(workdir, config)
     if _LAUNCHER.value == "slurm":
-        runner.require_sbatch()
-        runner.write_sweep(workdir, doc)
-        print(runner.submit_slurm(workdir, doc))
+        slurm.require_sbatch()
+        p, doc = runner.plan_and_write(workdir, config)
+        while p.waiting == "prediction":
+            outcome.predict(workdir, doc)
+            p, doc = runner.plan_and_write(workdir, config)
+        todo, _ = runner.pending_runs(workdir, doc["runs"])
+        ready = [r["index"] for r in todo if runner.branch_ready(workdir, r, [])]
+        if not ready:
+            print("no run is ready to train (they wait for runs not yet recorded)" if todo else
+                  "every run is recorded; nothing to submit")
+            return
+        print(slurm.submit_slurm(workdir, doc, ready))
+        if p.waiting or len(ready) < len(todo):
+            print(f"submitted {len(ready)} runs; rerun this command when they have finished to submit the next "
+                  f"ones{' (' + p.waiting + ' decides the next stage)' if p.waiting else ''}")
         return
-    runner.write_sweep(workdir, doc)
     if _RETRY.value:
+        os.makedirs(workdir, exist_ok=True)
         retried = runner.results.drop_failed(workdir)
         print(f"retrying {len(retried)} failed runs", flush=True)
-    for note in notes:
-        print(f"note: {note}", flush=True)
-    if _PARALLEL.value > 1:
-        code = runner.run_parallel(workdir, doc, _PARALLEL.value)
-    else:
+    if _PARALLEL.value == 1:
         setup_jax(config.base)
-        code = runner.run_in_process(workdir, doc, _VERBOSE.value)
+    code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
+    for note in doc["notes"]:
+        print(f"note: {note}", flush=True)
+    if code == runner.OTHER_RUNNERS:  # the rest is being trained by other runners on this DIR
+        print(f"some runs are claimed by other runners on {workdir}; the last runner to finish fits", flush=True)
+        return
     if code:
         raise SystemExit(code)
-    if not runner.all_recorded(workdir, doc):  # the rest is being trained by other runners on this DIR
-        left = runner.pending_runs(workdir, doc["runs"])[0]
-        print(f"{len(left)} runs are claimed by other runners on {workdir}; the last runner to finish fits",
-              flush=True)
-        return
     rows = runner.results.read_results(workdir)
     failed = [r["run_id"] for r in rows if r["status"] != "ok"]
     try:
         with runner.results.locked(os.path.join(workdir, "fit.lock")):  # runners finishing together: one at a time
-            fit = runner.finish(workdir, doc)
+            fit = outcome.finish(workdir, doc)
     except Exception as e:  # the runs are safe in results.jsonl; the fit can be redone on its own
         again = ("python -m experiments.fit --sweep=" + workdir + " --out=" + os.path.join(workdir, "fit")
                  if doc["mode"] == "isoflop" else "this command")

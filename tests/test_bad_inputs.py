@@ -36,7 +36,7 @@ CASES = [
     ("train_zero_seq_len", TRAIN + ["--config.data.seq_len=0"], r"data\.seq_len=0 must be a positive integer"),
     ("train_bad_choice", TRAIN + ["--config.train.nonfinite=maybe"], r"train\.nonfinite='maybe'.*one of stop, skip"),
     ("train_bad_schedule", TRAIN + ["--config.train.schedule=step"], r"train\.schedule='step'.*cosine, linear, constant"),
-    ("train_bad_positional", TRAIN + ["--config.model.positional=alibi"], r"model\.positional='alibi'.*rope"),
+    ("train_bad_positional", TRAIN + ["--config.model.positional=xpos"], r"model\.positional='xpos'.*rope"),
     ("train_unknown_preset", ["experiments.train", "--config=configs/lm.py:gpt5", "--workdir={work}/run"],
      r"--config: unknown preset 'gpt5'.*valid presets: .*gpt2_tiny"),
     ("train_missing_config_file", ["experiments.train", "--config=configs/nope.py", "--workdir={work}/run"],

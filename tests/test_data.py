@@ -1,7 +1,6 @@
-"""The data layer: the stdlib_py corpus, tokenizers and the grain LM pipeline."""
+"""The data layer: the stdlib_py corpus, tokenizers, its token cache and the LM pipeline over it."""
 from __future__ import annotations
 
-import collections
 import json
 import math
 import os
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs.common import base_config
-from transformer.data import corpus, pipeline, tokenizers
+from transformer.data import corpus, pipeline, token_cache, tokenizers
 from transformer.models.config import ConfigError
 
 
@@ -138,12 +137,13 @@ def _documents(stream: np.ndarray, bos: int) -> list[bytes]:
     return [stream[a:b].tobytes() for a, b in zip(starts, list(starts[1:]) + [len(stream)])]
 
 
-def _expected_documents(cfg, split, indices=None) -> list[bytes]:
+def _expected_documents(cfg, split) -> list[bytes]:
+    """bos + tokens + eos of every non-empty record of `split`, in record order (tokenized here)."""
     tok = tokenizers.get_tokenizer(cfg)
     src = corpus.load_split(cfg, split)
     bos, eos = [tok.bos_id], [tok.eos_id]
     return [np.concatenate([bos, tok.encode(src[i]["text"]), eos]).astype(np.int32).tobytes()
-            for i in (range(len(src)) if indices is None else indices)]
+            for i in range(len(src)) if src[i]["text"]]
 
 
 def test_packing_reconstructs_documents_with_consistent_metadata(data_cfg):
@@ -181,19 +181,67 @@ def test_packing_reconstructs_documents_with_consistent_metadata(data_cfg):
     assert _documents(_stream(rows), bos=1) == _expected_documents(cfg, "validation")
 
 
-def test_process_shards_are_disjoint_and_cover_the_split(data_cfg):
-    cfg = _cfg(data_cfg, seq_len=128)
-    shards = []
-    for index in range(2):
-        batches = list(pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=8, seed=0,
-                                                 process_index=index, process_count=2, shuffle=False,
-                                                 repeat=False))
-        assert batches[0]["inputs"].shape == (4, 128)
-        shards.append(collections.Counter(_documents(_stream(_rows(batches)), bos=1)))
-    assert shards[0] and shards[1]
-    assert shards[0] + shards[1] == collections.Counter(_expected_documents(cfg, "validation"))
+def test_process_shards_are_row_slices_of_the_global_batch(data_cfg):
+    """Process p of n reads rows [p·B, (p+1)·B) of the same global batch: the batches of a step do not
+    depend on the process count (train split, shuffled, across an epoch boundary of the eval split)."""
+    for split, steps in (("train", 3), ("validation", 110)):
+        cfg = _cfg(data_cfg, seq_len=64 if split == "train" else 1023)
+        kw = dict(split=split, global_batch_size=8, seed=0)
+        one = pipeline.make_lm_iterator(cfg, **kw)
+        quarters = [pipeline.make_lm_iterator(cfg, process_index=p, process_count=4, **kw) for p in range(4)]
+        for _ in range(steps):
+            whole, parts = next(one), [next(q) for q in quarters]
+            assert parts[0]["inputs"].shape == (2, cfg.seq_len)
+            for k in whole:
+                np.testing.assert_array_equal(whole[k], np.concatenate([p[k] for p in parts]), err_msg=k)
+    eval_tokens = token_cache.read_meta(token_cache.cache_path(cfg, tokenizers.ByteTokenizer()))["eval"]["tokens"]
+    assert steps * 8 * 1024 > eval_tokens  # the second epoch of the eval split was reached
     with pytest.raises(ConfigError, match="train.batch_size=7.*process count"):
         pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=7, seed=0, process_count=2)
+
+
+@pytest.mark.parametrize("task", ["mlm", "span_corruption", "classify"])
+def test_task_batches_do_not_depend_on_the_process_count(task, data_cfg):
+    """Masking and span noise draw per global row, classification snippets are global rows too: two
+    processes' batches are the rows of one process's, and a restored iterator continues the same way."""
+    from transformer.data import classification, mlm, span_corruption
+
+    cfg = _cfg(data_cfg, seq_len=64, noise_density=0.15, mean_noise_span_length=3.0)
+    make = {"mlm": mlm.make_mlm_iterator, "span_corruption": span_corruption.make_span_corruption_iterator,
+            "classify": classification.make_classification_iterator}[task]
+    kw = dict(split="train", global_batch_size=8, seed=4)
+    one = make(cfg, **kw)
+    halves = [make(cfg, process_index=p, process_count=2, **kw) for p in range(2)]
+    for _ in range(3):
+        whole, parts = next(one), [next(h) for h in halves]
+        for k in whole:
+            np.testing.assert_array_equal(whole[k], np.concatenate([p[k] for p in parts]), err_msg=k)
+    resumed = make(cfg, process_index=1, process_count=2, **kw)
+    resumed.set_state(json.loads(json.dumps(one.get_state())))
+    after, again = next(one), next(resumed)
+    for k in after:
+        np.testing.assert_array_equal(after[k][4:], again[k], err_msg=k)
+
+
+def test_tfds_split_is_tokenized_once_into_a_cache_next_to_the_dataset(data_cfg):
+    cfg = _cfg(data_cfg, seq_len=64)
+    path = token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False)
+    assert os.path.dirname(os.path.dirname(path)) == cfg.data_dir  # <data_dir>/tokens/<key>
+    meta = token_cache.read_meta(path)
+    built = os.stat(os.path.join(path, "meta.json")).st_mtime_ns
+    next(pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=4, seed=0))
+    assert os.stat(os.path.join(path, "meta.json")).st_mtime_ns == built  # read, not rebuilt
+    src = corpus.load_split(cfg, "validation")
+    texts = [src[i]["text"] for i in range(len(src)) if src[i]["text"]]
+    assert meta["eval"]["documents"] == len(texts) and meta["eval"]["bytes"] == sum(map(len, texts))
+    assert meta["eval"]["tokens"] == sum(map(len, texts)) + 2 * len(texts)  # bytes: one token each, + bos, eos
+    cached = token_cache.open_split(path, "eval")
+    assert [cached.tokens[a:b].astype(np.int32).tobytes() for a, b in zip(cached.offsets[:-1], cached.offsets[1:])] \
+        == _expected_documents(cfg, "validation")
+    # another split choice or tokenizer: another cache
+    assert token_cache.cache_path(_cfg(cfg, eval_split="train"), tokenizers.ByteTokenizer()) != path
+    sp = tokenizers.get_tokenizer(_cfg(cfg, tokenizer="sentencepiece", vocab_size=512))
+    assert token_cache.cache_path(cfg, sp) != path
 
 
 def test_eval_batches_identical_across_calls(data_cfg):
@@ -233,39 +281,27 @@ def test_iterator_resume_gives_identical_batches(data_cfg, tmp_path):
         got = [next(fresh) for _ in range(3)]
         assert all(np.array_equal(a[k], b[k]) for a, b in zip(expected, got) for k in a), restore
     mngr.close()
+    with pytest.raises(ValueError, match="not a global batch index.*older version"):
+        make().set_state({"next_index": 7})  # a per-process position from before: refused, not misread
 
 
-def test_json_state_without_partial_document_resumes_exactly():
-    """grain's packer marks "no partial document" with a tuple that JSON turns into a list."""
-    def make():
-        docs = grain.MapDataset.range(50).map(
-            lambda i: {"tokens": np.arange(10 * i, 10 * i + 5 + (i % 3) * 5, dtype=np.int32)})
-        packed = grain.experimental.ConcatThenSplitIterDataset(docs.to_iter_dataset(),
-                                                               length_struct={"tokens": 5})
-        return iter(pipeline._RestoreSliceTuples(packed))
-    it = make()
-    next(it)
-    state = json.loads(json.dumps(it.get_state()))
-    assert state["remainder_slices"]["tokens"] == [-1, -1]
-    expected = [next(it)["tokens"] for _ in range(4)]
-    fresh = make()
-    fresh.set_state(state)
-    assert all(np.array_equal(a, next(fresh)["tokens"]) for a in expected)
-
-
-def test_worker_processes_deliver_every_token_once(data_cfg):
-    """Each worker packs its own slice of documents, so compare token counts, not the row order."""
-    cfg = _cfg(data_cfg, seq_len=256, worker_count=2)
-    it = pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=8, seed=0, shuffle=False,
-                                   repeat=False)
+def test_worker_processes_give_the_same_batches_from_a_restored_position(data_cfg):
+    """grain worker processes compute batch s from its global index: the same batches as in-process
+    reading, in the same order, starting at a restored position."""
+    cfg = _cfg(data_cfg, seq_len=256)
+    kw = dict(split="validation", global_batch_size=8, seed=0, shuffle=True, repeat=True)
+    local = pipeline.make_lm_iterator(cfg, **kw)
+    expected = [next(local) for _ in range(6)][2:]
+    workers = pipeline.make_lm_iterator(_cfg(cfg, worker_count=2), **kw)
+    workers.set_state(json.loads(json.dumps({"next_batch": 2})))
     try:
-        batches = list(it)
+        got = [next(workers) for _ in range(4)]
     finally:
-        it.close()
-    assert all(b["inputs"].shape == (8, 256) for b in batches)
-    got = _stream(_rows(batches))  # interleaved workers' streams: right tokens, mixed order
-    expected = np.concatenate([np.frombuffer(d, np.int32) for d in _expected_documents(cfg, "validation")])
-    assert np.array_equal(np.bincount(got, minlength=259), np.bincount(expected, minlength=259))
+        workers.close()
+    assert workers.get_state() == {"next_batch": 6}
+    for a, b in zip(expected, got):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def test_unigram_entropy(data_cfg):

@@ -94,14 +94,16 @@ def test_documents_read_every_format_and_hold_out_by_content(folder, tmp_path):
 
 
 def test_packing_matches_grain_concat_then_split(folder, tmp_path):
-    """Rows packed from the cache equal the TFDS pipeline's (grain ConcatThenSplit) on the same documents."""
+    """Rows packed from the cache equal grain's ConcatThenSplit packing of the same documents."""
     cfg = data_config(tmp_path, folder)
     tok = tokenizers.ByteTokenizer()
     path = token_cache.ensure_cache(cfg, tok, verbose=False)
-    docs = [t.encode() for t in documents.iter_split(cfg, "train")]
-    source = grain.MapDataset.source([{"text": d} for d in docs]).map(pipeline._Tokenize(tok))
-    expected = list(grain.experimental.ConcatThenSplitIterDataset(
-        source.to_iter_dataset(), length_struct={"tokens": 17}).map(pipeline._ToLM()))
+    docs = [np.concatenate([[tok.bos_id], tok.encode(t), [tok.eos_id]]).astype(np.int32)
+            for t in documents.iter_split(cfg, "train")]
+    source = grain.MapDataset.source([{"tokens": d} for d in docs])
+    expected = [pipeline.lm_features(r["tokens"], r["tokens_segment_ids"], r["tokens_positions"])
+                for r in grain.experimental.ConcatThenSplitIterDataset(source.to_iter_dataset(),
+                                                                       length_struct={"tokens": 17})]
     rows = packed.PackedRows(path, "train", 17, seed=0, shuffle=False, repeat=False)
     assert rows.num_rows == len(expected)
     r = rows.rows(0, len(expected))
@@ -109,6 +111,58 @@ def test_packing_matches_grain_concat_then_split(folder, tmp_path):
     for i, row in enumerate(expected):
         for key, value in row.items():
             np.testing.assert_array_equal(got[key][i], value, err_msg=f"row {i} {key}")
+
+
+def test_shuffled_epochs_are_whole_permutations_of_the_documents(folder, tmp_path):
+    """Rows read across several shuffled epochs (one read spanning them all): each epoch of the stream is every
+    document once, whole, in its own order; segment ids and positions restart exactly at document starts."""
+    cfg = data_config(tmp_path, folder)
+    tok = tokenizers.ByteTokenizer()
+    path = token_cache.ensure_cache(cfg, tok, verbose=False)
+    docs = sorted(np.concatenate([[1], tok.encode(t), [2]]).astype(np.int32).tobytes()
+                  for t in documents.iter_split(cfg, "train"))
+    rows = packed.PackedRows(path, "train", 17, seed=5, shuffle=True, repeat=True)
+    S = rows.total_tokens
+    count = -(-7 * S // (2 * 17))  # 3.5 epochs
+    r = rows._stream_rows(3, count)  # from stream row 3 (token 51): the read starts inside epoch 0
+    stream = r["tokens"].ravel()
+    orders = []
+    for e in (1, 2):               # the epochs read whole: stream tokens [e·S, (e+1)·S)
+        epoch = stream[e * S - 51:(e + 1) * S - 51]
+        starts = np.flatnonzero(epoch == 1)
+        assert starts[0] == 0      # an epoch starts with a document
+        pieces = [epoch[a:b].tobytes() for a, b in zip(starts, list(starts[1:]) + [len(epoch)])]
+        assert sorted(pieces) == docs
+        orders.append(pieces)
+    assert orders[0] != orders[1]  # each epoch in its own order
+    seg, pos = r["segment_ids"], r["positions"]
+    starts_CR = r["tokens"] == 1
+    assert (seg > 0).all()
+    new_CR = np.concatenate([np.ones((count, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    assert np.array_equal(new_CR[:, 1:], starts_CR[:, 1:])  # a new segment exactly where a document starts
+    assert (pos[starts_CR] == 0).all() and (pos[:, 0] == 0).all()
+    assert (np.diff(pos, axis=1)[~new_CR[:, 1:]] == 1).all()
+
+
+def test_shuffled_rows_are_read_in_a_seeded_order_block_by_block(folder, tmp_path):
+    """Shuffled, each block of M = num_rows stream rows is read once, in its own seeded order: a batch's rows
+    come from all over the stream, not from one stretch of it (consecutive rows are mostly one document)."""
+    cfg = data_config(tmp_path, folder)
+    path = token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False)
+    rows = packed.PackedRows(path, "train", 17, seed=5, shuffle=True, repeat=True)
+    M = rows.num_rows
+    as_set = lambda r: sorted(x.tobytes() for x in np.concatenate([r["tokens"], r["segment_ids"], r["positions"]], 1))
+    for b in (0, 1):
+        read, stream = rows.rows(b * M, M), rows._stream_rows(b * M, M)
+        assert as_set(read) == as_set(stream)                         # every stream row of the block once
+        assert not np.array_equal(read["tokens"], stream["tokens"])   # ... not in stream order
+    first = rows.rows(0, 8)["tokens"]
+    order0 = [int(np.flatnonzero([np.array_equal(first[i], row) for row in rows._stream_rows(0, M)["tokens"]])[0])
+              for i in range(8)]
+    assert np.ptp(order0) > M // 4                                     # a batch spans the corpus
+    again = packed.PackedRows(path, "train", 17, seed=5, shuffle=True, repeat=True).rows(0, 8)["tokens"]
+    other = packed.PackedRows(path, "train", 17, seed=6, shuffle=True, repeat=True).rows(0, 8)["tokens"]
+    assert np.array_equal(first, again) and not np.array_equal(first, other)
 
 
 def test_batches_are_global_rows_split_across_processes(folder, tmp_path):
@@ -163,6 +217,18 @@ def test_train_on_mixed_files_with_a_tokenizer_file(kind, folder, tmp_path):
     assert resolved["model"]["vocab_size"] == -(-tok.vocab_size // 128) * 128
     meta = token_cache.read_meta(token_cache.cache_path(config.data, tok))
     assert (meta["bos_id"], meta["eos_id"]) == (tok.bos_id, tok.eos_id)
+    # accounting: the split's tokens and passes over them; bits per byte of the evaluated targets
+    assert summary["train_split_tokens"] == meta["train"]["tokens"]
+    assert summary["epochs"] == pytest.approx(3 * 8 * 16 / meta["train"]["tokens"], rel=1e-12)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        assert json.loads(f.readlines()[-1])["eval_bits_per_byte"] == summary["eval_bits_per_byte"]
+    if kind.endswith(".json"):  # the eval batch, its targets' bytes as the tokenizer decodes them one by one
+        batch = next(pipeline.make_lm_iterator(config.data, split=config.data.eval_split, global_batch_size=8,
+                                               seed=config.data.shuffle_seed))
+        w = batch["weights"].ravel()
+        target_bytes = np.sum(_decoded_bytes(tok, batch["targets"].ravel()) * w)
+        assert summary["eval_bits_per_byte"] == pytest.approx(
+            summary["eval_loss"] * w.sum() / (np.log(2) * target_bytes), rel=1e-5)
     cached = token_cache.open_split(token_cache.cache_path(config.data, tok), "train")
     first = next(documents.iter_split(config.data, "train"))
     np.testing.assert_array_equal(cached.tokens[1:cached.offsets[1] - 1], tok.encode(first))
@@ -361,6 +427,12 @@ def test_prepare_data_cli(folder, tmp_path):
     assert token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False) == result["cache"]
     assert os.stat(os.path.join(result["cache"], "meta.json")).st_mtime_ns == meta_mtime  # read, not rebuilt
     assert result["train"]["documents"] + result["eval"]["documents"] == 80
+    # a sweep config: its base.data
+    sweep = [c.replace("--config.data.", "--config.base.data.") for c in cmd]
+    sweep[sweep.index("--config=configs/lm.py:gpt2_tiny")] = "--config=configs/sweeps/quick.py"
+    done = subprocess.run(sweep, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["cache"] == result["cache"]
 
 
 def test_unigram_entropy_of_cached_files_counts_tokens_and_eos(folder, tmp_path):
@@ -391,3 +463,97 @@ def test_resume_on_files_equals_uninterrupted(folder, tmp_path):
     assert resumed["status"] == "ok" and resumed["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-6)
     losses = lambda d: [r["train_loss"] for r in read_metrics(str(d)) if "train_loss" in r]  # noqa: E731
     np.testing.assert_allclose(losses(tmp_path / "split")[-2:], losses(tmp_path / "whole")[-2:], rtol=1e-6)
+
+
+# ---- accounting: bits per byte, epochs ---------------------------------------------------------------
+
+def _tokenizer(kind: str, tmp_path) -> tokenizers.Tokenizer:
+    if kind == "bytes":
+        return tokenizers.ByteTokenizer()
+    if kind == "tokenizer.json":
+        path = str(tmp_path / "tokenizer.json")
+        train_hf_tokenizer(path, _texts(200, seed=1))
+        return tokenizers.load_tokenizer_file(path)
+    if kind == "trained sentencepiece":  # identity normalisation, no dummy prefix (tokenizers.train_sentencepiece)
+        return tokenizers.train_sentencepiece(_texts(200, seed=1), vocab_size=300)
+    return tokenizers.load_tokenizer_file(_sp_file(tmp_path))  # LLaMA-style: a dummy-prefix space per document
+
+
+@pytest.mark.parametrize("kind", ["bytes", "tokenizer.json", "trained sentencepiece", "llama-style .model"])
+def test_token_byte_lengths_add_up_to_the_text(kind, folder, tmp_path):
+    """Summed over every token of the cached eval split, byte_lengths() gives the UTF-8 bytes of its text as
+    counted from the files (meta.json), exactly; a dummy-prefix SentencePiece model adds one per document."""
+    tok = _tokenizer(kind, tmp_path)
+    cfg = data_config(tmp_path, folder, tokenizer="bytes")
+    path = token_cache.ensure_cache(cfg, tok, verbose=False)
+    meta, cached = token_cache.read_meta(path)["eval"], token_cache.open_split(path, "eval")
+    lengths_V = tok.byte_lengths()
+    assert lengths_V.shape == (tok.vocab_size,) and lengths_V[[tok.bos_id, tok.eos_id]].tolist() == [0, 0]
+    total = int(lengths_V[np.asarray(cached.tokens)].sum())
+    assert total == meta["bytes"] + (meta["documents"] if kind == "llama-style .model" else 0)
+
+
+def _decoded_bytes(tok: tokenizers.Tokenizer, ids) -> np.ndarray:
+    """Each id's bytes as the tokenizer's own decoder writes it alone (exact for these ASCII texts)."""
+    return np.array([len(tok.decode([int(i)]).encode("utf-8")) for i in ids], np.float64)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "tokenizer.json"])
+def test_bits_per_byte_divides_the_loss_by_the_bytes_of_the_evaluated_targets(kind, folder, tmp_path):
+    """A stand-in model that spends 0.7 nats per byte of each target token has 0.7 / ln 2 bits per byte with
+    either tokenizer, though its loss per token differs; a denominator that counted the wrong tokens (unweighted
+    targets, eos, the inputs) or tokens instead of bytes would not give that."""
+    import jax
+
+    from transformer.tasks.lm import LMTask
+    from transformer.training.run_io import evaluate
+
+    tok = _tokenizer(kind, tmp_path)
+    setting = str(tmp_path / "tokenizer.json") if kind == "tokenizer.json" else "bytes"
+    config = ml_collections.ConfigDict({"data": data_config(tmp_path, folder, tokenizer=setting, seq_len=32),
+                                        "train": {"batch_size": 4, "eval_steps": 3}})
+    seen = {"targets": 0.0}
+
+    def eval_fn(params, batch):
+        targets, weights = np.asarray(batch["targets"]), np.asarray(batch["weights"])
+        seen["targets"] += weights.sum()
+        nats = 0.7 * _decoded_bytes(tok, targets.ravel()).reshape(targets.shape)
+        return {"loss_sum": np.sum(nats * weights), "weight_sum": weights.sum(), "correct_sum": 0.0}
+
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    got = evaluate(eval_fn, None, LMTask(), config, sharding, 0, 1, tok.byte_lengths())
+    assert got["eval_bits_per_byte"] == pytest.approx(0.7 / np.log(2), rel=1e-12)
+    per_token = got["eval_loss"]  # nats per target token: 0.7 x the mean bytes per target
+    assert per_token == pytest.approx(0.7, rel=0.05) if kind == "bytes" else per_token > 1.5 * 0.7
+    assert seen["targets"] > 3 * 4 * 16  # three batches of mostly real targets were evaluated
+
+
+def test_sweep_dry_run_shows_epochs_and_warns_where_the_data_repeats(folder, tmp_path, capsys):
+    """experiments.sweep's dry-run table: epochs = D / the training split's tokens (from meta.json); `?` and how
+    to get them while the data is not tokenized (the dry run tokenizes nothing); a warning above 1 epoch."""
+    from experiments.sweep import print_table
+
+    cfg = data_config(tmp_path, folder)
+    def run(i: int, tokens: int) -> dict:
+        return {"run_id": f"d{i}", "params": 1000, "tokens": tokens, "steps": 10, "batch_size": 8,
+                "learning_rate": 1e-3, "flops": 6e3 * tokens, "estimated_seconds": 60.0,
+                "config": {"data": cfg.to_dict()}}
+
+    def epochs(out: str) -> list[str]:  # the epochs column of runs 0 and 1
+        return [line.split()[4] for line in out.splitlines() if line.split()[:2] in (["0", "d0"], ["1", "d1"])]
+
+    doc = {"name": "t", "mode": "isoflop", "notes": [], "estimated_seconds": 120.0,
+           "runs": [run(0, 100), run(1, 10**5)],
+           "sweep": {"estimate_flops_per_second": 1e9, "estimate_step_overhead_s": 0.01, "estimate_run_overhead_s": 5}}
+    print_table(doc)
+    out = capsys.readouterr().out
+    assert epochs(out) == ["?", "?"] and "unknown until the data is tokenized" in out and "warning" not in out
+    assert not os.path.exists(cfg.cache_dir)  # nothing built
+    split_tokens = token_cache.read_meta(token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False))[
+        "train"]["tokens"]
+    doc["runs"] = [run(0, split_tokens // 2), run(1, 2 * split_tokens)]  # half an epoch; 2 epochs
+    print_table(doc)
+    out = capsys.readouterr().out
+    assert epochs(out) == [f"{(split_tokens // 2) / split_tokens:.3g}", "2"]
+    assert "warning: 1 runs see their training data more than once (up to 2 epochs)" in out
+    assert "unknown" not in out

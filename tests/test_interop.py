@@ -140,8 +140,8 @@ def _save_bin(hf, path) -> None:
 def test_unsupported_inputs_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         from_pretrained(str(tmp_path))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(ConfigError, match="model_type='t5'.*gpt2, llama, bert"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bloom"}))
+    with pytest.raises(ConfigError, match="model_type='bloom'.*gpt2, llama, bert, t5"):
         from_pretrained(str(tmp_path))
     hf = _hf_model("gpt2_2l")
     hf.config.scale_attn_by_inverse_layer_idx = True

@@ -235,3 +235,30 @@ def test_norms():
     np.testing.assert_allclose(y, (x - mean) / jnp.sqrt(var + eps) * scale_D + bias_D, rtol=1e-5, atol=1e-5)
     no_bias = make_norm(ModelConfig(d_model=8, num_heads=2, use_bias=False), "n").init(jax.random.PRNGKey(0), x)
     assert set(no_bias["params"]) == {"scale"}
+
+
+@pytest.mark.parametrize("bias_shape,causal,K,S", [((1, N, 150, 150), True, 2, 150), ((2, 1, 150, 150), True, 1, 150),
+                                                  ((1, N, 150, 37), False, 4, 37)])
+def test_chunked_attention_with_a_bias_and_a_scale_equals_the_reference(bias_shape, causal, K, S):
+    """A position bias (shared by the batch, or by the heads) and a scale other than 1/sqrt(H): "chunked" and
+    its written-out backward, the bias's gradient included (T5's table trains through it), against einsum;
+    the einsum reference itself against jax.nn.dot_product_attention."""
+    T, rng = 150, np.random.default_rng(6)
+    q = jnp.asarray(rng.normal(size=(2, T, N, H)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, S, K, H)), jnp.float32) for _ in range(2))
+    bias = jnp.asarray(rng.normal(size=bias_shape) * 3, jnp.float32)
+    kw = dict(causal=causal, scale=0.7)
+
+    def loss(impl):
+        return lambda q, k, v, b: jnp.sum(jnp.sin(dot_product_attention(q, k, v, implementation=impl,
+                                                                        bias_BNTS=b, **kw)))
+
+    ref = jax.value_and_grad(loss("einsum"), argnums=(0, 1, 2, 3))(q, k, v, bias)
+    got = jax.jit(jax.value_and_grad(loss("chunked"), argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    for r, g in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=5e-5)
+    assert float(jnp.abs(ref[1][3]).max()) > 0.1          # the bias gradient is not trivially zero
+    out = dot_product_attention(q, k, v, implementation="einsum", bias_BNTS=bias, **kw)
+    direct = jax.nn.dot_product_attention(q, k, v, bias=jnp.broadcast_to(bias, (2, N, T, S)), scale=0.7,
+                                          mask=make_attention_mask(T, S, causal=causal))
+    np.testing.assert_allclose(out, direct, atol=1e-5)

@@ -156,6 +156,7 @@ def _expected_kind(path: str) -> str:
     ("mlm", "", {"tie_embeddings": False}),                           # BERT MLM head: transform, output bias
     ("mlm", "", {"num_classes": 3}),                                  # pooler + classifier
     ("seq2seq", "", {"scale_embeddings": False}),                     # cross-attention, two stacks
+    ("seq2seq", "", {"scale_embeddings": False, "positional": "t5_relative"}),  # T5's bias tables
 ])
 def test_every_parameter_is_classified_by_its_logical_names(family, preset, changes):
     module = {"lm": lm, "mlm": mlm, "seq2seq": seq2seq}[family]
@@ -203,20 +204,22 @@ def test_logits_are_the_standard_ones_times_base_over_width():
 
 
 @pytest.mark.parametrize("impl", ["einsum", "chunked"])
-def test_mup_attention_scores_are_q_dot_k_times_sqrt_base_head_dim_over_head_dim(impl):
-    """H = 16, H0 = 4: scores q·k/8 (μP's 1/H, equal to SP's 1/sqrt(H) at the base head dim), not SP's q·k/4;
-    folded into q, so the chunked implementation computes the same attention as the einsum reference."""
+@pytest.mark.parametrize("attention_scale,expected", [(0.0, np.sqrt(4) / 16), (1.0, 4 / 16)])
+def test_mup_attention_scores_scale_as_one_over_head_dim(impl, attention_scale, expected):
+    """H = 16, H0 = 4: μP's scores are q·k × (the base scale) × H0/H: with SP's 1/sqrt(H0) that is q·k/8, not SP's
+    q·k/4; with model.attention_scale=1 (T5) q·k/4. The implementations take it as their scale, so the chunked one
+    computes the same attention as the einsum reference."""
     from transformer.layers.attention import MultiHeadAttention
 
     cfg = ModelConfig(d_model=64, num_heads=4, d_ff=128, vocab_size=128, parametrization="mup", mup_base_width=64,
-                      mup_base_head_dim=4, positional="learned", attention_impl=impl)
+                      mup_base_head_dim=4, positional="learned", attention_impl=impl, attention_scale=attention_scale)
     x_BTD = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 64))
     attention = MultiHeadAttention(cfg, causal=True)
     params = nn.unbox(attention.init(jax.random.PRNGKey(1), x_BTD)["params"])
     q = jnp.einsum("btd,dnh->btnh", x_BTD, params["query"]["kernel"]) + params["query"]["bias"]
     k = jnp.einsum("btd,dnh->btnh", x_BTD, params["key"]["kernel"]) + params["key"]["bias"]
     v = jnp.einsum("btd,dnh->btnh", x_BTD, params["value"]["kernel"]) + params["value"]["bias"]
-    scores = jnp.einsum("btnh,bsnh->bnts", q, k) * np.sqrt(4) / 16
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k) * expected
     weights = jax.nn.softmax(jnp.where(np.tril(np.ones((8, 8), bool)), scores, -jnp.inf), axis=-1)
     out = jnp.einsum("bnts,bsnh,nhd->btd", weights, v, params["out"]["kernel"]) + params["out"]["bias"]
     got_out, got_weights = attention.apply({"params": params}, x_BTD, return_weights=True)
@@ -274,6 +277,8 @@ def test_training_loop_applies_mup_init_and_adam_learning_rates(corpus_dir, tmp_
     ({"parametrization": "mup", "mup_base_width": -32}, "model.mup_base_width=-32 must be a non-negative integer"),
     ({"parametrization": "mup", "mup_base_width": 32, "mup_base_head_dim": 2.5}, "model.mup_base_head_dim=2.5"),
     ({"parametrization": "mup", "mup_base_width": 32, "scale_embeddings": True}, "scale_embeddings=True .* μP"),
+    ({"parametrization": "mup", "mup_base_width": 32, "scale_tied_head": True, "family": "encoder_decoder"},
+     "scale_tied_head=True .* μP"),
 ])
 def test_bad_mup_settings_are_config_errors(changes, match):
     with pytest.raises(ConfigError, match=match):
@@ -290,13 +295,13 @@ def test_sp_ignores_the_mup_settings_and_export_refuses_a_mup_model():
 
 def test_mup_transfer_sweep_designs_the_same_scan_under_both_parametrizations():
     from configs.sweeps import mup_transfer
-    from transformer.sweeps.grid import design
+    from transformer.sweeps.plan import design
 
     scans = {}
     for parametrization in ("sp", "mup"):
         c = mup_transfer.get_config()
         c.base.model.parametrization = parametrization
-        runs, _ = design(c)
+        runs = design(c).runs
         scans[parametrization] = runs
         assert sorted({r.shape.d_model for r in runs}) == [32, 64, 128]          # 4x in width ...
         assert {r.shape.num_layers for r in runs} == {2} and len({r.tokens for r in runs}) == 1  # ... only

@@ -19,7 +19,7 @@ from configs.sweeps import quick
 from transformer.sweeps import run_groups, runner
 from transformer.models.config import ConfigError
 from transformer.scaling import lr_scan
-from transformer.sweeps import grid, results
+from transformer.sweeps import grid, plan, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,17 +45,29 @@ def _run(cmd: list[str], timeout: float = 420) -> subprocess.CompletedProcess:
 
 
 def test_run_ids_are_stable_and_content_derived():
-    ids = [r.run_id for r in grid.design(quick.get_config())[0]]
-    assert ids == [r.run_id for r in grid.design(quick.get_config())[0]]
+    ids = [r.run_id for r in plan.design(quick.get_config()).runs]
+    assert ids == [r.run_id for r in plan.design(quick.get_config()).runs]
     assert len(set(ids)) == len(ids)
     assert all(i.startswith("d") and "-C" in i and len(i.rsplit("-", 1)[1]) == 8 for i in ids)
     moved = quick.get_config()
     moved.base.data.data_dir = "/somewhere/else"  # where the data lives is not what a run computes
-    assert ids == [r.run_id for r in grid.design(moved)[0]]
+    assert ids == [r.run_id for r in plan.design(moved).runs]
     changed = quick.get_config()
     changed.sweep.lr_coefficient *= 1.5
-    new_ids = [r.run_id for r in grid.design(changed)[0]]
+    new_ids = [r.run_id for r in plan.design(changed).runs]
     assert all(a != b and a.rsplit("-", 1)[0] == b.rsplit("-", 1)[0] for a, b in zip(ids, new_ids))
+
+
+def test_a_new_model_option_at_its_default_keeps_the_run_ids():
+    """A config from before a model option existed (the key absent) and one with the option at its default
+    are the same runs; the option set to another value is another run."""
+    run = plan.design(quick.get_config()).runs[0]
+    older = run.config.copy_and_resolve_references()
+    del older.model["attention_scale"]  # as written before the option existed
+    assert grid.run_id("x", older) == grid.run_id("x", run.config)
+    other = run.config.copy_and_resolve_references()
+    other.model.attention_scale = 1.0
+    assert grid.run_id("x", other) != grid.run_id("x", run.config)
 
 
 @pytest.mark.parametrize("dense", [False, True])
@@ -63,7 +75,7 @@ def test_grid_straddles_prior_with_equal_flops(dense):
     c = quick.get_config()
     if dense:  # one layer, widths every 4: N grows smoothly, so the sizes can follow their targets
         c.sweep.update(dict(d_models=tuple(range(8, 400, 4)), head_dim=4, aspect_ratio=1e4, budgets=(1e12, 1e13)))
-    runs, _ = grid.design(c)
+    runs = plan.design(c).runs
     s = c.sweep
     for budget in s.budgets:
         group = sorted((r for r in runs if r.budget == budget), key=lambda r: r.size)
@@ -87,7 +99,7 @@ def test_grid_lr_rule_from_lr_fit(tmp_path):
     c = quick.get_config()
     c.sweep.lr_fit = str(path)
     c.sweep.lr_max = 1.0
-    for r in grid.design(c)[0]:
+    for r in plan.design(c).runs:
         assert r.learning_rate == pytest.approx(0.2 * r.params ** -0.3)
 
 
@@ -103,12 +115,12 @@ def test_bad_sweep_configs_name_the_setting(change, message):
     c = quick.get_config()
     c.sweep.update(change)
     with pytest.raises(ConfigError, match=message):
-        grid.design(c)
+        plan.design(c)
 
 
 def test_lr_scan_needs_three_points_and_designs_runs():
     c = lr_scan_config.get_config()
-    runs, _ = grid.design(c)
+    runs = plan.design(c).runs
     scan = c.sweep.lr_scan
     assert len(runs) == len(scan.d_models) * scan.num_lrs
     for d in scan.d_models:  # one token count per size, the learning rates a log grid
@@ -118,7 +130,7 @@ def test_lr_scan_needs_three_points_and_designs_runs():
                                    math.log(scan.lr_max / scan.lr_min) / (scan.num_lrs - 1), rtol=1e-3)
     c.sweep.lr_scan.num_lrs = 1
     with pytest.raises(ConfigError, match=r"sweep.lr_scan.num_lrs=1"):
-        grid.design(c)
+        plan.design(c)
 
 
 def test_lr_scan_analysis_finds_optimum_and_flags_edges(tmp_path):
@@ -169,8 +181,8 @@ def test_results_append_each_run_once_across_processes(tmp_path):
 
 def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     c = quick.get_config()
-    runs, notes = grid.design(c)
-    doc = runner.sweep_document(c, runs[:2], notes, [1.0, 1.0])
+    runs, notes = plan.design(c).runs, plan.design(c).notes
+    doc = runner.sweep_document(c, plan.Plan(runs[:2], notes))
     for r in doc["runs"]:
         r["config"]["model"]["activation"] = "bogus"  # fails before any training
     runner.write_sweep(str(tmp_path), doc)
@@ -221,8 +233,8 @@ def test_sweep_cli_killed_then_resumed_records_each_run_once(tmp_path, corpus_di
 def test_multirun_group_that_fails_falls_back_to_runs_one_by_one(tmp_path, capsys):
     c = lr_scan_config.get_config()
     c.sweep.multirun = True
-    runs, notes = grid.design(c)
-    doc = runner.sweep_document(c, runs[:2], notes, [1.0, 1.0])  # one size, two learning rates: one group
+    runs, notes = plan.design(c).runs, plan.design(c).notes
+    doc = runner.sweep_document(c, plan.Plan(runs[:2], notes))  # one size, two learning rates: one group
     for r in doc["runs"]:
         r["config"]["model"]["activation"] = "bogus"  # the group fails before any training, then each run
     runner.write_sweep(str(tmp_path), doc)
@@ -271,7 +283,7 @@ def test_cli_errors_and_slurm_dry_run(tmp_path):
     assert out.returncode == 2 and "budget 1e7 is too small" in out.stderr, out.stderr[-2000:]
     out = _run(_sweep_cmd(workdir, "--dry_run", "--launcher=slurm", "--config.sweep.slurm.time=02:00:00"))
     assert out.returncode == 0, out.stderr[-2000:]
-    n = len(grid.design(quick.get_config())[0])
+    n = len(plan.design(quick.get_config()).runs)
     assert out.stdout.startswith("#!/bin/bash")
     assert f"#SBATCH --array=0-{n - 1}\n" in out.stdout and "#SBATCH --time=02:00:00" in out.stdout
     assert "--run_index=$SLURM_ARRAY_TASK_ID" in out.stdout and f"--workdir={workdir}" in out.stdout
@@ -310,5 +322,5 @@ def test_lr_scan_cli_writes_lr_fit_that_an_isoflop_sweep_uses(tmp_path, corpus_d
     assert [s["size"] for s in fit["sizes"]] == sorted(r["params"] for r in results.read_results(workdir))[::3]
     c = quick.get_config()
     c.sweep.update(dict(lr_fit=os.path.join(workdir, "lr_fit.json"), lr_max=10.0))
-    for r in grid.design(c)[0]:
+    for r in plan.design(c).runs:
         assert r.learning_rate == pytest.approx(fit["coefficient"] * r.size ** fit["exponent"])

@@ -12,7 +12,7 @@ import time
 
 from configs.sweeps import quick
 from transformer.sweeps import runner
-from transformer.sweeps import claims, grid, results
+from transformer.sweeps import claims, plan, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO}
@@ -78,8 +78,8 @@ def test_stale_claim_is_taken_over_and_a_live_one_is_not(tmp_path):
 def _doc(tmp_path, n: int = 2, **sweep):
     c = quick.get_config()
     c.sweep.update(sweep)
-    runs, notes = grid.design(c)
-    doc = runner.sweep_document(c, runs[:n], notes, [1.0] * n)
+    runs, notes = plan.design(c).runs, plan.design(c).notes
+    doc = runner.sweep_document(c, plan.Plan(runs[:n], notes))
     runner.write_sweep(str(tmp_path), doc)
     return doc
 

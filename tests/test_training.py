@@ -207,7 +207,7 @@ def test_workdir_with_another_runs_config_is_refused(tmp_path, corpus_dir):
     (dict(model=dict(num_heads=3)), r"model.num_heads=3 does not divide model.d_model=64"),
     (dict(model=dict(num_kv_heads=3)), r"model.num_kv_heads=3 does not divide model.num_heads=4.*valid num_kv_heads: \[1, 2, 4\]"),
     (dict(model=dict(activation="tanh")), r"model.activation='tanh' is not valid; choose one of relu, gelu"),
-    (dict(model=dict(positional="alibi")), r"model.positional='alibi' is not valid; choose one of .*sinusoidal.*rope"),
+    (dict(model=dict(positional="xpos")), r"model.positional='xpos' is not valid; choose one of .*sinusoidal.*rope.*alibi"),
     (dict(mesh=dict(data=3)), r"mesh .* has 3 devices but 8 are available"),
     (dict(mesh=dict(data=-1, fsdp=3)), r"do not divide the 8 devices"),
     (dict(train=dict(batch_size=6)), r"train.batch_size=6 must be divisible by the data-parallel size 8"),

@@ -78,6 +78,11 @@ class ModelConfig:
     remat: str = "none"
     scan_layers: bool = False
     num_classes: int = 0             # encoder classification head (0: none)
+    # Position biases and Hugging Face T5 parity (positional=alibi | t5_relative; transformer/interop/hf_t5.py).
+    relative_num_buckets: int = 32   # t5_relative: rows of each stack's bias table (bidirectional: half per side)
+    relative_max_distance: int = 128  # t5_relative: offsets from here on share the last (logarithmic) bucket
+    attention_scale: float = 0.0     # multiplier of q·k; 0 means 1/sqrt(head_dim) (T5 folds it into init: 1.0)
+    scale_tied_head: bool = False    # encoder_decoder: hidden × d_model^-0.5 before the tied head (T5 v1.0)
     # μP (Yang et al. 2022; transformer/layers/mup.py): init, per-parameter Adam LR, output and attention scale.
     parametrization: str = "sp"      # sp (standard) | mup
     mup_base_width: int = 0          # mup: the d_model at which μP equals SP (where SP hyperparameters were tuned)
@@ -111,6 +116,7 @@ class ModelConfig:
             raise ConfigError(f"model.dropout_rate={self.dropout_rate!r} must be in [0, 1)")
         if self.rope_base <= 0:
             raise ConfigError(f"model.rope_base={self.rope_base!r} must be positive")
+        self._check_position_bias_settings()
         self._check_parametrization()
         if self.attention_impl == "cudnn":  # the only dtype rule of attention, checked once, here
             if self.dtype == "float32":
@@ -121,6 +127,25 @@ class ModelConfig:
                                   "path supports a left window only); use attention_impl='chunked' with "
                                   f"model.family={self.family!r} and model.sliding_window={self.sliding_window}")
 
+    def _check_position_bias_settings(self) -> None:
+        """The settings of the position-bias / T5-parity block above (names checked in models.resolve)."""
+        for name in ("relative_num_buckets", "relative_max_distance"):
+            _positive(f"model.{name}", getattr(self, name))
+        if self.relative_num_buckets < 4:
+            raise ConfigError(f"model.relative_num_buckets={self.relative_num_buckets} must be at least 4 (a "
+                              "bidirectional stack splits them by direction, then into exact and logarithmic halves)")
+        if self.relative_max_distance <= self.relative_num_buckets // 2:
+            raise ConfigError(f"model.relative_max_distance={self.relative_max_distance} must exceed "
+                              f"relative_num_buckets // 2 = {self.relative_num_buckets // 2} (the offsets that get a "
+                              "bucket each); T5 uses 32 buckets and 128")
+        if isinstance(self.attention_scale, bool) or not isinstance(self.attention_scale, (int, float)) \
+                or self.attention_scale < 0:
+            raise ConfigError(f"model.attention_scale={self.attention_scale!r} must be a number >= 0 "
+                              "(0 means 1/sqrt(head_dim))")
+        if self.scale_tied_head and not (self.tie_embeddings and self.family == "encoder_decoder"):
+            raise ConfigError("model.scale_tied_head=True (T5 v1.0's d_model^-0.5 before the tied head) needs "
+                              f"model.family='encoder_decoder' and model.tie_embeddings=True (got family="
+                              f"{self.family!r}, tie_embeddings={self.tie_embeddings})")
     def _check_parametrization(self) -> None:
         _choice("model.parametrization", self.parametrization, PARAMETRIZATIONS)
         for name in ("mup_base_width", "mup_base_head_dim"):
@@ -133,6 +158,10 @@ class ModelConfig:
             raise ConfigError("model.parametrization='mup' needs model.mup_base_width > 0: the d_model at which μP "
                               "equals the standard parametrization (the width your SP hyperparameters were tuned "
                               f"at), e.g. model.mup_base_width={self.d_model} makes this model the base")
+        if self.scale_tied_head:
+            raise ConfigError("model.scale_tied_head=True multiplies the hidden states by d_model^-0.5 before the "
+                              "tied head, which changes with width; μP (model.parametrization='mup') scales the "
+                              "readout by mup_base_width / d_model instead: set model.scale_tied_head=False")
         if self.scale_embeddings:
             raise ConfigError("model.scale_embeddings=True multiplies the embeddings by sqrt(d_model), which grows "
                               "with width; μP (model.parametrization='mup') needs width-independent embedding "

@@ -1,11 +1,25 @@
-"""The CPU IsoFLOP sweep: 4 budgets × 6 models (N ≈ 1e4–4e5), 39 min on 2 CPU cores with --parallel=2.
+"""The CPU IsoFLOP sweep: a scaling law measured on 2 CPU cores in under an hour (--parallel=2), then checked.
 
-python -m experiments.sweep --config=configs/sweeps/cpu.py --workdir=DIR [--dry_run]
-Byte tokenizer, seq_len 128, batch 32 (4,096 tokens per step), GPT-2-shaped models, head_dim 16.
-The prior centres each budget on 300 tokens per parameter, where the quick sweep's IsoFLOP minima sat
-(1e11–6e11 FLOPs), far above Chinchilla's 20 at these tiny, byte-level sizes. A first run centred on 50
-tokens per parameter (N 2.5e4–8.4e5) had its smallest model win every one of its first three budgets,
-so every budget was dropped as an edge minimum: the ladder now starts at d_model 16.
+python -m experiments.sweep --config=configs/sweeps/cpu.py --workdir=DIR --parallel=2 [--dry_run]
+
+Design (each choice measured or taken from the literature; README "What the cpu sweep gave here"):
+- Shapes: GPT-2 blocks at a fixed depth of 2 and head_dim 8, width d_model 16–160 in steps of 8, d_ff = 4·d:
+  N changes smoothly (≤ 0.35 in ln N between neighbours above d32) and no IsoFLOP curve mixes depths (the
+  previous ladder jumped 1 → 2 → 3 layers inside every curve, 0.26–0.29 nats a jump).
+- Budgets 1.25e12–1e13 FLOPs, 5 sizes each spanning 6× in N around the optimum: the prior (600 tokens per
+  parameter, byte-level tokens at these sizes) for the first, then re-centred on the power law through the
+  finished budgets' minima (sweep.recenter).
+- Learning rate from measurement: lr = c·N^-0.5, c calibrated at the first budget (so at the sweep's tokens per
+  parameter) on d32 and d56 at ½, 1 and 2× the rule (extended where the best is at an edge).
+- Batch 8 × 128 tokens with AdamW β2 = 0.99: small models train best with small batches, where β2 = 0.99
+  matters (Porian et al. 2024); every run takes ≥ 1,000 steps. Warm-up: N tokens (Porian et al.).
+- Warm-up–stable–decay with a 20% "1−sqrt" cooldown (Hägele et al. 2024): each size's run at a budget continues
+  from the decay start of its run at the budget before, so a size costs about its longest run plus the decays
+  instead of the sum of its runs; the schedule check trains the 3 sizes nearest the 2.5e12 optimum under
+  cosine too (DIR/fit/schedule_check.json).
+- Noise: the 3 sizes nearest the first budget's optimum train under 2 more seeds; the fits take σ from them.
+- The prediction check: after the grid, the fit predicts N_opt and the loss at 4e13 (4× the largest budget),
+  writes DIR/fit/predictions.json, then trains that model and reports the error (DIR/fit/validation.json).
 """
 from __future__ import annotations
 
@@ -15,14 +29,24 @@ from configs.sweeps import common
 
 
 def get_config() -> ml_collections.ConfigDict:
+    base = common.tiny_lm_base(seq_len=128, batch_size=8)
+    base.train.schedule = "wsd"
+    base.train.decay_fraction = 0.2
+    base.train.final_lr_fraction = 0.0
+    base.train.b2 = 0.99
+    base.train.eval_steps = 64  # 64 × 8 × 128 = 65k eval tokens, the same rows at every evaluation
     return common.make(dict(
         name="cpu",
-        budgets=(1e12, 2.5e12, 6e12, 1.5e13),
-        d_models=(16, 32, 48, 64, 80, 96, 128, 160, 192, 256),
-        head_dim=16, aspect_ratio=32.0,
-        sizes_per_budget=6, size_span=16.0, prior_tokens_per_param=300.0,
-        lr_coefficient=0.05, lr_exponent=-0.25, lr_max=1e-2,
-        warmup_fraction=0.05, warmup_min=10,
-        evals_per_run=4, checkpoints_per_run=4, logs_per_run=10,
-        estimate_flops_per_second=5e10, estimate_step_overhead_s=0.01, estimate_run_overhead_s=10.0,
-    ), common.tiny_lm_base(seq_len=128, batch_size=32))
+        budgets=(1.25e12, 2.5e12, 5e12, 1e13),
+        d_models=tuple(range(16, 161, 8)),
+        num_layers=2, head_dim=8, ffn_ratio=4.0,
+        sizes_per_budget=5, size_span=6.0, prior_tokens_per_param=600.0, recenter=True,
+        lr_coefficient=0.5, lr_exponent=-0.5, lr_max=3e-2,
+        lr_calibration=dict(d_models=(32, 56), multipliers=(0.5, 1.0, 2.0)),
+        warmup_tokens_per_param=1.0, warmup_min=20, min_steps=1000, branch=True,
+        seeds=dict(extra=2, sizes=3),
+        schedule_check=dict(budget=2.5e12, schedule="cosine", sizes=3),
+        validate_flops=4e13,
+        evals_per_run=2, checkpoints_per_run=4, logs_per_run=10,
+        estimate_flops_per_second=2.7e10, estimate_step_overhead_s=0.003, estimate_run_overhead_s=8.0,
+    ), base)

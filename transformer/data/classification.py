@@ -13,7 +13,9 @@ pre-trained on the corpus's train split has therefore seen the text (never the l
 classification validation files.
 A batch holds: inputs, segment_ids (1 real, 0 padding), positions int32 [B, T]; labels int32 [B, 1];
 weights float32 [B, 1] (0 on the all-padding rows that fill a last, partial batch). (The trailing 1
-lets every batch array share the [batch, seq] sharding.)
+lets every batch array share the [batch, seq] sharding.) Global batch s is snippets [s·G, (s+1)·G) of
+the (shuffled, repeated) snippet sequence; process p of n reads its contiguous B = G/n of them
+(batches.py), so the batches do not depend on the number of processes.
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ import ml_collections
 import numpy as np
 
 from transformer.data import corpus, tokenizers
+from transformer.data.batches import BatchIterator, local_batch_size
 from transformer.data.mlm import transform_seed
-from transformer.data.pipeline import local_batch_size
 from transformer.models.config import ConfigError
 
 DEFAULT_CLASSES = ("asyncio", "email", "encodings", "idlelib", "tkinter", "unittest")
@@ -137,9 +139,24 @@ class _Snippets:
                 "weights": np.ones(1, np.float32)}
 
 
+class _PaddedTo:
+    """`source` followed by all-zero rows (weights 0) up to `length` items."""
+
+    def __init__(self, source: grain.MapDataset, length: int):
+        self._source, self._length = source, length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if i < len(self._source):
+            return self._source[i]
+        return {k: np.zeros_like(v) for k, v in self._source[0].items()}
+
+
 def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
                                  seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                                 repeat: bool = True) -> grain.DatasetIterator:
+                                 repeat: bool = True) -> BatchIterator:
     """A checkpointable iterator over this process's labelled [B, T] batches (see the module docstring).
 
     `split` is data.train_split or data.eval_split, read as the classification split "train" or
@@ -147,11 +164,14 @@ def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: 
     """
     name = "validation" if split == data_cfg.eval_split else "train" if split == data_cfg.train_split else split
     batch_B = local_batch_size(global_batch_size, process_count)
-    snippets = grain.MapDataset.source(_Snippets(*load_snippets(data_cfg, name)))[process_index::process_count]
+    snippets = grain.MapDataset.source(_Snippets(*load_snippets(data_cfg, name)))
     if shuffle:
-        snippets = snippets.shuffle(seed=transform_seed(data_cfg, seed, 0, salt=3))
+        snippets = snippets.shuffle(seed=transform_seed(data_cfg, seed, salt=3))
     if repeat:
         snippets = snippets.repeat()
-    batches = snippets.to_iter_dataset().batch(
-        batch_B, batch_fn=functools.partial(grain.experimental.batch_and_pad, batch_size=batch_B))
-    return iter(batches)
+    else:  # whole global batches: the last one padded
+        padded = -(-len(snippets) // global_batch_size) * global_batch_size
+        snippets = grain.MapDataset.source(_PaddedTo(snippets, padded))
+    # item k of batch(B) is snippets [k·B, (k+1)·B): process p's part of global batch s is item s·n + p
+    return BatchIterator(snippets.batch(batch_B)[process_index::process_count],
+                         worker_count=int(data_cfg.get("worker_count", 0)))

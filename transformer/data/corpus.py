@@ -212,6 +212,11 @@ class TextSource:
     def __repr__(self) -> str:
         return f"TextSource({self._source!r}, text_feature={self._feature!r})"
 
+    @property
+    def dataset_info(self) -> Any:
+        """The TFDS DatasetInfo of the dataset the records come from."""
+        return self._source.dataset_info
+
 
 def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
     """The records of `split` of `data.tfds_name`: `len(src)`, `src[i]["text"]` (bytes)."""
@@ -240,6 +245,34 @@ def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
         raise ConfigError(f"data.text_feature={data_cfg.text_feature!r} is not a feature of "
                           f"{data_cfg.tfds_name}; choose one of {', '.join(features.keys())}")
     return TextSource(source, data_cfg.text_feature)
+
+
+def fingerprint(data_cfg: ml_collections.ConfigDict, splits: Sequence[str]) -> str:
+    """A hash of what defines the documents of `splits`: the dataset's full name (name/config/version),
+    each split's name, record count and size, the text feature and, for the built-in corpus, the Python
+    version and byte counts it was built from. A prepared TFDS version does not change, so its records
+    are not hashed."""
+    h = hashlib.sha256(f"text_feature={data_cfg.text_feature}".encode())
+    for split in splits:
+        info = load_split(data_cfg, split).dataset_info
+        h.update(f"|{info.full_name}|{split}|{info.splits[split].num_examples}|"
+                 f"{int(info.splits[split].num_bytes)}".encode())
+        if data_cfg.tfds_name == BUILTIN_NAME:
+            md = info.metadata
+            h.update(f"|{md['python_version']}|{md['total_bytes']}|{md['split_bytes']}".encode())
+    return "tfds:" + h.hexdigest()[:20]
+
+
+def is_prepared(data_cfg: ml_collections.ConfigDict) -> bool:
+    """Whether `data.tfds_name` is ready to read in the data dir, without building or writing anything."""
+    data_dir = resolve_data_dir(data_cfg)
+    try:
+        with _quiet_tfds():
+            if data_cfg.tfds_name == BUILTIN_NAME:
+                return StdlibPy(data_dir=data_dir, file_format="array_record").is_prepared()
+            return tfds.builder(data_cfg.tfds_name, data_dir=data_dir).is_prepared()
+    except Exception:  # noqa: BLE001 - an unknown or unreadable dataset is simply not prepared
+        return False
 
 
 def corpus_metadata(data_cfg: ml_collections.ConfigDict) -> dict[str, Any]:

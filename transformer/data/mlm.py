@@ -13,19 +13,17 @@ A batch holds, all [B, T]:
   segment_ids int32, positions int32: as in the LM pipeline.
 The MASK id is the tokenizer's vocab_size (one id appended to the vocabulary): a model needs a
 vocabulary of at least tokenizer.vocab_size + 1 (`mlm_vocab_size`).
-Masking draws from grain's `random_map`, seeded per element from (seed, element index): the same
-seed gives the same masks, and the iterator state (checkpointed with the model) resumes them exactly.
+Each row is masked with its own generator, seeded by (seed, global row index) (packed.RowTransform):
+the same seed gives the same masks for any number of processes, and a resumed iterator (its state is
+the next global batch index) masks exactly as an uninterrupted one.
 """
 from __future__ import annotations
 
-from typing import Any
-
-import grain
 import ml_collections
 import numpy as np
 
-from transformer.data import tokenizers
-from transformer.data.pipeline import make_lm_dataset
+from transformer.data import batches, tokenizers
+from transformer.data.pipeline import make_lm_iterator
 
 SELECT_RATE = 0.15
 MASK_FRACTION, RANDOM_FRACTION = 0.8, 0.1   # the remaining 0.1 keep their token
@@ -58,30 +56,34 @@ def bert_mask(tokens_BT: np.ndarray, segment_ids_BT: np.ndarray, rng: np.random.
             "weights": selected_BT.astype(np.float32)}
 
 
-class _BertMask(grain.transforms.RandomMap):
+class _BertMask:
+    """packed.RowTransform: each row masked with its own generator."""
+
     def __init__(self, tokenizer: tokenizers.Tokenizer):
         self._mask_token = mask_id(tokenizer)
         self._vocab_size = tokenizer.vocab_size
 
-    def random_map(self, batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-        masked = bert_mask(batch["inputs"], batch["segment_ids"], rng, mask_token=self._mask_token,
-                           vocab_size=self._vocab_size)
+    def __call__(self, batch: dict[str, np.ndarray], rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
+        rows = [bert_mask(batch["inputs"][b], batch["segment_ids"][b], rng, mask_token=self._mask_token,
+                          vocab_size=self._vocab_size) for b, rng in enumerate(rngs)]
+        masked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
         return masked | {"segment_ids": batch["segment_ids"], "positions": batch["positions"]}
 
 
-def transform_seed(data_cfg: ml_collections.ConfigDict, seed: int, process_index: int, salt: int) -> int:
-    """A 32-bit seed for a random per-batch transform, distinct per (shuffle seed, seed, process, transform)."""
-    return int(np.random.SeedSequence([int(data_cfg.shuffle_seed), int(seed), process_index, salt]).generate_state(1)[0])
+def transform_seed(data_cfg: ml_collections.ConfigDict, seed: int, salt: int) -> int:
+    """A 32-bit seed for a random transform, distinct per (shuffle seed, seed, transform); the same in
+    every process (rows then draw by their global index)."""
+    return int(np.random.SeedSequence([int(data_cfg.shuffle_seed), int(seed), salt]).generate_state(1)[0])
 
 
 def make_mlm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
                       process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                      repeat: bool = True) -> Any:
+                      repeat: bool = True) -> batches.BatchIterator:
     """A checkpointable iterator over this process's masked [B, T] batches (see the module docstring).
 
     Arguments as `make_lm_iterator`; `seed` also seeds the masking.
     """
-    tokenizer = tokenizers.get_tokenizer(data_cfg)
-    rows = make_lm_dataset(data_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
-                           process_index=process_index, process_count=process_count, shuffle=shuffle, repeat=repeat)
-    return iter(rows.random_map(_BertMask(tokenizer), seed=transform_seed(data_cfg, seed, process_index, salt=1)))
+    return make_lm_iterator(data_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
+                            process_index=process_index, process_count=process_count, shuffle=shuffle,
+                            repeat=repeat, transform=_BertMask(tokenizers.get_tokenizer(data_cfg)),
+                            transform_seed=transform_seed(data_cfg, seed, salt=1))

@@ -1,15 +1,19 @@
 """Packed rows from the token cache, addressable by a global index.
 
 The packed stream is the cache's documents (each bos + ids + eos) concatenated, epoch after epoch,
-each epoch in its own seeded permutation (or in file order, unshuffled); row i is stream tokens
+each epoch in its own seeded permutation (or in file order, unshuffled); stream row i is stream tokens
 [i·R, (i+1)·R) with R = T + 1, computed by offset arithmetic alone. A document cut by a row boundary
-continues in the next row as a new segment whose positions restart at 0 (as grain's ConcatThenSplit
-packs in pipeline.py). Batch s of the global batch G is rows [s·G, (s+1)·G); process p of n reads
-rows [s·G + p·G/n, s·G + (p+1)·G/n): the global batch of a step depends on (config, seed, s) alone.
+continues in the next row as a new segment whose positions restart at 0. Shuffled, the rows are read in a
+seeded order too, block by block (PackedRows.rows), so a batch mixes rows from all over the corpus. Batch s
+of the global batch G is read rows [s·G, (s+1)·G); process p of n reads read rows [s·G + p·G/n,
+s·G + (p+1)·G/n): the global batch of a step depends on (config, seed, s) alone.
+A random per-row transform (BERT masking, span corruption) draws from a generator seeded by
+(transform seed, global row index), so its result does not depend on the process count either.
 """
 from __future__ import annotations
 
 import collections
+from typing import Callable
 
 import grain
 import numpy as np
@@ -18,6 +22,7 @@ from transformer.data import token_cache
 
 _EPOCHS_KEPT = 2            # per-epoch permutations kept (a batch spans at most two epochs)
 _REPEAT_BATCHES = 1 << 62   # "forever" as a grain source length
+_ROW_SALT = 0x524F5753      # separates the row orders' seeds from the document orders'
 
 
 class PackedRows:
@@ -31,6 +36,7 @@ class PackedRows:
         self.total_tokens = int(self.split.offsets[-1])
         self.num_rows = -(-self.total_tokens // row_len)  # one pass, the last row padded
         self._epochs: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
 
     def __getstate__(self) -> tuple:
         return self._args
@@ -40,70 +46,130 @@ class PackedRows:
 
     def _epoch(self, e: int) -> tuple[np.ndarray, np.ndarray]:
         """(documents in stream order [D], their stream ends within the epoch [D])."""
-        if e not in self._epochs:
+        found = self._epochs.get(e)  # read threads share this memo: never index it after an eviction
+        if found is None:
             if self.shuffle:
                 order = np.random.default_rng(np.random.SeedSequence([self.seed, e])).permutation(len(self.lengths_D))
             else:
                 order = np.arange(len(self.lengths_D))
-            self._epochs[e] = (order, np.cumsum(self.lengths_D[order]))
+            found = self._epochs[e] = (order, np.cumsum(self.lengths_D[order]))
             while len(self._epochs) > _EPOCHS_KEPT:
-                self._epochs.popitem(last=False)
-        return self._epochs[e]
+                try:
+                    self._epochs.popitem(last=False)
+                except KeyError:  # another thread evicted it first
+                    break
+        return found
+
+    def _pieces(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The document pieces that make up stream tokens [start, stop), in order, as arrays [P]: a unique id
+        per document occurrence, its first token's index in the cache, its length. Two searches per epoch
+        crossed, whatever the number of tokens."""
+        occurrence, source, length = [], [], []
+        p, S, D = start, self.total_tokens, len(self.lengths_D)
+        while p < stop:
+            e, q = divmod(p, S)
+            q_stop = min(S, q + stop - p)
+            order, ends = self._epoch(e)
+            k_P = np.arange(np.searchsorted(ends, q, side="right"), np.searchsorted(ends, q_stop - 1, side="right") + 1)
+            doc_P = order[k_P]
+            doc_start_P = ends[k_P] - self.lengths_D[doc_P]
+            lo_P, hi_P = np.maximum(doc_start_P, q), np.minimum(ends[k_P], q_stop)
+            occurrence.append(e * D + k_P)
+            source.append(self.split.offsets[doc_P] + lo_P - doc_start_P)
+            length.append(hi_P - lo_P)
+            p += q_stop - q
+        return tuple(np.concatenate(a) if a else np.zeros(0, np.int64) for a in (occurrence, source, length))
+
+    def _row_block(self, b: int) -> np.ndarray:
+        """The order in which block b of the stream's rows (rows [b·M, (b + 1)·M), M = num_rows) is read."""
+        found = self._blocks.get(b)
+        if found is None:
+            found = self._blocks[b] = np.random.default_rng(
+                np.random.SeedSequence([self.seed, _ROW_SALT, b])).permutation(self.num_rows)
+            while len(self._blocks) > _EPOCHS_KEPT:
+                try:
+                    self._blocks.popitem(last=False)
+                except KeyError:
+                    break
+        return found
 
     def rows(self, first: int, count: int) -> dict[str, np.ndarray]:
-        """Rows [first, first + count) as [count, R] tokens / segment_ids / positions (int32)."""
+        """Rows [first, first + count) of the read order as [count, R] tokens / segment_ids / positions (int32).
+
+        Shuffled, read row g is stream row b·M + perm_b[g − b·M] (b = g // M, M = num_rows, perm_b seeded by
+        (seed, b)): each block of M rows is read once, in its own order, so the rows of one batch come from
+        all over the corpus (consecutive stream rows would mostly be one document: a batch of 8 rows of 129
+        bytes is ~1 kB of one file). Unshuffled, read row g is stream row g."""
+        if not self.shuffle:
+            return self._stream_rows(first, count)
+        g = np.arange(first, first + count)
+        stream = [int(b) * self.num_rows + int(self._row_block(int(b))[p]) for b, p in zip(*np.divmod(g, self.num_rows))]
+        parts = [self._stream_rows(r, 1) for r in stream]
+        return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+    def _stream_rows(self, first: int, count: int) -> dict[str, np.ndarray]:
+        """Stream rows [first, first + count) as [count, R] tokens / segment_ids / positions (int32)."""
         R = self.row_len
-        p_N = np.arange(first * R, (first + count) * R, dtype=np.int64)
-        valid_N = np.ones_like(p_N, bool) if self.repeat else p_N < self.total_tokens
-        epoch_N, q_N = np.divmod(p_N, self.total_tokens)
-        tokens_N = np.zeros(len(p_N), np.int32)
-        doc_N = np.zeros(len(p_N), np.int64)        # a unique id per document occurrence in the stream
-        within_N = np.zeros(len(p_N), np.int64)     # position within that document
-        for e in np.unique(epoch_N[valid_N]):
-            sel = valid_N & (epoch_N == e)
-            order, ends = self._epoch(int(e))
-            k = np.searchsorted(ends, q_N[sel], side="right")
-            within = q_N[sel] - (ends[k] - self.lengths_D[order[k]])
-            tokens_N[sel] = self.split.tokens[self.split.offsets[order[k]] + within]
-            doc_N[sel] = int(e) * len(order) + k
-            within_N[sel] = within
+        start = first * R
+        stop = (first + count) * R if self.repeat else min((first + count) * R, self.total_tokens)
+        occurrence_P, source_P, length_P = self._pieces(start, max(start, stop))
+        n = int(length_P.sum())  # the real tokens; the rest (one pass, past its end) is padding
+        piece_start_P = np.cumsum(length_P) - length_P
+        i_N = np.arange(n, dtype=np.int64)
+        tokens_N, doc_N, within_N = (np.zeros(count * R, np.int64) for _ in range(3))
+        tokens_N[:n] = self.split.tokens[i_N + np.repeat(source_P - piece_start_P, length_P)]
+        doc_N[:n] = np.repeat(occurrence_P, length_P)          # a document occurrence's id
+        within_N[:n] = i_N - np.repeat(piece_start_P, length_P)  # position within its piece of the read
         tokens_CR, doc_CR, within_CR = (a.reshape(count, R) for a in (tokens_N, doc_N, within_N))
-        valid_CR = valid_N.reshape(count, R)
+        valid_CR = (np.arange(count * R) < n).reshape(count, R)
         new_CR = np.concatenate([np.ones((count, 1), bool), doc_CR[:, 1:] != doc_CR[:, :-1]], axis=1)
         segment_ids_CR = np.cumsum(new_CR, axis=1) * valid_CR
+        # only a row's first segment can continue a document (the others start at its bos): restart it at 0
         positions_CR = (within_CR - np.where(segment_ids_CR == 1, within_CR[:, :1], 0)) * valid_CR
-        return {"tokens": tokens_CR, "segment_ids": segment_ids_CR.astype(np.int32),
+        return {"tokens": tokens_CR.astype(np.int32), "segment_ids": segment_ids_CR.astype(np.int32),
                 "positions": positions_CR.astype(np.int32)}
 
 
-class PackedBatches:
-    """A grain random-access source: item s = this process's [B, T] LM features of global batch s."""
+RowTransform = Callable[[dict[str, np.ndarray], list[np.random.Generator]], dict[str, np.ndarray]]
+"""(a batch's [B, T] LM features, one generator per row) -> the batch's features for the task."""
 
-    def __init__(self, rows: PackedRows, global_batch_size: int, process_index: int, process_count: int):
+
+class PackedBatches:
+    """A grain random-access source: item s = this process's [B, T] features of global batch s (the LM
+    features, or what `transform` makes of them with row b's generator seeded by (transform_seed,
+    global row index of b))."""
+
+    def __init__(self, rows: PackedRows, global_batch_size: int, process_index: int, process_count: int,
+                 transform: RowTransform | None = None, transform_seed: int = 0):
         from transformer.data.pipeline import lm_features  # the one definition of the features
 
         self._features = lm_features
         self.rows, self.G = rows, global_batch_size
         self.B = global_batch_size // process_count
         self.first = process_index * self.B
+        self.transform, self.transform_seed = transform, transform_seed
         self._len = _REPEAT_BATCHES if rows.repeat else -(-rows.num_rows // global_batch_size)
 
     def __len__(self) -> int:
         return self._len
 
     def __getitem__(self, s: int) -> dict[str, np.ndarray]:
-        r = self.rows.rows(int(s) * self.G + self.first, self.B)
-        return self._features(r["tokens"], r["segment_ids"], r["positions"])
+        first = int(s) * self.G + self.first
+        r = self.rows.rows(first, self.B)
+        features = self._features(r["tokens"], r["segment_ids"], r["positions"])
+        if self.transform is None:
+            return features
+        rngs = [np.random.default_rng([self.transform_seed, first + b]) for b in range(self.B)]
+        return self.transform(features, rngs)
 
     def __repr__(self) -> str:
         return f"PackedBatches({self.rows._args}, G={self.G}, B={self.B}, first={self.first})"
 
 
-def make_packed_dataset(cache_path: str, split: str, *, seq_len: int, global_batch_size: int, seed: int,
+def make_packed_batches(cache_path: str, split: str, *, seq_len: int, global_batch_size: int, seed: int,
                         process_index: int, process_count: int, shuffle: bool, repeat: bool,
-                        read_threads: int, prefetch: int) -> grain.IterDataset:
-    """Batches from the cache as a grain IterDataset; its iterator state is the next batch index."""
+                        transform: RowTransform | None = None, transform_seed: int = 0) -> grain.MapDataset:
+    """Batches from the cache as a grain MapDataset indexed by the global batch (batches.BatchIterator)."""
     rows = PackedRows(cache_path, split, seq_len + 1, seed, shuffle, repeat)
-    source = PackedBatches(rows, global_batch_size, process_index, process_count)
-    return grain.MapDataset.source(source).to_iter_dataset(
-        grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch))
+    return grain.MapDataset.source(PackedBatches(rows, global_batch_size, process_index, process_count,
+                                                 transform, transform_seed))

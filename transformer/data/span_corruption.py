@@ -16,21 +16,20 @@ A batch holds:
   decoder_inputs (targets shifted right, DECODER_START_ID first), targets,
   target_segment_ids, target_positions                             int32 [B, T]
   weights                                                          float32 [B, T], 0 at padding
-Segment ids are 1 on real tokens and 0 on padding. The noise masks draw from grain's `random_map`
-(seeded from (seed, element index); checkpointable like the rest of the pipeline).
+Segment ids are 1 on real tokens and 0 on padding. Each row's noise mask draws from its own generator,
+seeded by (seed, global row index) (packed.RowTransform): the same for any number of processes, and
+resumed exactly with the iterator's state (the next global batch index).
 """
 from __future__ import annotations
 
 import copy
-from typing import Any
 
-import grain
 import ml_collections
 import numpy as np
 
-from transformer.data import tokenizers
+from transformer.data import batches, tokenizers
 from transformer.data.mlm import transform_seed
-from transformer.data.pipeline import make_lm_dataset
+from transformer.data.pipeline import make_lm_iterator
 from transformer.models.config import ConfigError
 
 DECODER_START_ID = tokenizers.BOS_ID
@@ -115,14 +114,16 @@ def _pad(x: np.ndarray, length: int) -> np.ndarray:
     return np.pad(x, (0, length - len(x)))
 
 
-class _SpanCorrupt(grain.transforms.RandomMap):
+class _SpanCorrupt:
+    """packed.RowTransform: each row corrupted with its own generator."""
+
     def __init__(self, tokenizer: tokenizers.Tokenizer, inputs_length: int, targets_length: int,
                  noise_density: float, mean_span_length: float):
         self._first_sentinel, self._eos = tokenizer.vocab_size, tokenizer.eos_id
         self._S, self._T = inputs_length, targets_length
         self._density, self._mean = noise_density, mean_span_length
 
-    def random_map(self, batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    def __call__(self, batch: dict[str, np.ndarray], rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
         B = batch["inputs"].shape[0]
         src_BS = np.zeros((B, self._S), np.int32)
         tgt_BT = np.zeros((B, self._T), np.int32)
@@ -132,7 +133,7 @@ class _SpanCorrupt(grain.transforms.RandomMap):
             if n == 0:
                 continue
             row = batch["inputs"][b, :n]
-            inputs, targets = corrupt(row, random_spans_noise_mask(n, self._density, self._mean, rng),
+            inputs, targets = corrupt(row, random_spans_noise_mask(n, self._density, self._mean, rngs[b]),
                                       self._first_sentinel, self._eos)
             src_BS[b], tgt_BT[b] = _pad(inputs, self._S), _pad(targets, self._T)
             src_len_B1[b], tgt_len_B1[b] = len(inputs), len(targets)
@@ -161,7 +162,7 @@ def span_corruption_vocab_size(data_cfg: ml_collections.ConfigDict, tokenizer: t
 
 def make_span_corruption_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
                                   seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                                  repeat: bool = True) -> Any:
+                                  repeat: bool = True) -> batches.BatchIterator:
     """A checkpointable iterator over this process's span-corrupted batches (see the module docstring).
 
     Needs data.noise_density and data.mean_noise_span_length besides the LM pipeline's settings.
@@ -169,9 +170,8 @@ def make_span_corruption_iterator(data_cfg: ml_collections.ConfigDict, *, split:
     raw, targets_length, _ = span_corruption_lengths(data_cfg)
     raw_cfg = copy.deepcopy(data_cfg)
     raw_cfg.seq_len = raw
-    tokenizer = tokenizers.get_tokenizer(data_cfg)
-    rows = make_lm_dataset(raw_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
-                           process_index=process_index, process_count=process_count, shuffle=shuffle, repeat=repeat)
-    corrupt_fn = _SpanCorrupt(tokenizer, int(data_cfg.seq_len), targets_length, float(data_cfg.noise_density),
-                              float(data_cfg.mean_noise_span_length))
-    return iter(rows.random_map(corrupt_fn, seed=transform_seed(data_cfg, seed, process_index, salt=2)))
+    corrupt_fn = _SpanCorrupt(tokenizers.get_tokenizer(data_cfg), int(data_cfg.seq_len), targets_length,
+                              float(data_cfg.noise_density), float(data_cfg.mean_noise_span_length))
+    return make_lm_iterator(raw_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
+                            process_index=process_index, process_count=process_count, shuffle=shuffle,
+                            repeat=repeat, transform=corrupt_fn, transform_seed=transform_seed(data_cfg, seed, salt=2))

@@ -1,7 +1,9 @@
-"""Tokenize once: local files -> a cache of flat token arrays, keyed by the files and the tokenizer.
+"""Tokenize once: documents (local files or a TFDS dataset, sources.py) -> a cache of flat token arrays,
+keyed by the documents and the tokenizer.
 
-Layout of `<data.cache_dir>/tokens/<key>/` (key = hash of documents.files_fingerprint and the
-tokenizer's fingerprint, so a changed file or tokenizer makes a new cache, never a stale one):
+Layout of `<root>/tokens/<key>/` (root: sources.cache_root; key = hash of sources.fingerprint and the
+tokenizer's fingerprint, so a changed file, dataset or tokenizer makes a new cache, never a stale one),
+for each split of sources.CACHE_SPLITS ("train", "eval"):
   {split}.tokens   raw uint16 (vocab <= 65536) or uint32: every document as bos + ids + eos, concatenated
   {split}.offsets.npy  int64 [D + 1]: document d is tokens[offsets[d]:offsets[d + 1]]
   meta.json        counts (documents, tokens, UTF-8 bytes), dtype, fingerprints, tokenize rate
@@ -23,12 +25,12 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from transformer.data import documents
+from transformer.data import sources, tokenizers
 from transformer.data.corpus import file_lock
 from transformer.data.tokenizers import Tokenizer
 from transformer.models.config import ConfigError
 
-SPLITS = ("train", "eval")
+SPLITS = sources.CACHE_SPLITS
 _BATCH_BYTES = 1 << 22  # text handed to the tokenizer at once (its batch encoders run in parallel)
 
 
@@ -41,8 +43,8 @@ class TokenSplit:
 
 
 def cache_path(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> str:
-    key = hashlib.sha256(f"{documents.files_fingerprint(data_cfg)}|{tokenizer.fingerprint}".encode()).hexdigest()
-    return os.path.join(documents.cache_dir(data_cfg), "tokens", key[:24])
+    key = hashlib.sha256(f"{sources.fingerprint(data_cfg)}|{tokenizer.fingerprint}".encode()).hexdigest()
+    return os.path.join(sources.cache_root(data_cfg), "tokens", key[:24])
 
 
 def _check_writable(root: str) -> None:
@@ -75,7 +77,7 @@ def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, s
     start = time.perf_counter()
     bar = tqdm.tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not verbose, mininterval=1.0)
     with open(os.path.join(out_dir, f"{split}.tokens"), "wb") as f:
-        for batch in _batches(documents.iter_split(data_cfg, split)):
+        for batch in _batches(sources.texts(data_cfg, split)):
             for ids in tokenizer.encode_batch(batch):
                 if len(ids) and int(ids.max()) >= tokenizer.vocab_size:
                     raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocab_size {tokenizer.vocab_size}")
@@ -88,13 +90,7 @@ def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, s
     bar.close()
     seconds = time.perf_counter() - start
     if len(offsets) == 1:
-        held_out = not str(data_cfg.get("eval_files", "") or "").strip()
-        if split == "train":
-            raise ConfigError(f"data.files={data_cfg.files!r} holds no documents (the files are empty)")
-        if held_out:
-            raise ConfigError(f"the eval split is empty: data.eval_fraction={data_cfg.eval_fraction} held out no "
-                              "document of data.files; raise it or set data.eval_files")
-        raise ConfigError(f"data.eval_files={data_cfg.eval_files!r} holds no documents (the files are empty)")
+        raise sources.empty_split_error(data_cfg, split)
     np.save(os.path.join(out_dir, f"{split}.offsets.npy"), np.asarray(offsets, np.int64))
     if verbose:
         print(f"tokenized {split}: {len(offsets) - 1} documents, {num_tokens} tokens, {num_bytes} bytes in "
@@ -118,7 +114,7 @@ def ensure_cache(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, verb
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=root)
         try:
-            meta = {"files_fingerprint": documents.files_fingerprint(data_cfg),
+            meta = {"source_fingerprint": sources.fingerprint(data_cfg),
                     "tokenizer_fingerprint": tokenizer.fingerprint, "dtype": dtype.name,
                     "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
             for split in SPLITS:
@@ -145,3 +141,21 @@ def open_split(path: str, split: str) -> TokenSplit:
 def read_meta(path: str) -> dict:
     with open(os.path.join(path, "meta.json")) as f:
         return json.load(f)
+
+
+def existing_cache(data_cfg: ml_collections.ConfigDict) -> str | None:
+    """The cache of `data_cfg` if it is built, else None; builds, trains and writes nothing (for dry runs).
+
+    None also when what would key it is not there yet: an untrained SentencePiece model, an unprepared
+    TFDS dataset."""
+    if data_cfg.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data_cfg)):
+        return None
+    if not sources.is_available(data_cfg):
+        return None
+    path = cache_path(data_cfg, tokenizers.get_tokenizer(data_cfg))
+    return path if os.path.isfile(os.path.join(path, "meta.json")) else None
+
+
+def epochs(tokens: int, train_split_tokens: int | None) -> float | None:
+    """Passes over the training split: tokens trained on / tokens of the split (None when unknown)."""
+    return tokens / train_split_tokens if train_split_tokens else None

@@ -2,7 +2,8 @@
 file: a SentencePiece `.model` or a Hugging Face `tokenizer.json` (the `tokenizers` library).
 
 Bytes and the trained model reserve ids 0/1/2 for pad/bos/eos; a file's tokenizer keeps its own
-special ids (GPT-2's `<|endoftext|>` is both bos and eos). Every tokenizer has a `fingerprint` (a hash
+special ids (GPT-2's `<|endoftext|>` is both bos and eos). `byte_lengths()` gives each id's length in
+UTF-8 bytes of text (0 for special ids), for bits per byte. Every tokenizer has a `fingerprint` (a hash
 of what defines it); a run copies its tokenizer file into its workdir (`record_tokenizer`), so
 sampling and resuming need nothing outside the workdir.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
@@ -43,6 +46,13 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str: ...
 
+    def byte_lengths(self) -> np.ndarray: ...
+
+
+def _without_specials(lengths_V: np.ndarray, tokenizer: Tokenizer) -> np.ndarray:
+    lengths_V[[tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id]] = 0
+    return lengths_V
+
 
 class ByteTokenizer:
     """Each UTF-8 byte b is id b + 3; vocab 259. Decoding drops pad/bos/eos and replaces bad UTF-8."""
@@ -63,6 +73,10 @@ class ByteTokenizer:
         ids_N = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int64)
         ids_N = ids_N[(ids_N >= self._OFFSET) & (ids_N < self.vocab_size)]
         return (ids_N - self._OFFSET).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def byte_lengths(self) -> np.ndarray:
+        """int64 [V]: 1 for each byte id, 0 for pad/bos/eos."""
+        return _without_specials(np.ones(self.vocab_size, np.int64), self)
 
 
 class SentencePieceTokenizer:
@@ -101,6 +115,18 @@ class SentencePieceTokenizer:
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         return self._sp.decode([int(i) for i in ids])
 
+    def byte_lengths(self) -> np.ndarray:
+        """int64 [V]: a byte-fallback piece 1, a text piece the UTF-8 length of its text ("▁" a space),
+        control and unknown pieces 0. Exact for models without a dummy prefix (the trained ones); with
+        one (LLaMA's), a document's first piece counts the space the model prepended."""
+        sp, out = self._sp, np.zeros(self.vocab_size, np.int64)
+        for i in range(self.vocab_size):
+            if sp.is_byte(i):
+                out[i] = 1
+            elif not (sp.is_control(i) or sp.is_unknown(i)):
+                out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+        return _without_specials(out, self)
+
     def __getstate__(self) -> dict[str, bytes]:
         return {"proto": self._proto}
 
@@ -108,6 +134,7 @@ class SentencePieceTokenizer:
         self.__init__(state["proto"])
 
 
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # Special tokens a tokenizer.json may define, most specific first.
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
@@ -154,6 +181,28 @@ class HFTokenizer:
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def byte_lengths(self) -> np.ndarray:
+        """int64 [V]: special tokens 0; with a byte-level decoder (GPT-2, LLaMA 3) each character of a token
+        is one byte (exact); otherwise a `<0xNN>` byte-fallback token 1 and a text token the UTF-8 length of
+        its text with "▁" as a space (SentencePiece-style; a dummy prefix counts as in SentencePiece)."""
+        from tokenizers import pre_tokenizers
+
+        spec = json.loads(self._json)
+        byte_level = '"ByteLevel"' in json.dumps(spec.get("decoder"))
+        alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+        out = np.zeros(self.vocab_size, np.int64)
+        for token, i in self._tok.get_vocab(with_added_tokens=True).items():
+            if i in special:
+                continue
+            if byte_level and set(token) <= alphabet:
+                out[i] = len(token)
+            elif _BYTE_PIECE.fullmatch(token):
+                out[i] = 1
+            else:
+                out[i] = len(token.replace("\u2581", " ").encode("utf-8"))
+        return _without_specials(out, self)
 
     def __getstate__(self) -> dict[str, str]:
         return {"json": self._json}

@@ -1,18 +1,21 @@
 """Hugging Face checkpoints <-> this codebase's models (extra `[hf]`: torch, transformers, safetensors).
 
 `from_pretrained(PATH) -> (model, params)`: a local checkpoint directory (config.json plus
-model.safetensors, pytorch_model.bin, or their sharded index) of GPT-2, LLaMA or BERT becomes a
-ModelConfig, its Flax module (DecoderLM / EncoderModel) and float32 parameters, so that
-`model.apply({"params": params}, tokens_BT)` gives the checkpoint's logits. Pass
-`positions_BT, segment_ids_BT` (segment id 0 = padding, as an attention mask) for padded batches.
+model.safetensors, pytorch_model.bin, or their sharded index) of GPT-2, LLaMA, BERT or T5 becomes a
+ModelConfig, its Flax module (DecoderLM / EncoderModel / EncoderDecoderModel) and float32 parameters,
+so that `model.apply({"params": params}, tokens_BT)` (T5: `(src_BS, tgt_BT)`) gives the checkpoint's
+logits. Pass `positions_BT, segment_ids_BT` (segment id 0 = padding, as an attention mask) for padded
+batches (T5: `src_segment_ids_BS, tgt_segment_ids_BT`).
 
 `to_pretrained(model, params, PATH)` writes PATH/config.json and PATH/model.safetensors that
-`transformers` loads with AutoModelFor{CausalLM,MaskedLM}.from_pretrained(PATH); the family is
-chosen from the config (GPT-2: learned positions + LayerNorm + tied head; LLaMA: RoPE + RMSNorm +
-gated FFN; BERT: a post-LN encoder with an embedding norm). Importing what was exported gives back
-exactly the same parameters.
+`transformers` loads with AutoModelFor{CausalLM,MaskedLM,Seq2SeqLM}.from_pretrained(PATH); the family
+is chosen from the config (GPT-2: learned positions + LayerNorm + tied head; LLaMA: RoPE + RMSNorm +
+gated FFN; BERT: a post-LN encoder with an embedding norm; T5: an encoder–decoder with T5's relative
+position bias). Importing what was exported gives back exactly the same parameters (T5: the same
+logits; exactly the same parameters for a model that came from T5). `token_ids` sets the special ids
+of the written config (bos/eos/pad/decoder_start_token_id), e.g. a run's tokenizer's.
 
-The per-family name/shape mappings live in hf_gpt2.py, hf_llama.py and hf_bert.py.
+The per-family name/shape mappings live in hf_gpt2.py, hf_llama.py, hf_bert.py and hf_t5.py.
 """
 from __future__ import annotations
 
@@ -26,21 +29,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.interop import hf_bert, hf_gpt2, hf_llama
+from transformer.interop import hf_bert, hf_gpt2, hf_llama, hf_t5
 from transformer.interop import tensors as t
 from transformer.models import build_model
 from transformer.config import ConfigError, ModelConfig
 
-CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "bert": hf_bert}
+CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "bert": hf_bert, "t5": hf_t5}
+# Families whose config depends on the weights too: T5's head is its own exactly when the checkpoint holds
+# an lm_head.weight that differs from the token table (transformers 5.x's rule).
+NEEDS_WEIGHTS = ("t5",)
 
 
-def config_from_pretrained(path: str) -> ModelConfig:
-    """The ModelConfig of the checkpoint in PATH (no weights read)."""
+def _converter(path: str) -> tuple[dict[str, Any], ModuleType]:
     c = t.read_config(path)
     model_type = c.get("model_type")
     if model_type not in CONVERTERS:
         raise ConfigError(f"{path}: model_type={model_type!r} is not supported; supported: {', '.join(CONVERTERS)}")
-    return CONVERTERS[model_type].config_from_hf(c)
+    return c, CONVERTERS[model_type]
+
+
+def config_from_pretrained(path: str, state: dict[str, np.ndarray] | None = None) -> ModelConfig:
+    """The ModelConfig of the checkpoint in PATH (weights read only for T5, unless `state` is given)."""
+    c, converter = _converter(path)
+    if c["model_type"] in NEEDS_WEIGHTS:
+        return converter.config_from_hf(c, t.load_state_dict(path) if state is None else state)
+    return converter.config_from_hf(c)
 
 
 def _check_shapes(model: nn.Module, params: Any) -> None:
@@ -59,10 +72,11 @@ def _check_shapes(model: nn.Module, params: Any) -> None:
 
 
 def from_pretrained(path: str) -> tuple[nn.Module, Any]:
-    """(model, params) from a local Hugging Face checkpoint directory of GPT-2, LLaMA or BERT."""
-    cfg = config_from_pretrained(path)
-    converter = CONVERTERS[t.read_config(path)["model_type"]]
-    params = converter.params_from_hf(t.load_state_dict(path), cfg)
+    """(model, params) from a local Hugging Face checkpoint directory of GPT-2, LLaMA, BERT or T5."""
+    _, converter = _converter(path)
+    state = t.load_state_dict(path)
+    cfg = config_from_pretrained(path, state)
+    params = converter.params_from_hf(state, cfg)
     model = build_model(cfg)
     _check_shapes(model, params)
     return model, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
@@ -81,16 +95,24 @@ def converter_for(cfg: ModelConfig) -> tuple[str, ModuleType]:
         "this model has no Hugging Face counterpart here: GPT-2 needs a decoder with learned positions, pre-LN "
         "LayerNorm, gelu/gelu_tanh/relu, biases, a tied head and multi-head attention; LLaMA a decoder with RoPE, "
         "pre-LN RMSNorm and swiglu/geglu; BERT an encoder with learned positions, an embedding norm, post-LN "
-        f"LayerNorm, biases, a tied masked-LM head (got {cfg})")
+        "LayerNorm, biases, a tied masked-LM head; T5 an encoder_decoder with positional='t5_relative', pre-LN "
+        f"RMSNorm, no biases, multi-head attention (got {cfg})")
 
 
-def to_pretrained(model: nn.Module, params: Any, path: str) -> str:
-    """Write PATH/config.json and PATH/model.safetensors (float32); returns PATH."""
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def to_pretrained(model: nn.Module, params: Any, path: str, *, token_ids: dict[str, int] | None = None) -> str:
+    """Write PATH/config.json and PATH/model.safetensors (float32); returns PATH. token_ids: special ids
+    (keys of TOKEN_ID_KEYS) that replace the family's defaults in config.json."""
     cfg: ModelConfig = model.cfg
     name, converter = converter_for(cfg)
-    params = t.unstack_layers(jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32), params))
+    unknown = sorted(set(token_ids or {}) - set(TOKEN_ID_KEYS))
+    if unknown:
+        raise ValueError(f"token_ids keys {unknown} are not among {TOKEN_ID_KEYS}")
+    params = t.unstack_layers(jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32), nn.unbox(params)))
     tensors = converter.params_to_hf(params, cfg)
-    hf_config = dict(converter.config_to_hf(cfg), dtype="float32")
+    hf_config = {**converter.config_to_hf(cfg), "dtype": "float32", **(token_ids or {})}
     os.makedirs(path, exist_ok=True)
     t.save_state_dict(tensors, path)
     with open(os.path.join(path, "config.json"), "w") as f:

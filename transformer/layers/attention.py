@@ -10,12 +10,16 @@ Masks are boolean, True = may attend, shaped (B, 1, T, S) and broadcast over hea
               padding only ever sees padding and never leaks into a document);
   window      sliding_window W > 0: t - s < W (causal) or |t - s| < W (bidirectional).
 
+An additive bias_BNTS (float32; B and N may be 1) joins the logits before masking: the position biases of
+positional.BIAS (ALiBi, T5's relative buckets), computed once per stack and handed to every self-attention
+layer. The logits are scaled by `scale` (model.attention_scale; None/0 means 1/sqrt(H); T5 uses 1).
+
 `model.attention_impl` picks one entry of ATTENTION_IMPLEMENTATIONS, for training, evaluation and
 decoding alike (the decode step calls the same entry with its cache offset):
   "einsum"   the reference: softmax(q kᵀ/sqrt(H)) v written as two einsums, unfused, differentiated by
              autodiff. The only one that can return the weights (attention maps force it).
   "chunked"  chunked_attention.py: the same math in query chunks that skip the masked causal blocks,
-             with a written-out backward pass; the fastest on CPU.
+             with a written-out backward pass (including the bias's gradient); the fastest on CPU.
   "cudnn"    jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's fused flash-attention
              kernel on NVIDIA GPUs; needs bfloat16 compute (checked in ModelConfig). Causal masking
              and the sliding window go to the kernel as flags (is_causal, local_window_size), so no
@@ -24,12 +28,14 @@ decoding alike (the decode step calls the same entry with its cache offset):
              as a boolean (B, 1, T, S) array that jax turns into an additive bias for the same fused
              kernel — still flash attention, plus one O(B·T·S) bias read. Without segment ids there
              is no mask array at all.
+             A position bias is not taken: choosing "cudnn" with positional=alibi or t5_relative is
+             a ConfigError (resolve_attention_impl), and "auto" picks "chunked" for them.
   "auto"     (the default) resolved when the model is built, from jax.default_backend():
-             "cudnn" on GPU with bfloat16 compute (and a head dim cuDNN takes), else "chunked".
+             "cudnn" on GPU with bfloat16 compute (and a head dim cuDNN takes, and no position
+             bias), else "chunked".
 The former "xla" choice (jax.nn.dot_product_attention with no implementation) ran the same unfused
 XLA computation as "einsum" on this jax and was removed; naming it is a ConfigError.
-Softmax is always float32. μP's attention scale (transformer/layers/mup.py) is folded into q before
-any implementation runs, so each keeps its 1/sqrt(H).
+Softmax is always float32.
 """
 from __future__ import annotations
 
@@ -75,8 +81,9 @@ def _large_negative(dtype: Any) -> jax.Array:
 
 def dot_product_attention_einsum(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
                                  mask_B1TS: jax.Array | None = None, bias_BNTS: jax.Array | None = None,
-                                 *, return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """softmax(q kᵀ / sqrt(H) + bias, masked) v with grouped-query heads.
+                                 *, scale: float | None = None,
+                                 return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """softmax(scale · q kᵀ + bias, masked) v with grouped-query heads; scale None: 1/sqrt(H).
 
     Returns out_BTNH, or (out_BTNH, weights_BNTS float32) with return_weights.
     """
@@ -86,7 +93,7 @@ def dot_product_attention_einsum(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: j
         raise ValueError(f"{K} key/value heads do not divide {N} query heads")
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
-    logits_BKGTS = logits_BKGTS * np.float32(1.0 / np.sqrt(H))
+    logits_BKGTS = logits_BKGTS * np.float32(1.0 / np.sqrt(H) if scale is None else scale)
     S = logits_BKGTS.shape[-1]
     if bias_BNTS is not None:
         logits_BKGTS = logits_BKGTS + jnp.broadcast_to(bias_BNTS, (B, N, T, S)).reshape(
@@ -102,36 +109,43 @@ def dot_product_attention_einsum(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: j
 
 
 # Every implementation: (q_BTNH, k_BSKH, v_BSKH, *, causal, q_segment_ids_BT, kv_segment_ids_BS,
-# sliding_window, q_offset) -> out_BTNH, q_offset as in dot_product_attention.
+# sliding_window, q_offset, bias_BNTS, scale) -> out_BTNH, the arguments as in dot_product_attention.
+_MASK_FLAGS = ("causal", "q_segment_ids_BT", "kv_segment_ids_BS", "sliding_window", "q_offset")
+
 
 def _full_mask(q_BTNH, k_BSKH, **flags) -> jax.Array | None:
     """make_attention_mask for these queries and keys: every term in one boolean mask_B1TS (or None)."""
-    return make_attention_mask(q_BTNH.shape[1], k_BSKH.shape[1], **flags)
+    return make_attention_mask(q_BTNH.shape[1], k_BSKH.shape[1], **{f: flags[f] for f in _MASK_FLAGS if f in flags})
 
 
 def _einsum_impl(q_BTNH, k_BSKH, v_BSKH, **flags):
-    return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **flags))
+    return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **flags),
+                                        flags["bias_BNTS"], scale=flags["scale"])
 
 
 def _chunked_impl(q_BTNH, k_BSKH, v_BSKH, **flags):
     # Causal block skipping needs query t to be key t; a decode step (cache offset) uses one chunk.
     aligned = _is_static_zero(flags["q_offset"])
     return chunked_attention(q_BTNH, k_BSKH, v_BSKH, _full_mask(q_BTNH, k_BSKH, **flags),
-                             causal=flags["causal"] and aligned, sliding_window=flags["sliding_window"] if aligned else 0)
+                             causal=flags["causal"] and aligned, sliding_window=flags["sliding_window"] if aligned else 0,
+                             bias_BNTS=flags["bias_BNTS"], scale=flags["scale"])
 
 
 def _cudnn_impl(q_BTNH, k_BSKH, v_BSKH, **flags):
+    if flags["bias_BNTS"] is not None:  # resolve_attention_impl refuses cudnn with a position bias
+        raise ValueError("attention_impl='cudnn' takes no bias_BNTS here; use 'chunked' or 'einsum'")
+    scale = {} if flags["scale"] is None else {"scale": flags["scale"]}
     if not _is_static_zero(flags["q_offset"]):
         # Decoding: T new queries at a cache offset, which the kernel's causal flag cannot express.
         return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=_full_mask(q_BTNH, k_BSKH, **flags),
-                                            implementation="cudnn")
+                                            implementation="cudnn", **scale)
     # Causal and window as kernel flags; only segments (packed documents) need a mask array.
     causal, W = flags["causal"], flags["sliding_window"]
     segment_mask_B1TS = _full_mask(q_BTNH, k_BSKH, causal=False, q_segment_ids_BT=flags["q_segment_ids_BT"],
                                    kv_segment_ids_BS=flags["kv_segment_ids_BS"])
     window = ((W - 1, 0) if causal else (W - 1, W - 1)) if W else None
     return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=segment_mask_B1TS, is_causal=causal,
-                                        local_window_size=window, implementation="cudnn")
+                                        local_window_size=window, implementation="cudnn", **scale)
 
 
 def _is_static_zero(q_offset: jax.Array | int) -> bool:
@@ -163,14 +177,20 @@ def check_attention_impl(name: str) -> None:
 
 def resolve_attention_impl(cfg: ModelConfig, backend: str | None = None) -> str:
     """The implementation cfg.attention_impl names; "auto" becomes "cudnn" on GPU with bfloat16 compute and a
-    head dimension cuDNN's flash kernel takes (a multiple of 8, at most 128) and no bidirectional window,
-    else "chunked". backend: jax.default_backend() unless given."""
+    head dimension cuDNN's flash kernel takes (a multiple of 8, at most 128), no bidirectional window and no
+    position bias, else "chunked". backend: jax.default_backend() unless given. "cudnn" with a position bias
+    (positional.BIAS) is a ConfigError."""
     check_attention_impl(cfg.attention_impl)
+    biased = cfg.positional in positional.BIAS
+    if cfg.attention_impl == "cudnn" and biased:
+        raise ConfigError(f"model.attention_impl='cudnn' takes no position bias here (model.positional="
+                          f"{cfg.positional!r} adds one to the logits); use attention_impl='auto', 'chunked' or "
+                          "'einsum'")
     if cfg.attention_impl != AUTO:
         return cfg.attention_impl
     backend = jax.default_backend() if backend is None else backend
     H = cfg.dim_per_head
-    cudnn_ok = (backend == "gpu" and cfg.dtype != "float32" and H % 8 == 0 and H <= 128
+    cudnn_ok = (backend == "gpu" and cfg.dtype != "float32" and H % 8 == 0 and H <= 128 and not biased
                 and not (cfg.sliding_window and cfg.family != "decoder"))
     return "cudnn" if cudnn_ok else "chunked"
 
@@ -179,10 +199,12 @@ def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Arra
                           q_segment_ids_BT: jax.Array | None = None,
                           kv_segment_ids_BS: jax.Array | None = None,
                           sliding_window: int = 0, implementation: str = "einsum",
-                          q_offset: jax.Array | int = 0,
+                          q_offset: jax.Array | int = 0, bias_BNTS: jax.Array | None = None,
+                          scale: float | None = None,
                           return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Attention with the masks built from flags. q_offset 0: query t and key t are the same position
     (T == S when causal); a decode step passes its cache index, query t being key q_offset + t.
+    bias_BNTS (B and N may be 1) is added to the logits; scale multiplies q·k (None: 1/sqrt(H)).
 
     return_weights uses the einsum reference and returns (out_BTNH, weights_BNTS).
     """
@@ -196,8 +218,10 @@ def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Arra
                  sliding_window=sliding_window, q_offset=q_offset)
     if return_weights:
         mask_B1TS = make_attention_mask(T, S, **flags)
-        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, return_weights=True)
-    return ATTENTION_IMPLEMENTATIONS[implementation](q_BTNH, k_BSKH, v_BSKH, **flags)
+        return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, bias_BNTS, scale=scale,
+                                            return_weights=True)
+    return ATTENTION_IMPLEMENTATIONS[implementation](q_BTNH, k_BSKH, v_BSKH, bias_BNTS=bias_BNTS, scale=scale,
+                                                     **flags)
 
 
 class CacheOverflowError(ValueError):
@@ -256,7 +280,9 @@ class MultiHeadAttention(nn.Module):
 
     q/k/v/out projections: ("embed","heads","head_dim"), ("embed","kv_heads","head_dim") ×2,
     ("heads","head_dim","embed"); biases when cfg.use_bias. RoPE (cfg.positional == "rope") rotates
-    q and k of self-attention by their positions. `out_std` is the init std of the out projection.
+    q and k of self-attention by their positions; a position bias (ALiBi, T5's buckets) comes in as
+    bias_BNTS, made once per stack (transformer/models/stack.py), and joins self-attention's logits
+    only. q·k is scaled by cfg.attention_scale (0: 1/sqrt(H)). `out_std` is the init std of the out projection.
 
     decode=True: autoregressive decoding with a key/value cache in the "cache" collection
     (cached_key, cached_value, cached_segment_ids, cache_index). `model.init(..., decode=True)` with
@@ -276,13 +302,16 @@ class MultiHeadAttention(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
                  segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
-                 context_segment_ids_BS: jax.Array | None = None, *, decode: bool = False,
-                 return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                 context_segment_ids_BS: jax.Array | None = None, *, bias_BNTS: jax.Array | None = None,
+                 decode: bool = False, return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
         N, K, H = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
         cross = context_BSD is not None
+        if cross and bias_BNTS is not None:
+            raise ValueError("a position bias belongs to self-attention; cross-attention takes none")
         kv_BSD = context_BSD if cross else x_BTD
+        scale = mup.attention_scale(cfg)  # None: 1/sqrt(H); SP: cfg.attention_scale or None
 
         def proj(heads: int, axis_name: str, name: str) -> "Projection":
             return Projection("btd,dnh->btnh", (cfg.d_model, heads, H), ("embed", axis_name, "head_dim"),
@@ -305,7 +334,6 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{cfg.positional} attention needs positions_BT")
             q_BTNH = positional.ROTARY[cfg.positional](cfg, q_BTNH, positions_BT)
             k_BSKH = positional.ROTARY[cfg.positional](cfg, k_BSKH, positions_BT)
-        q_BTNH = mup.scale_queries(cfg, q_BTNH)  # μP's sqrt(H0)/H scores, folded into q (SP: q as it is)
         q_BTNH = nn.with_logical_constraint(q_BTNH, ("batch", "seq", "act_heads", "act_head_dim"))
         k_BSKH = nn.with_logical_constraint(k_BSKH, ("batch", "seq", "act_kv_heads", "act_head_dim"))
         v_BSKH = nn.with_logical_constraint(v_BSKH, ("batch", "seq", "act_kv_heads", "act_head_dim"))
@@ -318,7 +346,7 @@ class MultiHeadAttention(nn.Module):
             kv_seg = jnp.ones(kv_BSD.shape[:2], jnp.int32) if kv_seg is None else kv_seg
 
         if decode and not cross and self.has_variable("cache", "cached_key"):
-            out = self._decode_step(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, impl, want_weights)
+            out = self._decode_step(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, impl, want_weights, bias_BNTS, scale)
         else:
             if decode and not cross:  # initialisation: an empty cache as long as these inputs
                 self.variable("cache", "cached_key", jnp.zeros, k_BSKH.shape, k_BSKH.dtype)
@@ -328,7 +356,7 @@ class MultiHeadAttention(nn.Module):
             out = dot_product_attention(
                 q_BTNH, k_BSKH, v_BSKH, causal=self.causal and not cross, q_segment_ids_BT=q_seg,
                 kv_segment_ids_BS=kv_seg, sliding_window=cfg.sliding_window, implementation=impl,
-                return_weights=want_weights)
+                bias_BNTS=bias_BNTS, scale=scale, return_weights=want_weights)
         out_BTNH, weights_BNTS = out if want_weights else (out, None)
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights_BNTS)
@@ -339,8 +367,10 @@ class MultiHeadAttention(nn.Module):
         return (out_BTD, weights_BNTS) if return_weights else out_BTD
 
     def _decode_step(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
-                     segment_ids_BT: jax.Array | None, impl: str, want_weights: bool):
-        """Append T new keys/values at cache_index and attend to the whole cache (through the registry)."""
+                     segment_ids_BT: jax.Array | None, impl: str, want_weights: bool,
+                     bias_BNTS: jax.Array | None, scale: float | None):
+        """Append T new keys/values at cache_index and attend to the whole cache (through the registry);
+        bias_BNTS, when given, covers these T queries against all S cache slots."""
         cached_k = self.variable("cache", "cached_key", jnp.zeros, k_BTKH.shape, k_BTKH.dtype)
         cached_v = self.variable("cache", "cached_value", jnp.zeros, v_BTKH.shape, v_BTKH.dtype)
         cached_seg = self.variable("cache", "cached_segment_ids", jnp.zeros, k_BTKH.shape[:2], jnp.int32)
@@ -355,4 +385,5 @@ class MultiHeadAttention(nn.Module):
         cache_index.value = i + T
         return dot_product_attention(q_BTNH, cached_k.value, cached_v.value, causal=True, q_segment_ids_BT=seg_BT,
                                      kv_segment_ids_BS=cached_seg.value, sliding_window=self.cfg.sliding_window,
-                                     implementation=impl, q_offset=i, return_weights=want_weights)
+                                     implementation=impl, q_offset=i, bias_BNTS=bias_BNTS, scale=scale,
+                                     return_weights=want_weights)

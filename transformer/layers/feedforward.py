@@ -4,8 +4,9 @@ Legend: B batch, T sequence, D model width, F hidden width (cfg.d_ff).
 
 Activations, registered in ACTIVATIONS by the name `model.activation` selects (checked when a model is
 built, transformer.models.resolve; adding one is a line here): "relu"; "gelu" is the exact erf GELU; "gelu_tanh" is the tanh
-approximation that GPT-2 uses (HF "gelu_new"), needed for checkpoint parity; "swiglu" gates with SiLU
-and "geglu" with the exact GELU. Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x).
+approximation that GPT-2 uses (HF "gelu_new"), needed for checkpoint parity; "swiglu" gates with SiLU,
+"geglu" with the exact GELU and "gelu_tanh_glu" with the tanh GELU (T5 v1.1's "gated-gelu").
+Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x).
 A gated activation's name ends in "glu" (ModelConfig.gated reads that; parameter counts use it).
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
     "swiglu": nn.silu,   # gated: silu(wi_gate x) * wi_up x
     "geglu": lambda x: nn.gelu(x, approximate=False),  # gated
+    "gelu_tanh_glu": lambda x: nn.gelu(x, approximate=True),  # gated (T5 v1.1, Hugging Face "gated-gelu")
 }
 
 

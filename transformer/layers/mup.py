@@ -20,10 +20,10 @@ not zero it, the paper's App. D.2 alternative, so that μP at the base width is 
 output weights are treated alike but for the forward multiplier, a tied embedding is μP too (the `mup`
 package's MuSharedReadout): the table is input-like and the shared head's logits are × 1/m.
 Attention: μP scores are q·k/H, not q·k/sqrt(H) (q and k become correlated in training, so their dot product
-grows like H); normalised to equal SP at the base: q·k · sqrt(H₀)/H, H₀ = model.mup_base_head_dim (0: the
-model's own head dim, i.e. width grows by adding heads of a fixed size, where the rule is SP's 1/sqrt(H)).
-It is folded into q (× sqrt(H₀/H)), so every attention implementation (einsum, chunked, cuDNN, decoding) keeps
-its own 1/sqrt(H). Weight decay is not scaled: the per-step decay lr·wd stays the same at every width, as in
+grows like H); normalised to equal SP at the base head dim H₀ = model.mup_base_head_dim (0: the model's own head
+dim, i.e. width grows by adding heads of a fixed size, where the rule is SP's): the scale is
+(model.attention_scale or 1/sqrt(H₀)) · H₀/H, the `scale` every attention implementation takes (einsum, chunked,
+cuDNN, decoding). Weight decay is not scaled: the per-step decay lr·wd stays the same at every width, as in
 the `mup` package's MuAdamW.
 
 Initialisation: `rescale_init(cfg, params)` on the parameters `model.init` returns (training/state.py does it,
@@ -95,22 +95,18 @@ def logit_multiplier(cfg: ModelConfig) -> float:
     return 1.0 / width_multiplier(cfg)
 
 
-def query_multiplier(cfg: ModelConfig) -> float:
-    """sqrt(H₀/H): × the implementations' 1/sqrt(H) gives μP's sqrt(H₀)/H attention (1 under SP)."""
-    if not _mup(cfg):
-        return 1.0
-    return math.sqrt((cfg.mup_base_head_dim or cfg.dim_per_head) / cfg.dim_per_head)
+def attention_scale(cfg: ModelConfig) -> float | None:
+    """The multiplier of q·k (None: the implementations' 1/sqrt(H)): SP's cfg.attention_scale or None; under μP
+    (cfg.attention_scale or 1/sqrt(H₀)) · H₀/H, the same as SP when the head dim is the base one."""
+    H, H0 = cfg.dim_per_head, cfg.mup_base_head_dim or cfg.dim_per_head
+    if not _mup(cfg) or H0 == H:
+        return cfg.attention_scale or None
+    return (cfg.attention_scale or 1.0 / math.sqrt(H0)) * H0 / H
 
 
 def scale_logits(cfg: ModelConfig, logits: jax.Array) -> jax.Array:
     """logits × logit_multiplier(cfg); the same array under SP (no operation at all)."""
     return logits * logit_multiplier(cfg) if _mup(cfg) else logits
-
-
-def scale_queries(cfg: ModelConfig, q_BTNH: jax.Array) -> jax.Array:
-    """q × query_multiplier(cfg) when it is not 1 (μP with a head dim that differs from the base one)."""
-    factor = query_multiplier(cfg)
-    return q_BTNH * factor if factor != 1.0 else q_BTNH
 
 
 def _is_box(x: Any) -> bool:

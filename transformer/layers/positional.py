@@ -1,12 +1,21 @@
-"""Position information: sinusoidal (Vaswani et al. 2017), learned absolute, rotary (RoPE), none.
+"""Position information: sinusoidal (Vaswani et al. 2017), learned absolute, rotary (RoPE), the attention
+biases ALiBi (alibi.py) and T5's relative buckets (t5_relative.py), none.
 
-Legend: B batch, T sequence, D model width, N heads, H head dimension.
+Legend: B batch, T sequence (queries), S keys, D model width, N heads, H head dimension.
 
 Every encoding is registered at the bottom of this file, by the name `model.positional` selects:
   ABSOLUTE  name -> fn(cfg, positions_BT) -> pos_BTD, added to the token embeddings (a function that
             needs parameters creates its Linen submodule inside the calling model);
   ROTARY    name -> fn(cfg, x_BTNH, positions_BT) -> x_BTNH, applied to queries and keys in self-attention;
+  BIAS      name -> fn(cfg, q_slots_T, k_slots_S, causal) -> bias_1NTS (float32), added to the
+            self-attention logits of every layer; the stack (transformer/models/stack.py) computes it once
+            per call and hands it to each layer (a table with parameters is a submodule of the stack);
   "none"    adds nothing (causal masking alone leaks some position).
+A bias depends on the offset between key and query *slots*: a token's index in its row, or, when
+decoding, its slot in the key/value cache (queries at the cache index onwards). positions_BT does not
+enter: it counts up by one within every document of a packed row and every left-padded prompt, so slot
+offsets equal position offsets on every pair that attention does not mask, and the bias stays one
+(1, N, T, S) array shared by the batch (T5 and Hugging Face compute theirs the same way).
 Adding an encoding is a function here and one registry line; ModelConfig validates against the registry.
 """
 from __future__ import annotations
@@ -15,6 +24,9 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
+
+from transformer.layers.alibi import alibi_bias
+from transformer.layers.t5_relative import t5_relative_bias
 
 
 def sinusoidal_table(positions: jnp.ndarray, d: int, base: float = 10000.0) -> jnp.ndarray:
@@ -89,4 +101,8 @@ ABSOLUTE: dict[str, Callable[[Any, jnp.ndarray], jnp.ndarray]] = {
 ROTARY: dict[str, Callable[[Any, jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {
     "rope": _rope,
 }
-POSITIONAL_ENCODINGS = (*ABSOLUTE, *ROTARY, "none")
+BIAS: dict[str, Callable[[Any, jnp.ndarray, jnp.ndarray, bool], jnp.ndarray]] = {
+    "alibi": alibi_bias,
+    "t5_relative": t5_relative_bias,
+}
+POSITIONAL_ENCODINGS = (*ABSOLUTE, *ROTARY, *BIAS, "none")

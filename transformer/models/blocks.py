@@ -52,8 +52,8 @@ class TransformerBlock(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
                  segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
-                 context_segment_ids_BS: jax.Array | None = None, deterministic: bool = True,
-                 decode: bool = False) -> jax.Array | tuple[jax.Array, None]:
+                 context_segment_ids_BS: jax.Array | None = None, bias_1NTS: jax.Array | None = None,
+                 deterministic: bool = True, decode: bool = False) -> jax.Array | tuple[jax.Array, None]:
         cfg = self.cfg
         out_std = residual_out_std(cfg)
 
@@ -68,7 +68,8 @@ class TransformerBlock(nn.Module):
 
         self_attn = MultiHeadAttention(cfg, causal=self.causal, out_std=out_std, sow_weights=self.sow_weights,
                                        name="attention")
-        x_BTD = sublayer(x_BTD, lambda h: self_attn(h, positions_BT, segment_ids_BT, decode=decode), "attention")
+        x_BTD = sublayer(x_BTD, lambda h: self_attn(h, positions_BT, segment_ids_BT, bias_BNTS=bias_1NTS,
+                                                     decode=decode), "attention")
         if self.cross_attention:
             if context_BSD is None:
                 raise ValueError("a cross-attention block needs context_BSD")
@@ -82,7 +83,8 @@ class TransformerBlock(nn.Module):
 
 
 class BlockStack(nn.Module):
-    """cfg.num_layers (or `num_layers`) TransformerBlocks, with the config's remat and scan options."""
+    """cfg.num_layers (or `num_layers`) TransformerBlocks, with the config's remat and scan options.
+    bias_1NTS (a position bias, made once by the stack) goes to every block's self-attention."""
 
     cfg: ModelConfig
     causal: bool
@@ -93,8 +95,8 @@ class BlockStack(nn.Module):
     @nn.compact
     def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
                  segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
-                 context_segment_ids_BS: jax.Array | None = None, deterministic: bool = True,
-                 decode: bool = False) -> jax.Array:
+                 context_segment_ids_BS: jax.Array | None = None, bias_1NTS: jax.Array | None = None,
+                 deterministic: bool = True, decode: bool = False) -> jax.Array:
         cfg = self.cfg
         num_layers = self.num_layers or cfg.num_layers
         block_cls = TransformerBlock
@@ -102,7 +104,7 @@ class BlockStack(nn.Module):
             # deterministic and decode (the last two arguments) are Python bools: static under remat.
             block_cls = nn.remat(block_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                                  static_argnums=(-2, -1))
-        args = (positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS, deterministic, decode)
+        args = (positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS, bias_1NTS, deterministic, decode)
         kwargs = dict(causal=self.causal, cross_attention=self.cross_attention, sow_weights=self.sow_weights,
                       scan_output=cfg.scan_layers)
         if cfg.scan_layers:

@@ -6,7 +6,8 @@ Reading top to bottom, as in nanoGPT:
 Steps 1–5 are `embed_and_stack` (transformer/models/stack.py), shared with the other families:
   1. tokens_BT -> token embedding x_BTD (table ("vocab", "embed"); × sqrt(D) if scale_embeddings)
   2. + positions: learned table ("positions", "embed") | sinusoidal | nothing (RoPE rotates q and k
-     inside attention instead; "none" adds nothing)
+     inside attention instead; ALiBi and T5's relative buckets are one bias, made here once and added to
+     every layer's attention logits; "none" adds nothing)
   3. optional embedding norm, dropout
   4. L × TransformerBlock(causal=True) from transformer/models/blocks.py: causal self-attention and
      a feed-forward layer, each in a residual branch, pre-LN or post-LN; packed documents are kept

@@ -11,16 +11,18 @@ Reading top to bottom:
   3. decoder = EmbeddedStack(causal=True, cross_attention=True): cfg.num_layers blocks of causal
      self-attention, cross-attention to encoded_BSD and a feed-forward layer -> final norm (pre-LN)
   4. output head: the token table transposed (tied) or an ("embed", "vocab") kernel -> logits_BTV
-     (float32).
+     (float32); with scale_tied_head (T5 v1.0) the hidden states are multiplied by D^-0.5 first.
 Masks: source segment ids (0 = padding) keep padded source positions out of encoder self-attention
 and out of the decoder's cross-attention; target segment ids do the same for the decoder. When only
 the source's are given, every target token counts as segment 1 (one unpacked example per row).
-RoPE, where configured, rotates self-attention only; cross-attention carries no positions (T5 uses
-a relative position bias instead, which is not implemented here).
+RoPE, where configured, rotates self-attention only; a position bias (positional=t5_relative, T5's
+buckets: bidirectional in the encoder, unidirectional in the decoder; or alibi) is computed once per
+stack and added in every self-attention layer of that stack. Cross-attention carries no positions.
 
-Parameters: token_embedding/embedding, encoder/{position_embedding, embedding_norm, blocks/layers_i/
-{attention, attention_norm, mlp, mlp_norm}, final_norm}, decoder/{..., blocks/layers_i/
-{cross_attention, cross_attention_norm}}, head/kernel (untied only).
+Parameters: token_embedding/embedding, encoder/{position_embedding | relative_position_bias,
+embedding_norm, blocks/layers_i/{attention, attention_norm, mlp, mlp_norm}, final_norm},
+decoder/{..., blocks/layers_i/{cross_attention, cross_attention_norm}}, head/kernel (untied only);
+transformer/interop/hf_t5.py maps them to Hugging Face T5's names.
 
 Decoding (what transformer/inference builds on): `encode` once, then `decode(..., decode=True)`
 token by token with the decoder's self-attention key/value cache (the "cache" collection). Create
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
 from transformer.config import ModelConfig
@@ -66,6 +69,8 @@ class EncoderDecoderModel(nn.Module):
         """(tgt_tokens_BT, encoded_BSD) -> logits_BTV; decode=True uses and extends the self-attention cache."""
         x_BTD = self.decoder(tgt_tokens_BT, tgt_positions_BT, tgt_segment_ids_BT, encoded_BSD, src_segment_ids_BS,
                              deterministic=deterministic, decode=decode)
+        if self.cfg.scale_tied_head:  # T5 v1.0 (Mesh TensorFlow): the tied head sees hidden × D^-0.5
+            x_BTD = x_BTD * jnp.asarray(self.cfg.d_model ** -0.5, x_BTD.dtype)
         logits_BTV = self.token_embedding.attend(x_BTD) if self.cfg.tie_embeddings else self.head(x_BTD)
         return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "act_vocab"))
 

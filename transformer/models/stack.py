@@ -3,9 +3,9 @@
 Legend: B batch, T sequence, S context (source) length, D model width.
 
 `embed_and_stack` runs inside a compact module's method and creates its submodules in that module's
-scope (position_embedding, embedding_norm, blocks, final_norm, and the "next_position" decoding
-counter), so a DecoderLM keeps them at the top of its parameter tree while each stack of an
-encoder–decoder keeps them under its own name (`EmbeddedStack`).
+scope (position_embedding, relative_position_bias, embedding_norm, blocks, final_norm, and the
+"next_position" / "key_slots" decoding state), so a DecoderLM keeps them at the top of its parameter
+tree while each stack of an encoder–decoder keeps them under its own name (`EmbeddedStack`).
 """
 from __future__ import annotations
 
@@ -34,6 +34,25 @@ def embed_inputs(cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Arr
     return x_BTD.astype(dtype)
 
 
+def position_bias(module: nn.Module, cfg: ModelConfig, T: int, start: jax.Array | int, *, causal: bool,
+                  decode: bool) -> jax.Array | None:
+    """The stack's bias_1NTS for cfg.positional in positional.BIAS (None for other encodings), from slots:
+    queries 0..T-1 against keys 0..T-1, or when decoding the T new tokens at cache slots start.. against
+    every slot of the cache. The stack's "key_slots" cache variable (S,) holds the slot of each cached key,
+    written as tokens arrive; it is how the stack knows the cache's length S."""
+    if cfg.positional not in positional.BIAS:
+        return None
+    q_slots_T = start + jnp.arange(T, dtype=jnp.int32)
+    k_slots_S = q_slots_T
+    if decode:
+        initialized = module.has_variable("cache", "key_slots")
+        key_slots = module.variable("cache", "key_slots", lambda: jnp.arange(T, dtype=jnp.int32))
+        if initialized:  # a decoding step: T new keys at `start`, attending to all S slots
+            key_slots.value = jax.lax.dynamic_update_slice(key_slots.value, q_slots_T, (start,))
+            k_slots_S = key_slots.value
+    return positional.BIAS[cfg.positional](cfg, q_slots_T, k_slots_S, causal)
+
+
 def embed_and_stack(module: nn.Module, cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Array,
                     positions_BT: jax.Array | None, segment_ids_BT: jax.Array | None,
                     context_BSD: jax.Array | None = None, context_segment_ids_BS: jax.Array | None = None, *,
@@ -42,7 +61,8 @@ def embed_and_stack(module: nn.Module, cfg: ModelConfig, embedding: TokenEmbeddi
     """tokens_BT -> hidden x_BTD. Called from `module`'s compact method.
 
     1. positions default to 0..T-1; when decoding they count on from the cached ones
-    2. token embedding + absolute positions (RoPE rotates q and k inside attention instead)
+    2. token embedding + absolute positions (RoPE rotates q and k inside attention instead; a position
+       bias, ALiBi or T5's, is computed here once, bias_1NTS, and added in every self-attention layer)
     3. optional embedding norm, dropout
     4. `num_layers` (0: cfg.num_layers) TransformerBlocks: self-attention (causal or not; packed
        documents kept apart by segment ids, 0 = padding), optional cross-attention to context_BSD,
@@ -60,13 +80,14 @@ def embed_and_stack(module: nn.Module, cfg: ModelConfig, embedding: TokenEmbeddi
     if positions_BT is None:
         positions_BT = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (B, T))
     x_BTD = embed_inputs(cfg, embedding, tokens_BT, positions_BT)
+    bias_1NTS = position_bias(module, cfg, T, start, causal=causal, decode=decode)
     if cfg.embedding_norm:
         x_BTD = make_norm(cfg, "embedding_norm")(x_BTD)
     x_BTD = nn.Dropout(cfg.dropout_rate)(x_BTD, deterministic=deterministic)
     x_BTD = nn.with_logical_constraint(x_BTD, ("batch", "seq", "act_embed"))
     x_BTD = BlockStack(cfg, causal=causal, cross_attention=cross_attention, num_layers=num_layers,
                        sow_weights=sow_weights, name="blocks")(
-        x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS, deterministic, decode)
+        x_BTD, positions_BT, segment_ids_BT, context_BSD, context_segment_ids_BS, bias_1NTS, deterministic, decode)
     if cfg.norm_position == "pre":
         x_BTD = make_norm(cfg, "final_norm")(x_BTD)
     return x_BTD

@@ -8,7 +8,8 @@ Parameters, per piece (b = 1 with cfg.use_bias, else 0):
   feed-forward    plain 2·D·F, gated 3·D·F                  + b·(F + D) plain, b·(2F + D) gated
   norm            LayerNorm D + b·D (scale, bias); RMSNorm D
   block           attention + FFN + 2 norms; a cross-attention block adds attention + 1 norm
-  embedding       V·D token table; + max_len·D learned position table per stack
+  embedding       V·D token table; + max_len·D learned position table per stack; + R·N T5 relative
+                  bias table per stack (positional=t5_relative, R = relative_num_buckets)
   head            untied: D·V (no bias); tied: 0
   final norm      one per stack with pre-LN; embedding_norm adds one per stack
 Families: decoder = embedding + L blocks + final norm + head. encoder = the same with bidirectional
@@ -17,7 +18,7 @@ b·V) or, when num_classes > 0, the BERT pooler D·D + b·D and a classifier D·
 encoder_decoder = one token table shared by both stacks and the tied head, a learned position table
 per stack (as BART), L_e self-attention blocks and L_d blocks with cross-attention, a final norm per
 stack (pre-LN), one head.
-`non_embedding` = total − token table − learned position table (an untied head counts as non-embedding).
+`non_embedding` = total − token table − position tables (an untied head counts as non-embedding).
 
 FLOPs per token of training (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
   six_n           6 · N_matmul, N_matmul = matmul weights of the blocks (attention and FFN kernels,
@@ -90,7 +91,8 @@ def _encoder_head_params(cfg: ModelConfig) -> int:
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """{"total", "non_embedding", "embedding"} parameter counts of the model cfg builds."""
     V, D = cfg.vocab_size, cfg.d_model
-    embedding = V * D + (len(_stacks(cfg)) * cfg.max_len * D if cfg.positional == "learned" else 0)
+    per_stack = {"learned": cfg.max_len * D, "t5_relative": cfg.relative_num_buckets * cfg.num_heads}
+    embedding = V * D + len(_stacks(cfg)) * per_stack.get(cfg.positional, 0)
     matmul, other = _matmul_and_other(cfg)
     non_embedding = matmul + other + (0 if cfg.tie_embeddings or not _has_vocab_head(cfg) else D * V)
     if cfg.family == "encoder":

@@ -168,6 +168,12 @@ def approach3(points: Points, **fit_kwargs: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------- noise bootstrap and the whole fit
 
 
+def draw_lists(draws: dict[str, np.ndarray], keys: Sequence[str] | None = None) -> dict[str, list]:
+    """Noise draws as JSON lists; a failed draw (NaN or ±inf) is null, and plots and intervals skip it."""
+    return {k: [float(x) if np.isfinite(x) else None for x in np.asarray(draws[k], float)]
+            for k in (keys or draws)}
+
+
 def _intervals(draws: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, Any]:
     out = {}
     for k in keys:
@@ -271,7 +277,7 @@ def fit_all(
         a2.update(_intervals(draws2, ("a", "b", "N_coef", "D_coef")))
         a2["bootstrap"] = {"kind": "parametric: losses redrawn with the noise σ", "samples": samples,
                            "budget_minima_clamped": int(draws2["clamped"].sum()),
-                           "draws": {k: draws2[k].tolist() for k in ("a", "b", "N_coef", "D_coef")}}
+                           "draws": draw_lists(draws2, ("a", "b", "N_coef", "D_coef"))}
     if samples and sigma["sigma"] and a3.get("a") is not None:
         # Where the form misfits (residual RMS > σ), the draws use the residual RMS: the interval then
         # carries the misfit too, not only the noise.
@@ -281,7 +287,7 @@ def fit_all(
         a3["bootstrap"] = {"kind": "parametric: fitted losses redrawn with σ = max(noise σ, residual RMS)",
                            "sigma": sigma3, "samples": samples,
                            "failed": int(np.isnan(draws3["a"]).sum()),
-                           "draws": {k: v.tolist() for k, v in draws3.items()}}
+                           "draws": draw_lists(draws3)}
     result["conventions"] = _conventions(used, names, headline, a2, a3, isoflop_window, isoflop_method,
                                          approach3_near, sigma["sigma"], samples, rng)
     result["frontier"] = _frontier(a2, draws2, a3)
@@ -302,10 +308,14 @@ def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict
     law = frontier.fit(flops_B, loss_B)
     out: dict[str, Any] = {"form": "L_opt(C) = E + k·C^-gamma through approach 2's minima", "E_from": "the minima"}
     e_draws = None
-    if law and law["E"] < frontier.E_UNIDENTIFIED * min(loss_B) and a3.get("E") and a3["E"] < min(loss_B):
-        law = frontier.fit(flops_B, loss_B, e_fixed=a3["E"])
-        out["E_from"] = "approach 3 (the minima alone drive E to 0: they do not identify it)"
-        e_draws = a3.get("bootstrap", {}).get("draws", {}).get("E")
+    if budgets and (law is None or law["E"] < frontier.E_UNIDENTIFIED * min(loss_B)):  # the minima do not pin E
+        if a3.get("E") and a3["E"] < min(loss_B):
+            law = frontier.fit(flops_B, loss_B, e_fixed=a3["E"])
+            out["E_from"] = "approach 3 (the minima alone do not identify E)"
+            e_draws = a3.get("bootstrap", {}).get("draws", {}).get("E")
+        elif law is not None:
+            out["E_from"] = "the minima, which drive it to 0: a pure power law, which overstates the loss drop " \
+                            "far beyond the grid (approach 3 gives no E to hold)"
     out["law"] = law
     if law is None:
         out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
@@ -313,14 +323,14 @@ def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict
     if draws2 is not None:
         fits_K = []
         for k in range(draws2["a"].size):
-            e_k = None if out["E_from"] == "the minima" else (e_draws[k] if e_draws and np.isfinite(e_draws[k])
-                                                               else law["E"])
+            e_k = None if out["E_from"].startswith("the minima") else (
+                e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
             fits_K.append(frontier.fit(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
         out.update(_intervals(draws, ("E", "gamma")))
         out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
-                            "draws": {k: v.tolist() for k, v in draws.items()}}
+                            "draws": draw_lists(draws)}
         out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
     return out
 

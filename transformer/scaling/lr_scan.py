@@ -38,16 +38,23 @@ def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
             "edge": None, "method": "parabola"}
 
 
-def fit_power_law(sizes: Sequence[float], lr_opts: Sequence[float]) -> tuple[float, float]:
-    """(c, k) of lr_opt = c · N^k, least squares in log–log."""
+def fit_power_law(sizes: Sequence[float], lr_opts: Sequence[float], exponent: float | None = None) -> tuple[float, float]:
+    """(c, k) of lr_opt = c · N^k, least squares in log–log; with `exponent`, k is held there and only c fitted
+    (the geometric mean of lr_opt / N^k), which one size can do."""
+    if exponent is not None:
+        if not sizes:
+            raise ConfigError("fitting lr_opt = c·N^k needs an optimum at 1 or more sizes")
+        log_c = float(np.mean(np.log(lr_opts) - exponent * np.log(sizes)))
+        return float(math.exp(log_c)), float(exponent)
     if len(sizes) < 2:
         raise ConfigError("fitting lr_opt = c·N^k needs optima at 2 or more sizes")
     k, log_c = np.polyfit(np.log(sizes), np.log(lr_opts), 1)
     return float(math.exp(log_c)), float(k)
 
 
-def analyze(rows: Sequence[dict[str, Any]], param_count: str = "total") -> dict[str, Any]:
-    """The lr_fit.json object from results rows (run_id, params, params_non_embedding, learning_rate, eval_loss)."""
+def analyze(rows: Sequence[dict[str, Any]], param_count: str = "total", exponent: float | None = None) -> dict[str, Any]:
+    """The lr_fit.json object from results rows (run_id, params, params_non_embedding, learning_rate, eval_loss);
+    `exponent`: k held fixed (see fit_power_law)."""
     key = "params" if param_count == "total" else "params_non_embedding"
     groups: dict[int, list[dict]] = {}
     for r in rows:
@@ -64,11 +71,12 @@ def analyze(rows: Sequence[dict[str, Any]], param_count: str = "total") -> dict[
                       "points": [{"learning_rate": r["learning_rate"], "eval_loss": r["eval_loss"]}
                                  for r in sorted(group, key=lambda r: r["learning_rate"])]})
     inside = [s for s in sizes if not s["at_edge"]]
-    used = inside if len(inside) >= 2 else sizes
+    used = inside if len(inside) >= (1 if exponent is not None else 2) else sizes
     if len(used) < len(sizes):
         warnings.append(f"fit uses the {len(used)} sizes whose optimum is bracketed by the scan")
-    c, k = fit_power_law([s["size"] for s in used], [s["lr_opt"] for s in used])
-    return {"coefficient": c, "exponent": k, "param_count": param_count, "formula": "lr_opt = coefficient * N**exponent",
+    c, k = fit_power_law([s["size"] for s in used], [s["lr_opt"] for s in used], exponent)
+    return {"coefficient": c, "exponent": k, "exponent_fitted": exponent is None, "param_count": param_count,
+            "formula": "lr_opt = coefficient * N**exponent",
             "sizes": sizes, "fit_sizes": [s["size"] for s in used], "warnings": warnings}
 
 

@@ -32,8 +32,9 @@ def _points(fit: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def _flops_range(fit: dict[str, Any]) -> np.ndarray:
-    """Compute values spanning the points and the envelope, a factor 2 beyond each end, (G,)."""
-    flops = list(_points(fit)["flops"]) + list(fit["approach1"].get("envelope", {}).get("flops", []))
+    """Compute values spanning the points, the envelope and predictions, a factor 2 beyond each end, (G,)."""
+    flops = (list(_points(fit)["flops"]) + list(fit["approach1"].get("envelope", {}).get("flops", []))
+             + [p["flops"] for p in fit.get("predictions", [])])
     return np.geomspace(min(flops) / 2, max(flops) * 2, 200)
 
 
@@ -87,9 +88,10 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
 
 
 def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    exps = np.array(draws["a" if kind == "N" else "b"])
-    coefs = np.array(draws[f"{kind}_coef"])
-    pred_KG = coefs[:, None] * flops_G[None, :] ** exps[:, None]
+    exps = np.array(draws["a" if kind == "N" else "b"], float)  # a failed draw is null: NaN, left out
+    coefs = np.array(draws[f"{kind}_coef"], float)
+    ok = np.isfinite(exps) & np.isfinite(coefs)
+    pred_KG = coefs[ok, None] * flops_G[None, :] ** exps[ok, None]
     return np.percentile(pred_KG, 2.5, axis=0), np.percentile(pred_KG, 97.5, axis=0)
 
 
@@ -121,6 +123,15 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
             if draws and len(draws.get("a", [])) >= 2:
                 lo_G, hi_G = _power_law_band(draws, kind, flops_G)
                 ax.fill_between(flops_G, lo_G, hi_G, color=colour, alpha=0.15, lw=0)
+        for p in fit.get("predictions", []):  # where the fit says the optimum lies beyond the grid
+            if p.get(key) is not None:
+                ci = p.get(f"{key}_ci95") or [p[key], p[key]]
+                ax.errorbar([p["flops"]], [p[key]], yerr=[[p[key] - ci[0]], [ci[1] - p[key]]], fmt="D", color="C3",
+                            ms=5, capsize=3, zorder=4, label="prediction (95% interval)")
+        checked = fit.get("validation")
+        if checked and fit["headline"]["convention"] == "eff":  # the model trained there, N_eff = C / (6·D)
+            trained = checked["flops"] / 6.0 / checked["tokens"] if kind == "N" else checked["tokens"]
+            ax.scatter([checked["flops"]], [trained], marker="X", s=60, color="k", zorder=5, label="validation run")
         ax.set(xscale="log", yscale="log", xlabel=LABEL_C, ylabel=f"optimal {label}",
                title=f"compute-optimal {label}")
         ax.grid(True, which="major", alpha=0.3)
@@ -136,7 +147,8 @@ def lower_envelope(flops: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, np.
 
 def plot_frontier(fit: dict[str, Any], path: str) -> str:
     """Loss against compute: all runs, their lower envelope, approach 2's minima, the frontier
-    L_opt(C) = E + k·C^-γ with its 95% band, approach 3's optimum, and predictions with intervals."""
+    L_opt(C) = E + k·C^-γ with its 95% band, approach 3's optimum, predictions with intervals, and a
+    sweep's validation run (fit["validation"]) beside its prediction."""
     fig = figure.Figure(figsize=(7.5, 5), layout="constrained")
     ax = fig.add_subplot()
     pts = _points(fit)
@@ -176,6 +188,11 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
                     color="C3", ms=5, capsize=3, zorder=4)
     if predictions:
         ax.errorbar([], [], yerr=[], fmt="D", color="C3", ms=5, capsize=3, label="prediction (95% interval)")
+    checked = fit.get("validation")
+    if checked and checked.get("measured_loss") is not None:  # the sweep's prediction check (its own run)
+        ax.scatter([checked["flops"]], [checked["measured_loss"]], marker="X", s=80, color="k", zorder=5,
+                   label=f"measured: {checked['measured_loss']:.4f} ({100 * checked['relative_error']:+.2f}% vs "
+                         f"predicted {checked['predicted_loss']:.4f})")
     a3 = fit["approach3"]
     if a3.get("a") is not None:
         n_G, d_G = a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"]

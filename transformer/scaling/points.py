@@ -281,7 +281,7 @@ def _flops_no_attention(record: dict[str, Any]) -> float | None:
 
 
 def read_sweep(directory: str, n_kind: str = "params") -> Points:
-    """Points from a sweep directory's results.jsonl (+ each run's metrics.jsonl curve).
+    """Points from a sweep directory's results.jsonl (+ each run's metrics.jsonl curve, except wsd runs').
 
     Runs whose status is not "ok" or whose eval_loss is missing or non-finite are excluded with a
     reason, as are lines that are not JSON (torn writes); a run listed twice keeps its last line. `n_kind` picks N: "params" (total) or
@@ -303,7 +303,10 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
     params, tokens, flops, loss, ids, curves, budgets = [], [], [], [], [], [], []
     extras: dict[str, list[float]] = {"params_total": [], "params_non_embedding": [], "flops_no_attention": []}
     for run_id, (line_no, record) in by_id.items():
-        status = record.get("status")
+        status, role = record.get("status"), record.get("role", "grid")
+        if role != "grid":  # a staged sweep's LR calibration, schedule check or validation run (plan.py)
+            excluded.append({"id": run_id, "reason": f"role={role!r}: not an IsoFLOP grid run"})
+            continue
         if status != "ok":
             excluded.append({"id": run_id, "reason": f"status={status!r} (not 'ok')"})
             continue
@@ -325,7 +328,9 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         extras["params_total"].append(record.get("params"))
         extras["params_non_embedding"].append(record.get("params_non_embedding"))
         extras["flops_no_attention"].append(_flops_no_attention(record))
-        curve = _read_curve(os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1])
+        # A wsd run's intermediate evaluations are not decayed (its branches' final points are): no curve.
+        curve = None if record.get("schedule") == "wsd" else _read_curve(
+            os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1])
         if curve is not None:
             curves.append(curve)
     if not ids:

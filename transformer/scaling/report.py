@@ -26,11 +26,13 @@ def run_fit(
     headline: str | None = None,
     predict_flops: Sequence[float] = (),
     approach3_near: float = fits.APPROACH3_NEAR,
+    annotate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit the points (a CSV path, a sweep directory or `Points`) and write `out_dir/fit.json` + PNGs.
 
-    The options are `fits.fit_all`'s. Everything is validated and fitted before `out_dir` is created, so
-    a bad input writes nothing. Returns the fit.json content.
+    The options are `fits.fit_all`'s; `annotate` adds keys to fit.json that the figures show (a sweep's
+    `validation`: the measured point beside its prediction). Everything is validated and fitted before
+    `out_dir` is created, so a bad input writes nothing. Returns the fit.json content.
     """
     if isinstance(points_source, points_lib.Points):
         pts = points_source
@@ -40,6 +42,7 @@ def run_fit(
                        isoflop_window=isoflop_window, isoflop_method=isoflop_method, headline=headline,
                        predict_flops=predict_flops, approach3_near=approach3_near)
     fit["n_kind"] = n_kind
+    fit.update(annotate or {})
     os.makedirs(out_dir, exist_ok=True)
     files.write_json(os.path.join(out_dir, "fit.json"), fit, indent=1, allow_nan=False)
     if make_plots:

@@ -21,6 +21,8 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     # The shape ladder: one model per d_model; num_layers = clip(round(d_model / aspect_ratio)),
     # num_heads = d_model / head_dim, d_ff = ffn_ratio · d_model rounded to a multiple of ffn_multiple.
     s.d_models = (32, 48, 64, 96, 128)
+    s.num_layers = 0                   # > 0: every shape has this depth and only the width varies (no depth
+                                       # jumps inside an IsoFLOP curve); 0: depth from aspect_ratio
     s.aspect_ratio = 32.0              # d_model / num_layers
     s.min_layers = 1
     s.max_layers = 64
@@ -35,6 +37,9 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.prior_exponent = 0.5             # a in N_opt = G · C^a
     s.prior_tokens_per_param = 20.0    # G = (6 · tokens_per_param)^-a when prior_coefficient is 0
     s.prior_coefficient = 0.0
+    s.recenter = False                 # centre each budget on the power law through the finished budgets'
+                                       # minima (the prior only for the first); a budget is then designed once
+                                       # the budgets before it have finished
     s.min_steps = 20                   # a run with fewer steps is dropped (or the budget is an error)
     s.min_sizes = 3                    # a budget with fewer sizes left is an error
 
@@ -45,8 +50,38 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.lr_fit = ""                      # a DIR/lr_fit.json from an LR scan replaces the two numbers above
     s.warmup_fraction = 0.05           # warm-up = max(warmup_min, warmup_fraction · steps), at most steps / 2
     s.warmup_min = 10
+    s.warmup_tokens_per_param = 0.0    # > 0: warm-up = this · N tokens instead (Porian et al. 2024: 1), N alone
+    s.branch = False                   # base.train.schedule=wsd: a size's run at a budget continues from the
+                                       # decay start of its run at the previous budget (Hägele et al. 2024)
     s.batch_size_exponent = 0.0        # batch = base batch · (C / smallest budget)^exponent ...
     s.batch_multiple = 8               # ... rounded to a multiple of this (0 exponent: the base batch)
+    s.validate_flops = 0.0             # > 0: after the grid, predict the compute-optimal model and its loss at
+                                       # this budget (DIR/fit/predictions.json), train it, DIR/fit/validation.json
+
+    # The learning rate from measurement: a calibration stage before the budgets. Each size trains at the
+    # smallest budget's compute (the sweep's tokens per parameter) at the rule's rate × each multiplier
+    # (extended where a size's best rate is at the edge); lr_opt = c·N^k is refitted from the optima
+    # (k = lr_exponent held unless fit_exponent), and every later run uses it.
+    s.lr_calibration = ml_collections.ConfigDict()
+    s.lr_calibration.d_models = ()     # empty: no calibration
+    s.lr_calibration.multipliers = (0.5, 1.0, 2.0)
+    s.lr_calibration.max_extensions = 2
+    s.lr_calibration.fit_exponent = False
+
+    # Seed replicates: the `sizes` runs nearest the optimum of each budget in `budgets` (empty: the smallest)
+    # train again under `extra` more seeds; the fits take σ from their spread.
+    s.seeds = ml_collections.ConfigDict()
+    s.seeds.extra = 0
+    s.seeds.budgets = ()
+    s.seeds.sizes = 3
+
+    # Schedule check: the grid runs of one budget trained again under another schedule (e.g. wsd against
+    # cosine), reported in DIR/fit/schedule_check.json and not fitted.
+    s.schedule_check = ml_collections.ConfigDict()
+    s.schedule_check.budget = 0.0      # 0: off
+    s.schedule_check.schedule = "cosine"
+    s.schedule_check.sizes = 0         # the sizes nearest the budget's centre that are checked; 0: all
+
     s.evals_per_run = 1                # evaluations spread over each run (the last one at its end)
     s.checkpoints_per_run = 4          # checkpoints spread over each run (resume granularity)
     s.logs_per_run = 10

@@ -21,12 +21,12 @@ import ml_collections
 import numpy as np
 
 from transformer.sweeps.defaults import MODES, PARAM_COUNTS, sweep_defaults
-from transformer.models.config import ConfigError, MissingInputError
+from transformer.models.config import ConfigError, MissingInputError, model_defaults
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.training import validate
 
 # Settings that say where or how a run executes, not what it computes: left out of the run id.
-_ENVIRONMENT_KEYS = ("data.data_dir", "data.cache_dir", "data.worker_count", "distributed")
+_ENVIRONMENT_KEYS = ("data.data_dir", "data.cache_dir", "data.worker_count", "distributed", "logging")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,11 @@ class Run:
     learning_rate: float
     warmup_steps: int
     config: ml_collections.ConfigDict
+    role: str = "grid"           # grid | lr (calibration) | check (schedule check) | validate (prediction check)
+    stage: str = ""              # the stage that designed it (plan.py): "lr", "C1e12", "validate"
+    seed: int = 0
+    branch_from: str | None = None  # wsd: the run whose decay-start checkpoint this one continues from
+    start_step: int = 0          # the step it starts training at (a branch's source decay start), for estimates
 
     @property
     def tokens(self) -> int:
@@ -75,7 +80,9 @@ class Run:
                 "params_non_embedding": self.params_non_embedding, "size": self.size,
                 "tokens": self.tokens, "flops": self.flops, "flops_per_token": self.flops_per_token,
                 "steps": self.steps, "batch_size": self.batch_size, "seq_len": self.seq_len,
-                "learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps,
+                "learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps, "role": self.role,
+                "stage": self.stage, "seed": self.seed, "branch_from": self.branch_from,
+                "start_step": self.start_step, "schedule": self.config.train.schedule,
                 **dataclasses.asdict(self.shape)}
 
 
@@ -86,8 +93,12 @@ def format_flops(c: float) -> str:
 
 
 def run_id(label: str, config: ml_collections.ConfigDict) -> str:
-    """`label-<8 hex>`: sha1 of the canonical JSON of the config without its environment keys."""
+    """`label-<8 hex>`: sha1 of the canonical JSON of the config without its environment keys and without the
+    model settings at ModelConfig's defaults, so a new model option (whose default keeps today's model) does
+    not rename every existing run."""
     d = json.loads(json.dumps(config.to_dict()))
+    defaults = json.loads(json.dumps(model_defaults()))
+    d["model"] = {k: v for k, v in d.get("model", {}).items() if k not in defaults or v != defaults[k]}
     for key in _ENVIRONMENT_KEYS:
         *parents, last = key.split(".")
         holder = d
@@ -132,12 +143,15 @@ def validate_sweep(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"sweep.size_span={s.size_span!r} must be > 1 (largest / smallest N in a budget)")
     if not 0 <= s.warmup_fraction < 1:
         raise ConfigError(f"sweep.warmup_fraction={s.warmup_fraction!r} must be in [0, 1)")
+    if not isinstance(s.num_layers, int) or s.num_layers < 0:
+        raise ConfigError(f"sweep.num_layers={s.num_layers!r} must be 0 (depth from aspect_ratio) or a positive integer")
     if s.mode == "isoflop":
         budgets = list(s.budgets)
         if not budgets or any(not (isinstance(c, (int, float)) and c > 0) for c in budgets):
             raise ConfigError(f"sweep.budgets={tuple(budgets)} must be a non-empty list of positive FLOP counts")
         if len(set(budgets)) != len(budgets):
             raise ConfigError(f"sweep.budgets={tuple(budgets)} has repeated budgets")
+        _validate_stages(config)
     else:
         scan = s.lr_scan
         if scan.num_lrs < 3:
@@ -151,6 +165,38 @@ def validate_sweep(config: ml_collections.ConfigDict) -> None:
                               f"least 2 sizes")
 
 
+def _validate_stages(config: ml_collections.ConfigDict) -> None:
+    """The staged settings of an IsoFLOP sweep (plan.py): calibration, seeds, schedule check, branches, validation."""
+    from transformer.training.optimizer import SCHEDULES
+
+    s = config.sweep
+    budgets = list(s.budgets)
+    mults = list(s.lr_calibration.multipliers)
+    if s.lr_calibration.d_models:
+        ratios = np.diff(np.log(sorted(mults))) if len(mults) > 1 else []
+        if len(mults) < 3 or any(m <= 0 for m in mults) or not np.allclose(ratios, ratios[0]):
+            raise ConfigError(f"sweep.lr_calibration.multipliers={tuple(mults)} must be 3 or more positive factors "
+                              "evenly spaced in log (e.g. 0.5, 1, 2)")
+        if s.lr_calibration.fit_exponent and len(set(s.lr_calibration.d_models)) < 2:
+            raise ConfigError("sweep.lr_calibration.fit_exponent=True needs 2 or more lr_calibration.d_models")
+    if not isinstance(s.seeds.extra, int) or s.seeds.extra < 0 or s.seeds.sizes < 1:
+        raise ConfigError(f"sweep.seeds.extra={s.seeds.extra!r} must be an integer >= 0 and sweep.seeds.sizes "
+                          f"({s.seeds.sizes!r}) >= 1")
+    for c in list(s.seeds.budgets) + ([s.schedule_check.budget] if s.schedule_check.budget else []):
+        if not any(math.isclose(c, b, rel_tol=1e-9) for b in budgets):
+            raise ConfigError(f"sweep.seeds.budgets / sweep.schedule_check.budget: {c!r} is not one of "
+                              f"sweep.budgets={tuple(budgets)}")
+    if s.schedule_check.schedule not in SCHEDULES:
+        raise ConfigError(f"sweep.schedule_check.schedule={s.schedule_check.schedule!r} is not valid; choose one "
+                          f"of {', '.join(SCHEDULES)}")
+    if s.branch and config.base.train.schedule != "wsd":
+        raise ConfigError(f"sweep.branch=True continues runs from a decay start: it needs base.train.schedule='wsd' "
+                          f"(got {config.base.train.schedule!r})")
+    if s.validate_flops and not s.validate_flops > max(budgets):
+        raise ConfigError(f"sweep.validate_flops={s.validate_flops!r} must exceed the largest budget "
+                          f"({max(budgets):.3g}): the prediction is checked beyond the grid")
+
+
 def vocab_size(base: ml_collections.ConfigDict) -> int:
     """The vocabulary the runs will have: model.vocab_size, else the tokenizer's (without training one)."""
     if base.model.vocab_size:
@@ -160,32 +206,47 @@ def vocab_size(base: ml_collections.ConfigDict) -> int:
         return ByteTokenizer().vocab_size
     if base.data.tokenizer == "sentencepiece":
         return int(base.data.vocab_size)
-    raise ConfigError(f"base.data.tokenizer={base.data.tokenizer!r} is not valid; choose bytes or sentencepiece")
+    from transformer.data.tokenizers import get_tokenizer  # a tokenizer file: read it (errors name the path)
+    return get_tokenizer(base.data).vocab_size
 
 
 def shape_for(sweep: ml_collections.ConfigDict, d_model: int) -> Shape:
-    """The ladder's rule: depth from the aspect ratio, heads from the fixed head_dim, d_ff from the ratio."""
+    """The ladder's rule: depth sweep.num_layers (or from the aspect ratio when 0), heads from the fixed
+    head_dim, d_ff from the ratio."""
     if d_model % sweep.head_dim:
         raise ConfigError(f"d_model={d_model} is not a multiple of sweep.head_dim={sweep.head_dim}; "
                           f"use d_models that are multiples of {sweep.head_dim}")
-    layers = int(np.clip(round(d_model / sweep.aspect_ratio), sweep.min_layers, sweep.max_layers))
+    layers = sweep.num_layers or int(np.clip(round(d_model / sweep.aspect_ratio), sweep.min_layers, sweep.max_layers))
     d_ff = max(sweep.ffn_multiple, int(round(sweep.ffn_ratio * d_model / sweep.ffn_multiple)) * sweep.ffn_multiple)
     return Shape(d_model=d_model, num_layers=layers, num_heads=d_model // sweep.head_dim,
                  head_dim=sweep.head_dim, d_ff=d_ff)
 
 
+def warmup_for(sweep: ml_collections.ConfigDict, steps: int, size: int, tokens_per_step: int) -> int:
+    """Warm-up steps: sweep.warmup_tokens_per_param · N tokens when set (Porian et al. 2024 warm up for N
+    tokens; it depends on N alone, so wsd runs of one size at several budgets share it and can branch), else
+    warmup_fraction of the run; at least warmup_min, at most half the run."""
+    if sweep.warmup_tokens_per_param > 0:
+        warmup = math.ceil(sweep.warmup_tokens_per_param * size / tokens_per_step)
+    else:
+        warmup = round(sweep.warmup_fraction * steps)
+    return min(max(sweep.warmup_min, warmup), steps // 2)
+
+
 def run_config(base: ml_collections.ConfigDict, sweep: ml_collections.ConfigDict, shape: Shape, vocab: int,
-               steps: int = 1, learning_rate: float = 1e-3, batch_size: int | None = None) -> ml_collections.ConfigDict:
-    """`base` with the shape, steps, schedule and batch of one run filled in."""
+               steps: int = 1, learning_rate: float = 1e-3, batch_size: int | None = None, size: int = 0,
+               seed: int | None = None, schedule: str | None = None) -> ml_collections.ConfigDict:
+    """`base` with the shape, steps, schedule, warm-up, seed and batch of one run filled in."""
     c = ml_collections.ConfigDict(base.to_dict())
     c.model.update(dict(d_model=shape.d_model, num_layers=shape.num_layers, num_heads=shape.num_heads,
                         num_kv_heads=0, head_dim=shape.head_dim, d_ff=shape.d_ff, vocab_size=vocab))
     if c.model.positional in ("learned", "sinusoidal"):
         c.model.max_len = c.data.seq_len  # no unused position-table rows inflating N
-    warmup = min(max(sweep.warmup_min, round(sweep.warmup_fraction * steps)), steps // 2)
+    batch = batch_size or c.train.batch_size
+    warmup = warmup_for(sweep, steps, size, batch * c.data.seq_len)
     c.train.update(dict(
-        steps=steps, learning_rate=float(learning_rate), warmup_steps=warmup,
-        batch_size=batch_size or c.train.batch_size,
+        steps=steps, learning_rate=float(learning_rate), warmup_steps=warmup, batch_size=batch,
+        seed=c.train.seed if seed is None else int(seed), schedule=schedule or c.train.schedule,
         eval_every=max(1, math.ceil(steps / sweep.evals_per_run)),
         checkpoint_every=max(1, math.ceil(steps / sweep.checkpoints_per_run)),
         log_every=max(1, steps // sweep.logs_per_run)))
@@ -193,14 +254,15 @@ def run_config(base: ml_collections.ConfigDict, sweep: ml_collections.ConfigDict
 
 
 def measure(config: ml_collections.ConfigDict, vocab: int) -> dict[str, float]:
-    """params, params_non_embedding and flops_per_token (with attention) of a run config's model."""
+    """params, params_non_embedding, flops_per_token (with attention) and flops_per_token_no_attention of a
+    run config's model."""
     cfg = validate.model_config(config, vocab)
-    counts = param_counts(cfg)
+    counts, fpt = param_counts(cfg), flops_per_token(cfg, config.data.seq_len)
     return {"params": counts["total"], "params_non_embedding": counts["non_embedding"],
-            "flops_per_token": flops_per_token(cfg, config.data.seq_len)["with_attention"]}
+            "flops_per_token": fpt["with_attention"], "flops_per_token_no_attention": fpt["six_n"]}
 
 
-def _size(m: dict[str, float], sweep: ml_collections.ConfigDict) -> int:
+def size_of(m: dict[str, float], sweep: ml_collections.ConfigDict) -> int:
     return int(m["params"] if sweep.param_count == "total" else m["params_non_embedding"])
 
 
@@ -211,10 +273,13 @@ def prior_optimum(sweep: ml_collections.ConfigDict, budget: float) -> float:
     return g * budget ** a
 
 
-def lr_rule(sweep: ml_collections.ConfigDict) -> Callable[[float], float]:
-    """N → peak learning rate: c·N^k (from sweep.lr_fit when set), capped at sweep.lr_max."""
+def lr_rule(sweep: ml_collections.ConfigDict, fitted: dict | None = None) -> Callable[[float], float]:
+    """N → peak learning rate: c·N^k, capped at sweep.lr_max; (c, k) from `fitted` (the sweep's own LR
+    calibration), else from the file sweep.lr_fit names, else sweep.lr_coefficient and sweep.lr_exponent."""
     c, k = sweep.lr_coefficient, sweep.lr_exponent
-    if sweep.lr_fit:
+    if fitted is not None:
+        c, k = float(fitted["coefficient"]), float(fitted["exponent"])
+    elif sweep.lr_fit:
         try:
             with open(sweep.lr_fit) as f:
                 fit = json.load(f)
@@ -227,15 +292,15 @@ def lr_rule(sweep: ml_collections.ConfigDict) -> Callable[[float], float]:
     return lambda n: float(min(sweep.lr_max, c * n ** k))
 
 
-def _pick_sizes(candidates: list[tuple[Shape, dict]], sweep: ml_collections.ConfigDict, n_opt: float) -> list:
+def pick_sizes(candidates: list[tuple[Shape, dict]], sweep: ml_collections.ConfigDict, n_opt: float) -> list:
     """The ladder entries best matching targets log-evenly spaced over size_span around n_opt.
 
     An order-preserving assignment of the k targets to k distinct ladder entries (sorted by N) with
     the least squared error in log N (dynamic programming), so a coarse ladder gives the k entries
     nearest the optimum rather than piling up on one side.
     """
-    order = sorted(range(len(candidates)), key=lambda i: _size(candidates[i][1], sweep))
-    x = np.log([_size(candidates[i][1], sweep) for i in order])
+    order = sorted(range(len(candidates)), key=lambda i: size_of(candidates[i][1], sweep))
+    x = np.log([size_of(candidates[i][1], sweep) for i in order])
     k, m = sweep.sizes_per_budget, len(order)
     if m < k:
         raise ConfigError(f"sweep.d_models has {m} shapes but sweep.sizes_per_budget={k}; add d_models")
@@ -253,108 +318,9 @@ def _pick_sizes(candidates: list[tuple[Shape, dict]], sweep: ml_collections.Conf
     return [candidates[order[i]] for i in reversed(picked)]
 
 
-def _batch_size(base: ml_collections.ConfigDict, sweep: ml_collections.ConfigDict, budget: float, smallest: float) -> int:
+def batch_size_for(base: ml_collections.ConfigDict, sweep: ml_collections.ConfigDict, budget: float, smallest: float) -> int:
     b = base.train.batch_size
     if sweep.batch_size_exponent == 0:
         return b
     scaled = b * (budget / smallest) ** sweep.batch_size_exponent
     return max(sweep.batch_multiple, int(round(scaled / sweep.batch_multiple)) * sweep.batch_multiple)
-
-
-def isoflop_runs(config: ml_collections.ConfigDict) -> tuple[list[Run], list[str]]:
-    """(runs, notes): every budget's sizes, steps, learning rates; notes say which sizes were dropped."""
-    s, base = config.sweep, config.base
-    vocab, seq = vocab_size(base), base.data.seq_len
-    ladder = []
-    for d in sorted(set(s.d_models)):
-        shape = shape_for(s, d)
-        ladder.append((shape, measure(run_config(base, s, shape, vocab), vocab)))
-    lr_of = lr_rule(s)
-    runs: list[Run] = []
-    notes: list[str] = []
-    for budget in sorted(s.budgets):
-        n_opt = prior_optimum(s, budget)
-        batch = _batch_size(base, s, budget, min(s.budgets))
-        tokens_per_step = batch * seq
-        picked = _pick_sizes(ladder, s, n_opt)
-        shape0, m0 = picked[0]
-        steps0 = round(budget / (m0["flops_per_token"] * tokens_per_step))
-        if steps0 < s.min_steps:
-            need = s.min_steps * tokens_per_step * m0["flops_per_token"]
-            raise ConfigError(
-                f"sweep.budgets: budget {format_flops(budget)} is too small for its smallest model {shape0.name} "
-                f"(N={_size(m0, s):,}): {steps0} steps of {tokens_per_step} tokens < sweep.min_steps={s.min_steps}; "
-                f"the smallest budget that works is {format_flops(need)} FLOPs (or lower batch_size/seq_len)")
-        kept = []
-        for shape, m in picked:
-            steps = round(budget / (m["flops_per_token"] * tokens_per_step))
-            if steps < s.min_steps:
-                notes.append(f"budget {format_flops(budget)}: dropped {shape.name} (N={_size(m, s):,}), "
-                             f"only {steps} steps < sweep.min_steps={s.min_steps}")
-            else:
-                kept.append((shape, m, steps))
-        sizes = [_size(m, s) for _, m, _ in kept]
-        if len(kept) < s.min_sizes:
-            raise ConfigError(
-                f"sweep.budgets: budget {format_flops(budget)} has only {len(kept)} sizes "
-                f"({', '.join(sh.name for sh, _, _ in kept)}) with at least sweep.min_steps={s.min_steps} steps; "
-                f"an IsoFLOP curve needs sweep.min_sizes={s.min_sizes}: raise the budget or add smaller d_models")
-        if not sizes[0] < n_opt < sizes[-1]:
-            raise ConfigError(
-                f"sweep.budgets: budget {format_flops(budget)}'s sizes (N {sizes[0]:,}..{sizes[-1]:,}) do not "
-                f"straddle its prior optimum N_opt={n_opt:,.0f}; the ladder sweep.d_models spans N "
-                f"{_size(ladder[0][1], s):,}..{_size(ladder[-1][1], s):,}: extend it or change the budget")
-        for shape, m, steps in kept:
-            size = _size(m, s)
-            lr = lr_of(size)
-            cfg = run_config(base, s, shape, vocab, steps, lr, batch)
-            rid = run_id(f"{shape.name}-C{format_flops(budget)}", cfg)
-            runs.append(Run(rid, len(runs), shape, float(budget), int(m["params"]), int(m["params_non_embedding"]),
-                            size, m["flops_per_token"], steps, batch, seq, lr, cfg.train.warmup_steps, cfg))
-    return runs, notes
-
-
-def lr_scan_runs(config: ml_collections.ConfigDict) -> tuple[list[Run], list[str]]:
-    """(runs, notes): every lr_scan size at every learning rate of the log grid, on a fixed token count."""
-    s, base = config.sweep, config.base
-    scan = s.lr_scan
-    vocab, seq, batch = vocab_size(base), base.data.seq_len, base.train.batch_size
-    lrs = np.geomspace(scan.lr_min, scan.lr_max, scan.num_lrs)
-    runs: list[Run] = []
-    for d in sorted(set(scan.d_models)):
-        shape = shape_for(s, d)
-        m = measure(run_config(base, s, shape, vocab), vocab)
-        size = _size(m, s)
-        tokens = scan.tokens or scan.tokens_per_param * size
-        steps = round(tokens / (batch * seq))
-        if steps < s.min_steps:
-            raise ConfigError(f"sweep.lr_scan: {shape.name} (N={size:,}) gets only {steps} steps < "
-                              f"sweep.min_steps={s.min_steps}; raise sweep.lr_scan.tokens_per_param or tokens")
-        for lr in lrs:
-            lr = float(f"{lr:.4g}")
-            cfg = run_config(base, s, shape, vocab, steps, lr, batch)
-            rid = run_id(f"{shape.name}-lr{lr:.3g}", cfg)
-            runs.append(Run(rid, len(runs), shape, None, int(m["params"]), int(m["params_non_embedding"]), size,
-                            m["flops_per_token"], steps, batch, seq, lr, cfg.train.warmup_steps, cfg))
-    return runs, []
-
-
-def design(config: ml_collections.ConfigDict) -> tuple[list[Run], list[str]]:
-    """Validates the sweep config and expands it into its runs (and notes on dropped sizes)."""
-    validate_sweep(config)
-    runs, notes = isoflop_runs(config) if config.sweep.mode == "isoflop" else lr_scan_runs(config)
-    for r in runs:  # the training loop's own checks, before anything is trained
-        validate.model_config(r.config, r.config.model.vocab_size)
-    ids = [r.run_id for r in runs]
-    if len(set(ids)) != len(ids):
-        raise ConfigError("two runs of the sweep have the same config; check sweep.d_models for duplicates")
-    return runs, notes
-
-
-def estimate_seconds(runs: list[Run], sweep: ml_collections.ConfigDict) -> float:
-    """The dry run's time estimate (see sweep.estimate_* in transformer/sweeps/defaults.py)."""
-    total = 0.0
-    for r in runs:
-        step = r.batch_size * r.seq_len * r.flops_per_token / sweep.estimate_flops_per_second
-        total += r.steps * (step + sweep.estimate_step_overhead_s) + sweep.estimate_run_overhead_s
-    return total

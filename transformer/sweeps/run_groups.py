@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from transformer.sweeps import runner
+from transformer.sweeps.progress import Progress
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, 
     return out
 
 
-def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str, Any]], progress: runner.Progress,
+def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str, Any]], progress: Progress,
                      verbose: bool = False) -> int:
     """Claims the runs of `group` and trains them as one program (sweep.multirun; loop.train_runs). Runs
     another runner holds are left to it; if the group fails or its runs' checkpoints are at different
@@ -63,7 +64,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             progress.started(run)
         if len(runs) > 1:
             try:
-                summaries = train_runs([ml_collections.ConfigDict(r["config"]) for r in runs],
+                summaries = train_runs([runner.run_config(workdir, r) for r in runs],
                                         [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose)
             except Exception as e:  # the runs go on alone, from the group's checkpoints
                 if verbose:

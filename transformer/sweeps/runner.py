@@ -9,6 +9,7 @@ interrupted run from its checkpoints and returns at once for a finished one.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Sequence
 
 import ml_collections
@@ -23,6 +25,7 @@ import ml_collections
 from transformer import files
 from transformer.models.config import ConfigError, MissingInputError
 from transformer.sweeps import claims, results
+from transformer.sweeps.progress import Progress
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The command line that trains one run of DIR as a worker process (--parallel, SLURM array tasks). A process
@@ -31,27 +34,32 @@ WORKER_MODULE = "experiments.sweep"
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
 
 
-def sweep_document(config: ml_collections.ConfigDict, runs: Sequence[Any], notes: Sequence[str],
-                   estimates: Sequence[float]) -> dict[str, Any]:
-    """What DIR/sweep.json holds: the resolved sweep section and base, notes, and the run list."""
+def sweep_document(config: ml_collections.ConfigDict, p: Any) -> dict[str, Any]:
+    """What DIR/sweep.json holds: the resolved sweep section and base, the plan's notes and what it waits for,
+    and every run designed so far (plan.design) with its time estimate."""
+    from transformer.sweeps.plan import estimate_seconds
+
+    estimates = [estimate_seconds(r, config.sweep) for r in p.runs]
     return {"name": config.sweep.name, "mode": config.sweep.mode,
             "sweep": json.loads(json.dumps(config.sweep.to_dict())),
-            "base": json.loads(json.dumps(config.base.to_dict())), "notes": list(notes),
-            "estimated_seconds": float(sum(estimates)),
+            "base": json.loads(json.dumps(config.base.to_dict())), "notes": list(p.notes),
+            "waiting": p.waiting, "lr_fit": p.lr_fit, "estimated_seconds": float(sum(estimates)),
             "runs": [{**r.describe(), "estimated_seconds": e, "config": json.loads(json.dumps(r.config.to_dict()))}
-                     for r, e in zip(runs, estimates)]}
+                     for r, e in zip(p.runs, estimates)]}
 
 
 def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
-    """Writes DIR/sweep.json; a DIR holding a sweep with other runs is an error (use a new DIR)."""
+    """Writes DIR/sweep.json. Its runs only grow (stage by stage, in order, so a worker's --run_index stays
+    valid); a DIR holding a sweep with other runs is an error (use a new DIR)."""
     os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
     path = os.path.join(workdir, "sweep.json")
     if os.path.exists(path):
-        old_ids = {r["run_id"] for r in load_sweep(workdir)["runs"]}
-        new_ids = {r["run_id"] for r in doc["runs"]}
-        if old_ids != new_ids:
-            raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(old_ids ^ new_ids)} runs differ, "
-                              f"e.g. {sorted(old_ids ^ new_ids)[0]}); use a new --workdir, or the same settings to resume")
+        old_ids = [r["run_id"] for r in load_sweep(workdir)["runs"]]
+        new_ids = [r["run_id"] for r in doc["runs"]]
+        if new_ids[:len(old_ids)] != old_ids and set(new_ids) != set(old_ids):
+            differ = sorted(set(old_ids) ^ set(new_ids)) or [i for i, j in zip(old_ids, new_ids) if i != j]
+            raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(differ)} runs differ, "
+                              f"e.g. {differ[0]}); use a new --workdir, or the same settings to resume")
     files.write_json(path, doc, indent=1)
 
 
@@ -70,7 +78,10 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
     row = {k: run[k] for k in ("run_id", "budget", "params", "params_non_embedding", "size", "tokens", "flops",
                                "flops_per_token", "steps", "batch_size", "seq_len", "learning_rate",
                                "warmup_steps", *SHAPE_KEYS)}
+    row.update({k: run.get(k, default) for k, default in (("role", "grid"), ("stage", ""), ("seed", 0),
+                                                          ("schedule", None), ("branch_from", None))})
     row.update(mode=mode, status=status, error=error, eval_loss=s.get("eval_loss"),
+               eval_bits_per_byte=s.get("eval_bits_per_byte"), epochs=s.get("epochs"),
                train_loss=s.get("train_loss"), wall_seconds=wall_seconds,
                tokens_per_second=s.get("tokens_per_second"), mfu=s.get("mfu"),
                compile_seconds=s.get("compile_seconds"), device=s.get("device"))
@@ -80,6 +91,15 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
 
 
 CLAIMED_ELSEWHERE = 4  # exit code of a worker whose run another runner holds
+
+
+def run_config(workdir: str, run: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A run's training config from sweep.json; its W&B runs are grouped by sweep: logging.wandb_group, when
+    unset, is the sweep directory's name (logging is not part of the run id)."""
+    config = ml_collections.ConfigDict(run["config"])
+    if "logging" in config and not config.logging.get("wandb_group"):
+        config.logging.wandb_group = os.path.basename(os.path.normpath(workdir))
+    return config
 
 
 def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False,
@@ -93,7 +113,8 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
     from transformer.training.loop import train  # imported late: the caller sets up JAX first
 
     t0 = time.time()
-    config = ml_collections.ConfigDict(run["config"])
+    config = run_config(workdir, run)
+    seed_branch(workdir, run, verbose)
     for attempt in range(max_retries + 1):
         try:
             summary = train(config, os.path.join(workdir, "runs", run["run_id"]), verbose=verbose)
@@ -111,6 +132,31 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
     return record(workdir, run, summary, mode)
 
 
+def seed_branch(workdir: str, run: dict[str, Any], verbose: bool = False) -> bool:
+    """A branch (plan.py, sweep.branch) that has no checkpoint yet starts from a copy of its source run's
+    decay-start checkpoint, where the two runs are still one; train() then resumes from it. Returns whether it
+    did; a source without that checkpoint (failed, or removed) leaves the run to train from the start."""
+    if not run.get("branch_from"):
+        return False
+    mine = os.path.join(workdir, "runs", run["run_id"], "checkpoints")
+    if os.path.isdir(mine) and any(d.isdigit() for d in os.listdir(mine)):
+        return False  # seeded before (or trained since): train() resumes from its own checkpoints
+    step = str(run["start_step"])
+    source = os.path.join(workdir, "runs", run["branch_from"], "checkpoints", step)
+    if not os.path.exists(os.path.join(source, "commit_success.txt")):
+        print(f"{run['run_id']}: no checkpoint {step} in {run['branch_from']} to branch from; training from step 0",
+              flush=True)
+        return False
+    os.makedirs(mine, exist_ok=True)
+    partial = os.path.join(mine, f"{step}.orbax-checkpoint-tmp-branch")  # orbax removes it if a kill interrupts
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial)
+    os.rename(partial, os.path.join(mine, step))
+    if verbose:
+        print(f"{run['run_id']}: branched from {run['branch_from']} at step {step} (its decay start)", flush=True)
+    return True
+
+
 def record(workdir: str, run: dict[str, Any], summary: dict[str, Any],
            mode: str) -> tuple[dict[str, Any] | None, int]:
     """Appends the results row of a run that trained to `summary`; (row or None, exit code) as train_run."""
@@ -119,51 +165,6 @@ def record(workdir: str, run: dict[str, Any], summary: dict[str, Any],
     status = "ok" if summary["status"] == "ok" else "failed"
     row = result_row(run, summary, status, summary.get("error"), summary["wall_seconds"], mode)
     return (row if results.append_result(workdir, row) else None), (0 if status == "ok" else 1)
-
-
-class Progress:
-    """One line per event: done/running/failed/total, what happened, and an ETA."""
-
-    def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict]):
-        self.runs = {r["run_id"]: r for r in runs}
-        self.status = {rid: row.get("status") for rid, row in recorded.items() if rid in self.runs}
-        self.running: set[str] = set()
-        self.t0 = time.time()
-        self.estimate_done = 0.0  # estimated seconds of the runs finished in this session
-
-    def _eta(self) -> str:
-        """The remaining runs' estimates (FLOPs and steps at the configured speed, plus overhead),
-        rescaled by how the runs finished so far compared with their estimates."""
-        left = [r for rid, r in self.runs.items() if rid not in self.status]
-        if not left:
-            return "0s"
-        seconds = sum(r["estimated_seconds"] for r in left)
-        if self.estimate_done > 0:
-            seconds *= (time.time() - self.t0) / self.estimate_done
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
-            f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-    def event(self, message: str) -> None:
-        done = sum(1 for s in self.status.values() if s == "ok")
-        failed = sum(1 for s in self.status.values() if s != "ok")
-        print(f"[sweep {done + failed}/{len(self.runs)} done, {len(self.running)} running, {failed} failed, "
-              f"ETA {self._eta()}] {message}", flush=True)
-
-    def started(self, run: dict[str, Any]) -> None:
-        self.running.add(run["run_id"])
-        self.event(f"start {run['run_id']}: N={run['params']:,}, {run['steps']} steps, lr {run['learning_rate']:.3g}")
-
-    def finished(self, run: dict[str, Any], row: dict[str, Any] | None, note: str = "") -> None:
-        self.running.discard(run["run_id"])
-        if row is None:
-            self.event(f"stopped {run['run_id']} {note}".rstrip())
-            return
-        self.status[run["run_id"]] = row["status"]
-        self.estimate_done += run["estimated_seconds"]
-        if row["status"] == "ok":
-            self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s")
-        else:
-            self.event(f"FAILED {run['run_id']}: {row['error']}")
 
 
 def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
@@ -239,6 +240,16 @@ def worker_env(slot: int, parallel: int) -> tuple[dict[str, str], list[int] | No
     return env, mine
 
 
+def branch_ready(workdir: str, run: dict[str, Any], running: Sequence[dict[str, Any]]) -> bool:
+    """A branch may start once its source run is recorded (or another runner holds it: then it waits)."""
+    src = run.get("branch_from")
+    if not src:
+        return True
+    if any(q["run_id"] == src for q in running):
+        return False
+    return src in {r["run_id"] for r in results.read_results(workdir)}
+
+
 def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
     """Runs the pending runs in `parallel` worker processes; each records its own result."""
     todo, recorded = pending_runs(workdir, doc["runs"])
@@ -259,18 +270,26 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
     try:
         while (todo and stop["signal"] is None) or procs:
             for slot in range(parallel):
-                if slot in procs or not todo or stop["signal"] is not None:
+                ready = [r for r in todo if branch_ready(workdir, r, [q for _, q in procs.values()])]
+                if slot in procs or not ready or stop["signal"] is not None:
                     continue
-                run = todo.pop(0)
+                run = ready[0]
+                todo.remove(run)
                 run_dir = os.path.join(workdir, "runs", run["run_id"])
                 os.makedirs(run_dir, exist_ok=True)
-                env, cpus = worker_env(slot, parallel)
+                # a run that trains alone (nothing else running or ready: a stage's last run, the validation
+                # run) gets every core; otherwise each worker gets its share
+                alone = not procs and len(ready) == 1
+                env, cpus = worker_env(0, 1) if alone else worker_env(slot, parallel)
                 log = open(os.path.join(run_dir, "worker.log"), "a")
                 cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
                        f"--run_index={index[run['run_id']]}"]
-                procs[slot] = (subprocess.Popen(
-                    cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None), run)
+                with warnings.catch_warnings():  # JAX warns at any fork; the child execs at once (no preexec_fn)
+                    warnings.filterwarnings("ignore", message="os.fork")
+                    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                if cpus:  # before the worker's XLA reads its affinity, seconds later, after Python's imports
+                    os.sched_setaffinity(proc.pid, cpus)
+                procs[slot] = (proc, run)
                 log.close()
                 progress.started(run)
             time.sleep(0.2)
@@ -299,65 +318,47 @@ def all_recorded(workdir: str, doc: dict[str, Any]) -> bool:
     return not pending_runs(workdir, doc["runs"])[0]
 
 
-def slurm_script(workdir: str, doc: dict[str, Any]) -> str:
-    """DIR/sweep.sbatch: a job array, one task per run index, each running the worker into DIR."""
-    s = doc["sweep"]["slurm"]
-    n = len(doc["runs"])
-    workdir = os.path.abspath(workdir)
-    array = f"0-{n - 1}" + (f"%{s['max_parallel']}" if s["max_parallel"] else "")
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=sweep-{doc['name']}", f"#SBATCH --array={array}",
-             f"#SBATCH --time={s['time']}", "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={s['cpus_per_task']}"]
-    if s["gpus_per_task"]:
-        lines.append(f"#SBATCH --gpus-per-task={s['gpus_per_task']}")
-    for key in ("mem", "partition", "account"):
-        if s[key]:
-            lines.append(f"#SBATCH --{key}={s[key]}")
-    lines += [f"#SBATCH --output={workdir}/slurm/%A_%a.out",
-              "#SBATCH --signal=TERM@120",
-              "# Each task trains one run into the shared DIR; on SIGTERM it checkpoints, and resubmitting resumes.",
-              "set -euo pipefail", f"cd {REPO_ROOT}"]
-    if s["setup"]:
-        lines.append(s["setup"])
-    lines.append(f"srun {sys.executable} -m {WORKER_MODULE} --workdir={workdir} "
-                 "--run_index=$SLURM_ARRAY_TASK_ID --fit_when_done")
-    return "\n".join(lines) + "\n"
 
 
-def require_sbatch() -> None:
-    if not shutil.which("sbatch"):
-        raise ConfigError("--launcher=slurm: `sbatch` is not on PATH (no SLURM here); use --dry_run to print "
-                          "the job script, or --launcher=local")
+OTHER_RUNNERS = 5  # run_sweep: runs of this stage are left to other runners on the same DIR
 
 
-def submit_slurm(workdir: str, doc: dict[str, Any]) -> str:
-    """Writes DIR/sweep.sbatch and submits it; returns sbatch's output."""
-    require_sbatch()
-    os.makedirs(os.path.join(workdir, "slurm"), exist_ok=True)
-    path = os.path.join(workdir, "sweep.sbatch")
-    with open(path, "w") as f:
-        f.write(slurm_script(workdir, doc))
-    out = subprocess.run(["sbatch", path], capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"sbatch {path} failed: {out.stderr.strip()}")
-    return out.stdout.strip()
+def plan_and_write(workdir: str, config: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
+    """The plan from DIR's recorded results (plan.design) and its DIR/sweep.json."""
+    from transformer.sweeps import outcome, plan
+
+    rows = {r["run_id"]: r for r in results.read_results(workdir)}
+    p = plan.design(config, rows, outcome.load_prediction(workdir))
+    doc = sweep_document(config, p)
+    write_sweep(workdir, doc)
+    return p, doc
 
 
-def finish(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
-    """After the last run: the fit into DIR/fit/ (IsoFLOP sweeps) or DIR/lr_fit.json (LR scans)."""
-    rows = results.read_results(workdir)
-    if doc["mode"] == "lr_scan":
-        from transformer.scaling import lr_scan
-        return lr_scan.write_lr_fit(workdir, rows, doc["sweep"]["param_count"])
-    from transformer.scaling.report import run_fit
-    n_kind = "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
-    return run_fit(workdir, os.path.join(workdir, "fit"), n_kind=n_kind,
-                   bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)), seed=0)
+def run_sweep(workdir: str, config: ml_collections.ConfigDict, parallel: int = 1,
+              verbose: bool = False) -> tuple[int, dict[str, Any]]:
+    """Trains the sweep stage by stage (plan.py): design from the results so far, train what is pending, again
+    until every stage is designed and recorded; the prediction is written (outcome.predict) before the
+    validation run is designed. Returns (0: done, 3: preempted, OTHER_RUNNERS; the last sweep document)."""
+    from transformer.sweeps import outcome
 
-
-def finish_once(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:
-    """finish() by the first worker to find every run recorded and no fit yet (under DIR/fit.lock)."""
-    marker = os.path.join(workdir, "lr_fit.json" if doc["mode"] == "lr_scan" else os.path.join("fit", "fit.json"))
-    with results.locked(os.path.join(workdir, "fit.lock")):
-        if all_recorded(workdir, doc) and not os.path.exists(marker):
-            return finish(workdir, doc)
-    return None
+    while True:
+        p, doc = plan_and_write(workdir, config)
+        if p.waiting == "prediction":
+            pred = outcome.predict(workdir, doc)
+            ci = pred.get("loss_ci95") or [math.nan, math.nan]
+            print(f"prediction written to {workdir}/fit/predictions.json before anything trains at "
+                  f"{pred['flops']:.3g} FLOPs: N_opt {pred['params']:.3g} ({pred['convention']}), D_opt "
+                  f"{pred['tokens']:.3g}, loss {pred['loss']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]", flush=True)
+            continue
+        todo, _ = pending_runs(workdir, doc["runs"])
+        if not todo:
+            if p.waiting is None:
+                return 0, doc
+            raise RuntimeError(f"the sweep plan waits for {p.waiting} but has no run to train (a bug)")
+        if p.waiting:
+            print(f"stage: {len(todo)} runs, then {p.waiting} decides the next stage", flush=True)
+        code = run_parallel(workdir, doc, parallel) if parallel > 1 else run_in_process(workdir, doc, verbose)
+        if code:
+            return code, doc
+        if pending_runs(workdir, todo)[0]:
+            return OTHER_RUNNERS, doc

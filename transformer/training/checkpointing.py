@@ -4,6 +4,8 @@ Layout: DIR/checkpoints/<step>/{state,data,config,meta}. Saves are asynchronous 
 while the arrays are written). orbax writes each step into a temporary directory, adds
 `commit_success.txt`, then renames it into place, so an unfinished save is never listed and is removed
 on the next start; a listed step without the marker was damaged afterwards and counts as unreadable.
+`data/process_I-of-N.json` holds each process's data-iterator state: the next global batch index,
+the same in every process, so a step written by N processes restores under any other count.
 
 `meta` holds a digest of the whole state (state_digest: a checksum per array computed on its devices, hashed),
 verified after every restore: orbax/TensorStore catch missing and truncated files but not flipped bytes
@@ -26,12 +28,13 @@ import logging
 import os
 import shutil
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
 from etils import epath
 
 from transformer.config import ConfigError
@@ -124,10 +127,14 @@ def tree_differences(saved: Any, expected: Any, limit: int = 8) -> list[str]:
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    """`keep`: the newest steps kept; `preserve`: steps never removed (a wsd run's decay start, from which a
+    longer run or a sweep's branch continues)."""
+
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True, preserve: Sequence[int] = ()):
         self.directory = os.path.abspath(directory)
-        self.data_position_restored = False  # set by restore(): False when the process count changed
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+        policy = checkpoint_managers.AnyPreservationPolicy([checkpoint_managers.LatestN(keep),
+                                                            checkpoint_managers.CustomSteps(list(preserve))])
+        options = ocp.CheckpointManagerOptions(preservation_policy=policy, enable_async_checkpointing=async_save,
                                                create=True, cleanup_tmp_directories=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -145,18 +152,24 @@ class Checkpointer:
     def _step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
-    def _data_file(self, step: int) -> tuple[bool, bool]:
-        """(this process's iterator state is there, some process's is there)."""
+    def _data_state(self, step: int) -> str | None:
+        """The saved data-iterator state: this process's file, else (another process count wrote the step)
+        process 0's. The project's iterators save the next global batch index, the same in every file
+        (data/batches.py), so it restores under any process count. None: no state was saved."""
         data = os.path.join(self._step_dir(step), "data")
         mine = os.path.join(data, f"process_{jax.process_index()}-of-{jax.process_count()}.json")
-        return os.path.exists(mine), bool(glob.glob(os.path.join(data, "process_*-of-*.json")))
+        found = [mine] if os.path.exists(mine) else sorted(glob.glob(os.path.join(data, "process_0-of-*.json")))
+        if not found:
+            return None
+        with open(found[0]) as f:
+            return f.read()
 
     def _restore_step(self, step: int, abstract_state: Any, data_iterator: Any) -> Any:
         step_dir = self._step_dir(step)
         if not os.path.exists(os.path.join(step_dir, COMMIT_MARKER)):
             raise UnreadableCheckpoint(f"{COMMIT_MARKER} is missing (an unfinished or damaged save)")
-        mine, any_data = self._data_file(step)
-        if not any_data:
+        data_state = self._data_state(step)
+        if data_state is None:
             raise UnreadableCheckpoint("the data-iterator state is missing")
         try:
             saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(os.path.join(step_dir, "state")))
@@ -170,10 +183,7 @@ class Checkpointer:
                 f"checkpoint {step} in {self.directory} holds another parameter tree than this model builds: "
                 f"{'; '.join(diffs)}. Restore it with the code and config that wrote it, or train in a new "
                 f"workdir (nothing was moved or deleted)")
-        items = {"state": ocp.args.StandardRestore(abstract_state)}
-        if mine:
-            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
         meta_path = os.path.join(step_dir, "meta", "metadata")
         if os.path.exists(meta_path):
             with open(meta_path) as f:
@@ -183,7 +193,11 @@ class Checkpointer:
                 if got != expected:
                     raise UnreadableCheckpoint(f"state checksum mismatch ({got[:12]} != saved {expected[:12]}): "
                                                f"the array files were altered after the save")
-        self.data_position_restored = mine
+        try:  # as grain.checkpoint.CheckpointRestore hands it over: parsed for a grain iterator, else bytes
+            parsed = json.loads(data_state) if isinstance(data_iterator, grain.DatasetIterator) else data_state.encode()
+        except json.JSONDecodeError as e:
+            raise UnreadableCheckpoint(f"the data-iterator state is not JSON ({e})") from e
+        data_iterator.set_state(parsed)
         return restored["state"]
 
     def _set_aside(self, step: int) -> str:
@@ -198,15 +212,33 @@ class Checkpointer:
         self.manager.reload()
         return target
 
+    def set_aside_after(self, step: int, why: str) -> list[int]:
+        """Moves every step after `step` to DIR/superseded_checkpoints/ (kept, never deleted): a wsd run
+        continued to more steps resumes from its decay start, and the old decay's steps are not its past."""
+        later = [s for s in self.steps() if s > step]
+        for s in later:
+            target = os.path.join(os.path.dirname(self.directory), "superseded_checkpoints", f"{s}-{int(time.time())}")
+            if jax.process_index() == 0:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.move(self._step_dir(s), target)
+        if later:
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+                multihost_utils.sync_global_devices(f"superseded_{step}")
+            self.manager.reload()
+            if jax.process_index() == 0:
+                print(f"{why}: moved checkpoints {later} to {os.path.dirname(self.directory)}/superseded_checkpoints/",
+                      flush=True)
+        return later
+
     def restore(self, abstract_state: Any, data_iterator: Any) -> tuple[int, Any] | None:
         """Restores the newest readable step into `abstract_state`'s shardings and `data_iterator`.
 
         Returns (step, state), or None when there is no checkpoint. A damaged step (see is_damage) is moved
         to DIR/unreadable_checkpoints/ with a warning and the previous one is tried; CheckpointMismatch and
         any error that is not damage are raised with nothing moved; if every step is damaged,
-        raises RuntimeError rather than silently starting from scratch. `self.data_position_restored`
-        tells whether the iterator was restored too (not when the checkpoint was written by another
-        number of processes: each process's position in its own shard means nothing under a new split).
+        raises RuntimeError rather than silently starting from scratch. The iterator is set to the saved
+        position (see _data_state: under any process count).
         """
         steps = self.steps()
         errors = []

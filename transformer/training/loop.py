@@ -30,16 +30,18 @@ from transformer.data import get_tokenizer, record_tokenizer
 from transformer.models import build_model
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.tasks import get_task
-from transformer.training import checkpointing, multirun, nonfinite, sharding, steps
+from transformer.training import checkpointing, multirun, nonfinite, optimizer, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule, with_peak_lrs
+from transformer.training.profiler import ProfileWindow
 from transformer.training.resolve import resolve
 from transformer.training.run_io import (Preempted, Progress, abstract_batch, check_workdir_config,  # noqa: F401
                                          evaluate, global_batch, make_summary, preemption_signals, write_json)
 from transformer.training.state import abstract_state, init_state, lr_multipliers
 from transformer.training.warm_start import warm_start
 
-LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy")  # a run's last logged values go to its summary
+# a run's last logged values go to its summary
+LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte")
 
 
 def compile_step(step_fn: Any, state: Any, batch_spec: dict) -> Any:
@@ -76,12 +78,12 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     tokenizer = get_tokenizer(config.data, workdir=workdirs[0])  # the run's recorded copy when resuming
     runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
     model_cfg, mesh_shape, resolved = runs[0].model_cfg, runs[0].mesh_shape, [r.config for r in runs]
-    previous = []
+    previous, continue_from = [], []
     for workdir, d in zip(workdirs, resolved):
         os.makedirs(workdir, exist_ok=True)
-        check_workdir_config(workdir, json.loads(json.dumps(d)))
+        continue_from.append(check_workdir_config(workdir, json.loads(json.dumps(d))))  # a wsd run made longer
         path = os.path.join(workdir, "summary.json")
-        if os.path.exists(path):
+        if os.path.exists(path) and continue_from[-1] is None:
             with open(path) as f:
                 previous.append(json.load(f))
         else:
@@ -102,11 +104,18 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.data.shuffle_seed + c.train.seed,
                       process_index=pid, process_count=nproc, shuffle=True, repeat=True) for c in configs]
     data_its = [task.make_iterator(c, **a) for c, a in zip(configs, data_args)]
+    train_split_tokens = getattr(data_its[0], "split_tokens", None)  # packed text: for `epochs`
+    token_bytes_V = tokenizer.byte_lengths() if task.name == "lm" else None  # for eval_bits_per_byte
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
         for workdir, d in zip(workdirs, resolved):
             record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
             write_json(os.path.join(workdir, "config.json"), d)
-    ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints) for w in workdirs]
+    decay_start = optimizer.decay_start(t)  # wsd: checkpointed and kept, a longer run continues from it
+    ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints,
+                                        preserve=[decay_start] if decay_start else []) for w in workdirs]
+    for ck, step_from in zip(ckpts, continue_from):
+        if step_from is not None:
+            ck.set_aside_after(step_from, f"continuing to {t.steps} steps from the decay start {step_from}")
     abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
 
     def fresh_state(c: Any, announce: bool = False) -> Any:
@@ -122,20 +131,14 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         return state
 
     writers: list[MetricsWriter] = []
+    profile = ProfileWindow(config, workdirs[0], enabled=primary)  # logging.profile_*: a group's trace is in run 0
     signals = contextlib.ExitStack()  # the handlers come back in the `finally` below
     try:
         restored = [ck.restore(abstract, it) for ck, it in zip(ckpts, data_its)]
         at = sorted({r[0] if r else 0 for r in restored})
         if len(at) > 1:
             raise multirun.GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
-        start_step = at[0]
-        if not grouped and restored[0] is not None and not ckpts[0].data_position_restored:
-            data_args[0]["seed"] += start_step  # written by another number of processes: new shards, new seed
-            data_its[0] = task.make_iterator(config, **data_args[0])
-            if primary:
-                print(f"warning: checkpoint {start_step} was written by another number of processes; model and "
-                      f"optimizer restored, the data iterator starts over on the new shards (seed + {start_step})",
-                      flush=True)
+        start_step = at[0]  # the iterators are at global batch start_step, under any process count
         run_states = [r[1] if r else fresh_state(c, announce=True) for r, c in zip(restored, configs)]
         state = (jax.device_put(multirun.stack(run_states), multirun.with_run_axis(shardings)) if grouped
                  else run_states[0])
@@ -146,7 +149,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
             print(f"{model_cfg.family} model: {counts['total']:,} params ({counts['non_embedding']:,} non-embedding), "
                   f"{fpt / 1e6:.2f} MFLOP/token; mesh {dict(zip(sharding.MESH_AXES, mesh_shape))}; "
                   f"{'resuming from step ' + str(start_step) if start_step else 'starting'}: {what}", flush=True)
-        writers = [MetricsWriter(w, enabled=primary, resume_step=start_step) for w in workdirs]
+        writers = [MetricsWriter(w, enabled=primary, resume_step=start_step, config=d)  # + W&B (logging.wandb)
+                   for w, d in zip(workdirs, resolved)]
         last = [{} for _ in range(R)]  # a resumed run's last logged values
         spikes = []
         for r, w in enumerate(workdirs):
@@ -262,6 +266,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 while step < t.steps and live:
                     if should_stop(sync_point=step == start_step or step % t.log_every == 0):
                         raise Preempted()
+                    profile.before(step + 1)
                     if grouped:
                         rows = [next(data_its[r]) for r in live]
                         batch = global_batch({k: np.stack([b[k] for b in rows]) for k in rows[0]}, train_batch_s)
@@ -271,10 +276,11 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                     if serialize_steps:
                         jax.block_until_ready(m)
                     step, window_steps = step + 1, window_steps + 1
+                    profile.after(step, (state, m))
                     window.append((step, {"loss": m["loss"], "finite": m["finite"]}))  # device scalars: no sync
                     is_log = step % t.log_every == 0 or step == t.steps
                     is_eval = step % t.eval_every == 0 or step == t.steps
-                    is_ckpt = step % t.checkpoint_every == 0 or step == t.steps
+                    is_ckpt = step % t.checkpoint_every == 0 or step == t.steps or step == decay_start
                     if is_log or is_eval or is_ckpt:  # a host sync: check every step since the last one
                         fetched, window = jax.device_get(window), []
                         check_window(fetched)  # before any checkpoint of a bad state
@@ -298,7 +304,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         evals = None
                         if is_eval:
                             t_eval = time.time()
-                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc)
+                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
                             eval_seconds += time.time() - t_eval
                         extra = ""
                         for p, r in enumerate(live):
@@ -331,7 +337,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         save(step)  # data_its have yielded `step` batches
                         last_saved = step
                 if live and step == t.steps and any(last[r].get("eval_loss") is None for r in live):
-                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc)  # resumed at the end
+                    # resumed at the end
+                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
                     for p, r in enumerate(live):
                         last[r].update({k: pick(v, p) for k, v in final.items()})
         except Preempted:
@@ -359,11 +366,14 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 tokens_per_step=tokens_per_step, fpt=fpt, last=last[r], task_name=task.name, skipped=skipped[r],
                 seconds={k: v / R for k, v in seconds.items()},
                 tps=timed_tokens / timed_seconds if timed_seconds else None, num_devices=len(devices),
-                mesh_shape=mesh_shape, **({"multirun": R} if grouped else {})) for r in range(R)]
+                mesh_shape=mesh_shape, train_split_tokens=train_split_tokens,
+                **({"multirun": R} if grouped else {})) for r in range(R)]
             if primary:
-                for workdir, summary in zip(workdirs, summaries):
+                for workdir, summary, writer in zip(workdirs, summaries, writers):
                     write_json(os.path.join(workdir, "summary.json"), summary)
+                    writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
     finally:
+        profile.close()
         signals.close()
         for ck in ckpts:
             ck.close()

@@ -1,14 +1,19 @@
-"""Metrics sinks: DIR/metrics.jsonl (one JSON object per logged step) and TensorBoard events.
+"""Metrics sinks: DIR/metrics.jsonl (one JSON object per logged step), TensorBoard events, and a
+Weights & Biases run when logging.wandb is on (wandb_run.py). Every row goes to all of them from write().
 
 Only process 0 writes. On resume, rows logged after the restored checkpoint are dropped first, so the
-file of an interrupted-and-resumed run equals that of an uninterrupted one.
+file of an interrupted-and-resumed run equals that of an uninterrupted one; TensorBoard purges them
+(purge_step) and W&B keeps its earlier values for those steps (its steps only increase).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import time
 from typing import Any
+
+from transformer.training import wandb_run
 
 
 def _clean(v: Any) -> Any:
@@ -18,35 +23,47 @@ def _clean(v: Any) -> Any:
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int = 0):
+    def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int = 0, config: dict | None = None):
+        """`config`: the run's resolved config (DIR/config.json): its logging.wandb* settings, and the W&B
+        run's config."""
         self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._tb = None
+        self._tb = self._wandb = self._summary = None
         if not enabled:
             return
-        self._truncate_after(resume_step)
+        kept, logged_through = self._truncate_after(resume_step)
         from tensorboardX import SummaryWriter  # no TensorFlow needed
         # purge_step: TensorBoard drops the earlier event files' points from this step on (those logged
         # after the restored checkpoint by the interrupted run), as the JSONL truncation does.
-        self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1 if resume_step else None)
+        # filename_suffix: the file name's own timestamp has whole seconds, and a writer opened in the same
+        # second as the previous one would overwrite its file; TensorBoard reads a run's files in name order.
+        self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1 if resume_step else None,
+                                 filename_suffix=f".{time.time_ns()}")
         self._file = open(self.path, "a", buffering=1)
+        if config is not None and wandb_run.enabled(config):
+            self._wandb = wandb_run.WandbRun(workdir, config, kept, logged_through)
 
-    def _truncate_after(self, step: int) -> None:
+    def _truncate_after(self, step: int) -> tuple[list[dict], int]:
+        """Drops the rows after `step`; returns the rows kept and the last step the file held before."""
         if not os.path.exists(self.path):
-            return
+            return [], 0
         with open(self.path) as f:
             rows = [line for line in f if line.strip()]
-        keep = []
+        kept_lines, kept, last = [], [], 0
         for line in rows:
             try:
-                if json.loads(line)["step"] <= step:
-                    keep.append(line)
+                row = json.loads(line)
+                last = max(last, row["step"])
+                if row["step"] <= step:
+                    kept_lines.append(line)
+                    kept.append(row)
             except (ValueError, KeyError):
                 continue  # a half-written last line from a kill
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            f.writelines(keep)
+            f.writelines(kept_lines)
         os.replace(tmp, self.path)
+        return kept, last
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
@@ -56,11 +73,19 @@ class MetricsWriter:
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
                 self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(int(step), metrics)
+
+    def set_summary(self, summary: dict) -> None:
+        """The run's summary.json, given to W&B as its run summary when the writer closes."""
+        self._summary = summary
 
     def close(self) -> None:
         if self.enabled:
             self._file.close()
             self._tb.close()
+            if self._wandb is not None:
+                self._wandb.finish(self._summary)
 
 
 def read_metrics(workdir: str) -> list[dict]:

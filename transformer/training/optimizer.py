@@ -24,7 +24,7 @@ import optax
 
 from transformer.models.config import ConfigError
 
-SCHEDULES = ("cosine", "linear", "constant")
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
 NONFINITE_POLICIES = ("stop", "skip")
 
 
@@ -43,11 +43,24 @@ def warmup_steps(train_cfg: Any) -> int:
     return warmup
 
 
+def decay_start(train_cfg: Any) -> int | None:
+    """The step where a warm-up–stable–decay ("wsd") schedule leaves its stable phase: train.steps −
+    round(train.decay_fraction · train.steps); None for the other schedules. Up to this step a wsd run's
+    learning rate does not depend on train.steps, so a run of S steps and one of S' > S steps are the same
+    run until S's decay starts: the checkpoint there continues to S' (a longer run, or a sweep's branch)."""
+    if train_cfg.schedule != "wsd":
+        return None
+    steps = int(train_cfg.steps)
+    return steps - int(round(float(train_cfg.decay_fraction) * steps))
+
+
 def make_schedule(train_cfg: Any, peak: float | None = None) -> optax.Schedule:
     """Linear warm-up from 0 to the peak (default `train.learning_rate`) over warmup_steps(train_cfg), then
     decay to `final_lr_fraction` of it at `steps`.
 
-    cosine: half-cosine decay; linear: straight line; constant: flat after warm-up.
+    cosine: half-cosine decay; linear: straight line; constant: flat after warm-up; wsd (warm-up–stable–
+    decay, Hägele et al. 2024): flat until decay_start(), then the "1 − sqrt" cooldown over the last
+    `train.decay_fraction` of the steps, lr = peak · (end + (1 − end) · (1 − sqrt(t / cooldown steps))).
     """
     if not float(train_cfg.learning_rate) > 0:
         raise ConfigError(f"train.learning_rate={train_cfg.learning_rate!r} must be positive")
@@ -63,6 +76,18 @@ def make_schedule(train_cfg: Any, peak: float | None = None) -> optax.Schedule:
     end = peak * float(train_cfg.final_lr_fraction)
     warm = optax.linear_schedule(0.0, peak, max(warmup, 1))
     decay_steps = max(steps - warmup, 1)
+    if train_cfg.schedule == "wsd":
+        if not 0.0 < float(train_cfg.decay_fraction) <= 1.0:
+            raise ConfigError(f"train.decay_fraction={train_cfg.decay_fraction!r} must be in (0, 1] "
+                              f"(the last fraction of train.steps spent decaying)")
+        start = decay_start(train_cfg)
+        if start < warmup:
+            raise ConfigError(f"train.schedule='wsd': the warm-up ({warmup} steps) overlaps the decay, which starts "
+                              f"at step {start} (train.decay_fraction={train_cfg.decay_fraction} of {steps}); "
+                              f"shorten the warm-up or the decay")
+        cool = max(steps - start, 1)
+        cooldown = lambda t: end + (peak - end) * (1.0 - jnp.sqrt(jnp.clip(t / cool, 0.0, 1.0)))
+        return optax.join_schedules([warm, optax.constant_schedule(peak), cooldown], [warmup, start])
     if train_cfg.schedule == "cosine":
         decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak)
     elif train_cfg.schedule == "linear":

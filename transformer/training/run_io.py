@@ -10,11 +10,13 @@ import signal
 from typing import Any, Callable
 
 import jax
+import ml_collections
 import numpy as np
 
 from transformer import files
 from transformer.config import ConfigError
-from transformer.training import hardware, sharding
+from transformer.data import token_cache
+from transformer.training import hardware, optimizer, sharding
 
 
 class Preempted(Exception):
@@ -25,21 +27,41 @@ def write_json(path: str, obj: Any) -> None:
     files.write_json(path, obj, indent=2, sort_keys=True)
 
 
-LAUNCH_SECTIONS = ("distributed",)  # how a run is launched, not what it computes: may change on resume
+# How a run is launched and what it reports, not what it computes: these may change when a run resumes.
+LAUNCH_SECTIONS = ("distributed", "logging")
 
 
-def check_workdir_config(workdir: str, resolved: dict) -> None:
+# A wsd run continued to more steps on its workdir differs from the run it continues only in these.
+CONTINUABLE_KEYS = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every")
+
+
+def check_workdir_config(workdir: str, resolved: dict) -> int | None:
+    """Refuses a workdir holding another run's config.json. Returns None, or the step to continue from when
+    `resolved` continues the workdir's warm-up–stable–decay run to more steps (its stable phase extended): the
+    old run's decay start, where the two runs are still one (optimizer.decay_start)."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        return
+        return None
     with open(path) as f:
         existing = json.load(f)
     existing, resolved = ({k: v for k, v in d.items() if k not in LAUNCH_SECTIONS} for d in (existing, resolved))
-    if existing != resolved:
-        diff = sorted(k for k in set(flatten_keys(existing)) | set(flatten_keys(resolved))
-                      if flatten_keys(existing).get(k) != flatten_keys(resolved).get(k))
-        raise ConfigError(f"workdir {workdir} holds a different run's config (differs in {', '.join(diff[:8])}); "
-                          f"use a new --workdir, or the same settings to resume")
+    if existing == resolved:
+        return None
+    old, new = flatten_keys(existing), flatten_keys(resolved)
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if set(diff) <= set(CONTINUABLE_KEYS) and old.get("train.schedule") == "wsd" == new.get("train.schedule"):
+        old_t, new_t = (ml_collections.ConfigDict(d["train"]) for d in (existing, resolved))
+        if new_t.steps > old_t.steps and optimizer.warmup_steps(old_t) == optimizer.warmup_steps(new_t):
+            return optimizer.decay_start(old_t)
+        raise ConfigError(
+            f"workdir {workdir} holds a wsd run of {old_t.steps} steps: it continues only to more steps with the "
+            f"same warm-up ({optimizer.warmup_steps(old_t)} steps; with train.warmup_steps=-1 the warm-up follows "
+            f"train.steps, so set it explicitly), got train.steps={new_t.steps} with a warm-up of "
+            f"{optimizer.warmup_steps(new_t)}")
+    raise ConfigError(f"workdir {workdir} holds a different run's config (differs in {', '.join(diff[:8])}); "
+                      f"use a new --workdir, or the same settings to resume"
+                      + ("; a run continues to more steps only with train.schedule='wsd'"
+                         if set(diff) <= set(CONTINUABLE_KEYS) else ""))
 
 
 def flatten_keys(d: dict, prefix: str = "") -> dict:
@@ -81,20 +103,39 @@ def abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtyp
 
 
 def evaluate(eval_fn: Callable, params: Any, task, config: Any, batch_sharding, process_index: int,
-             process_count: int) -> dict[str, float]:
+             process_count: int, token_bytes_V: np.ndarray | None = None) -> dict[str, Any]:
     """Token-mean loss and accuracy over the first `train.eval_steps` batches of the eval split, shuffled
-    with a fixed seed so they sample the whole split (and are the same batches at every evaluation)."""
+    with a fixed seed so they sample the whole split (and are the same batches at every evaluation).
+
+    `token_bytes_V` (the tokenizer's byte_lengths, for next-token prediction): also `eval_bits_per_byte`,
+    the summed loss in bits over the UTF-8 bytes of the very targets it was taken on (each weighted
+    target's byte length, summed over every process's rows), comparable across tokenizers.
+    """
     it = task.make_iterator(config, split=config.data.eval_split, global_batch_size=config.train.batch_size,
                             seed=config.data.shuffle_seed, process_index=process_index,
                             process_count=process_count, shuffle=True, repeat=True)
     sums = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
-    for _ in range(config.train.eval_steps):
-        out = jax.device_get(eval_fn(params, global_batch(next(it), batch_sharding)))
-        for k in sums:
-            sums[k] = sums[k] + np.asarray(out[k], np.float64)
+    target_bytes = 0.0  # this process's rows
+    try:
+        for _ in range(config.train.eval_steps):
+            local = next(it)
+            if token_bytes_V is not None:
+                target_bytes += float(np.sum(token_bytes_V[local["targets"]] * local["weights"], dtype=np.float64))
+            out = jax.device_get(eval_fn(params, global_batch(local, batch_sharding)))
+            for k in sums:
+                sums[k] = sums[k] + np.asarray(out[k], np.float64)
+    finally:
+        if hasattr(it, "close"):  # its reader threads (or worker processes) end now
+            it.close()
     n = np.maximum(sums["weight_sum"], 1.0)
     # floats; lists of R floats when eval_fn is a group's vmapped eval step (sums of shape (R,))
-    return {"eval_loss": (sums["loss_sum"] / n).tolist(), "eval_accuracy": (sums["correct_sum"] / n).tolist()}
+    result = {"eval_loss": (sums["loss_sum"] / n).tolist(), "eval_accuracy": (sums["correct_sum"] / n).tolist()}
+    if token_bytes_V is not None:
+        if process_count > 1:
+            from jax.experimental import multihost_utils
+            target_bytes = float(np.sum(multihost_utils.process_allgather(np.array([target_bytes]))))
+        result["eval_bits_per_byte"] = (sums["loss_sum"] / (math.log(2) * max(target_bytes, 1.0))).tolist()
+    return result
 
 
 @contextlib.contextmanager
@@ -114,15 +155,18 @@ def preemption_signals():
 
 def make_summary(*, status: str, error: str | None, step: int, steps: int, counts: dict, tokens_per_step: int,
                  fpt: float, last: dict, task_name: str, skipped: int | None, seconds: dict, tps: float | None,
-                 num_devices: int, mesh_shape: Any, **extra: Any) -> dict:
-    """summary.json: what a run reached and measured. `last`: its last train_loss/eval_loss/eval_accuracy;
-    `seconds`: wall/compile/train/eval seconds; `tps`: tokens/s of the timed steps (mfu follows)."""
+                 num_devices: int, mesh_shape: Any, train_split_tokens: int | None = None, **extra: Any) -> dict:
+    """summary.json: what a run reached and measured. `last`: its last train_loss/eval_loss/eval_accuracy/
+    eval_bits_per_byte; `seconds`: wall/compile/train/eval seconds; `tps`: tokens/s of the timed steps (mfu
+    follows); `train_split_tokens`: tokens of the training split (None when not packed text), for `epochs`."""
     peak = hardware.peak_flops(jax.devices()[0])
     summary = {
         "status": status, "error": error, "step": step, "steps": steps,
         "params": counts["total"], "params_non_embedding": counts["non_embedding"],
         "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
         "eval_loss": last.get("eval_loss"), "eval_accuracy": last.get("eval_accuracy"),
+        "eval_bits_per_byte": last.get("eval_bits_per_byte"), "train_split_tokens": train_split_tokens,
+        "epochs": token_cache.epochs(step * tokens_per_step, train_split_tokens),
         "train_loss": last.get("train_loss"), "task": task_name, "skipped_updates": skipped,
         **{f"{k}_seconds": v for k, v in seconds.items()}, "tokens_per_second": tps,
         "mfu": (tps * fpt / (peak["flops"] * num_devices)) if (tps and peak["flops"]) else None,

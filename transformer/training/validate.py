@@ -8,7 +8,7 @@ from typing import Any
 
 from transformer.config import ConfigError, ModelConfig
 from transformer.models import resolve
-from transformer.training import optimizer, sharding
+from transformer.training import optimizer, profiler, sharding, wandb_run
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -46,6 +46,8 @@ def check_training(config: Any, model_cfg: ModelConfig, num_devices: int, proces
         _positive_int(f"train.{name}", t[name])
     _positive_int("data.seq_len", config.data.seq_len)
     optimizer.make_optimizer(t)  # validates schedule, learning rate, warm-up, clipping, nonfinite policy
+    profiler.window(config)  # logging.profile_*
+    wandb_run.check(config)  # logging.wandb*: the package installed, a valid mode
     shape = sharding.mesh_shape(config.mesh, num_devices)
     rules = dict(sharding.rules(config.mesh))
     batch_axes = rules.get("batch") or ()

@@ -1,0 +1,39 @@
+"""Write a training run's checkpoint as a Hugging Face checkpoint with its tokenizer.
+
+python -m experiments.export --workdir=DIR --out=HF_DIR [--step=STEP]
+
+HF_DIR gets config.json + model.safetensors (GPT-2, LLaMA, BERT or T5, from the run's model shape) and
+tokenizer.json + tokenizer_config.json (the run's bytes / SentencePiece / tokenizer.json tokenizer;
+tokenizer(text) prepends bos, as the run's documents began), so that
+    AutoTokenizer.from_pretrained(HF_DIR), AutoModelForCausalLM.from_pretrained(HF_DIR)
+(AutoModelForSeq2SeqLM for T5, AutoModelForMaskedLM for BERT) give the run's logits. A missing run or
+checkpoint, a model with no Hugging Face counterpart, or a non-empty HF_DIR is one `error:` line (exit 2).
+"""
+from __future__ import annotations
+
+import json
+
+from absl import flags
+
+from experiments import cli
+from experiments.jax_setup import setup_jax
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
+_OUT = flags.DEFINE_string("out", None, "Directory to write the Hugging Face checkpoint into (new or empty).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    setup_jax()
+    from transformer.interop.export import export_run
+
+    summary = export_run(_WORKDIR.value, _OUT.value, step=_STEP.value)
+    print(json.dumps(summary))
+    print(f"load it with transformers.AutoTokenizer.from_pretrained({summary['out']!r}) and "
+          f"transformers.{summary['hf_class']}.from_pretrained({summary['out']!r})", flush=True)
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["workdir", "out"])
+    cli.run(main)

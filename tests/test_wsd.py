@@ -1,0 +1,94 @@
+"""Warm-up–stable–decay (Hägele et al. 2024): the schedule, and a run continued to more steps on its workdir
+(its stable phase extended) ending exactly like a run trained to that length from the start."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from test_reliability import _rows, tiny_config
+from transformer.config import ConfigError
+from transformer.training.loop import train
+from transformer.training.optimizer import decay_start, make_schedule
+
+
+def _train_cfg(**kw) -> ConfigDict:
+    c = ConfigDict(dict(steps=100, warmup_steps=10, learning_rate=2.0, schedule="wsd", decay_fraction=0.2,
+                        final_lr_fraction=0.0))
+    c.update(kw)
+    return c
+
+
+def test_wsd_is_flat_until_the_decay_and_a_longer_run_shares_it():
+    short, long = _train_cfg(), _train_cfg(steps=250)
+    assert decay_start(short) == 80 and decay_start(long) == 200
+    f, g = make_schedule(short), make_schedule(long)
+    lr_f, lr_g = np.array([f(t) for t in range(101)]), np.array([g(t) for t in range(251)])
+    np.testing.assert_allclose(lr_f[:81], lr_g[:81], rtol=0, atol=0)   # one run until the short one decays
+    np.testing.assert_allclose(lr_f[10:81], 2.0, rtol=1e-6)             # stable at the peak
+    assert lr_f[5] == pytest.approx(1.0)                                # linear warm-up
+    # the "1 - sqrt" cooldown of Hägele et al.: lr = peak·(1 - sqrt(t/T)) over its T steps, to 0 at the end
+    assert lr_f[90] == pytest.approx(2.0 * (1 - np.sqrt(0.5)), rel=1e-6)
+    assert lr_f[100] == pytest.approx(0.0, abs=1e-7)
+    assert np.all(np.diff(lr_f[80:]) < 0)
+
+
+def test_wsd_refuses_a_warm_up_that_reaches_into_the_decay():
+    with pytest.raises(ConfigError, match="overlaps the decay"):
+        make_schedule(_train_cfg(warmup_steps=90))
+
+
+def _wsd(corpus_dir: str, steps: int) -> ConfigDict:
+    c = tiny_config(corpus_dir, steps=steps, warmup_steps=2, checkpoint_every=5, eval_every=5, log_every=1,
+                    keep_checkpoints=1)
+    c.train.update(dict(schedule="wsd", decay_fraction=0.25, final_lr_fraction=0.0))
+    return c
+
+
+def test_a_wsd_run_continued_to_more_steps_equals_the_longer_run(corpus_dir, tmp_path):
+    longer = str(tmp_path / "longer")
+    ref = train(_wsd(corpus_dir, 16), longer, verbose=False)
+    run = str(tmp_path / "run")
+    first = train(_wsd(corpus_dir, 8), run, verbose=False)  # decays from step 6 to 8
+    assert first["status"] == "ok" and first["step"] == 8
+    assert 6 in {int(s) for s in os.listdir(os.path.join(run, "checkpoints"))}  # kept: keep_checkpoints=1
+    out = train(_wsd(corpus_dir, 16), run, verbose=False)  # continues from step 6 (the decay start)
+    assert out["status"] == "ok" and out["step"] == 16
+    assert out["eval_loss"] == ref["eval_loss"] and out["train_loss"] == ref["train_loss"]
+    assert _rows(run) == _rows(longer)  # the first run's decay rows are gone, the longer run's rows in place
+    aside = sorted(int(d.split("-")[0]) for d in os.listdir(os.path.join(run, "superseded_checkpoints")))
+    assert aside == [8]  # the old decay's checkpoint is kept aside, not deleted
+    assert json.load(open(os.path.join(run, "config.json")))["train"]["steps"] == 16
+
+
+def test_only_a_wsd_run_continues_and_only_to_more_steps(corpus_dir, tmp_path):
+    run = str(tmp_path / "run")
+    train(_wsd(corpus_dir, 8), run, verbose=False)
+    with pytest.raises(ConfigError, match="only to more steps"):
+        train(_wsd(corpus_dir, 6), run, verbose=False)
+    cosine = str(tmp_path / "cosine")
+    train(tiny_config(corpus_dir, steps=8, warmup_steps=2), cosine, verbose=False)
+    with pytest.raises(ConfigError, match="only with train.schedule='wsd'"):
+        train(tiny_config(corpus_dir, steps=16, warmup_steps=2), cosine, verbose=False)
+
+
+def test_a_sweep_branch_seeded_from_its_source_equals_the_run_trained_alone(corpus_dir, tmp_path):
+    """runner.seed_branch copies the source run's decay-start checkpoint into the branch's workdir; training
+    the branch from there ends exactly like training its config from step 0."""
+    from transformer.sweeps import runner
+
+    sweep = str(tmp_path / "sweep")
+    train(_wsd(corpus_dir, 8), os.path.join(sweep, "runs", "src"), verbose=False)
+    run = {"run_id": "branch", "branch_from": "src", "start_step": 6}
+    assert runner.seed_branch(sweep, run)
+    assert not runner.seed_branch(sweep, run)  # seeded once; later it resumes from its own checkpoints
+    branched = train(_wsd(corpus_dir, 16), os.path.join(sweep, "runs", "branch"), verbose=False)
+    alone = train(_wsd(corpus_dir, 16), str(tmp_path / "alone"), verbose=False)
+    assert branched["eval_loss"] == alone["eval_loss"] and branched["tokens"] == alone["tokens"]
+    rows = lambda w: [r for r in _rows(w) if r["step"] > 6]
+    assert rows(os.path.join(sweep, "runs", "branch")) == rows(str(tmp_path / "alone"))
+    missing = {"run_id": "orphan", "branch_from": "src", "start_step": 5}  # no checkpoint 5 there
+    assert not runner.seed_branch(sweep, missing)

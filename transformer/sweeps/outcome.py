@@ -1,0 +1,142 @@
+"""What a sweep concludes: the fit of its grid, the prediction written before the validation run trains, the
+validation against it, and the schedule check (the Fit and Prediction-check contracts, docs/design.md).
+
+DIR/fit/fit.json + figures      the fit of the grid runs (role "grid"; transformer/scaling/report.run_fit)
+DIR/fit/predictions.json        sweep.validate_flops: the predicted N_opt, D_opt and loss with 95% intervals and
+                                the time it was written, before anything trains at that budget; never rewritten
+DIR/fit/validation.json         the validation run against the prediction: measured loss, relative error
+DIR/fit/schedule_check.json     sweep.schedule_check: each check run's loss beside the grid run it repeats
+DIR/lr_fit.json (+ lr_scan.png) an LR scan's fit (sweep.mode=lr_scan)
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any
+
+from transformer import files
+from transformer.sweeps import results
+
+
+def _fit_dir(workdir: str) -> str:
+    return os.path.join(workdir, "fit")
+
+
+def _n_kind(doc: dict[str, Any]) -> str:
+    return "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
+
+
+def _fit(workdir: str, doc: dict[str, Any], annotate: dict[str, Any] | None = None) -> dict[str, Any]:
+    from transformer.scaling.report import run_fit
+
+    validate_flops = float(doc["sweep"].get("validate_flops") or 0.0)
+    return run_fit(workdir, _fit_dir(workdir), n_kind=_n_kind(doc), bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)),
+                   seed=0, predict_flops=[validate_flops] if validate_flops else (), annotate=annotate)
+
+
+def load_prediction(workdir: str) -> dict[str, Any] | None:
+    path = os.path.join(_fit_dir(workdir), "predictions.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """Fits the grid and writes DIR/fit/predictions.json (once: an existing one is returned as it is), before
+    the validation run is designed. Its `params` is N_opt in the fit's headline convention (`convention`)."""
+    existing = load_prediction(workdir)
+    if existing is not None:
+        return existing
+    fit = _fit(workdir, doc)
+    pred = fit["predictions"][0]
+    if pred.get("loss") is None or pred.get("params") is None:
+        raise RuntimeError(f"the fit of {workdir}'s grid cannot predict at {pred['flops']:.3g} FLOPs "
+                           f"({pred.get('note', 'no frontier')}); see {_fit_dir(workdir)}/fit.json")
+    prediction = {**pred, "convention": fit["headline"]["convention"],
+                  "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "from": {"a": fit["approach2"].get("a"), "a_ci95": fit["approach2"].get("a_ci95"),
+                           "frontier": fit["frontier"].get("law"), "sigma": fit["noise"].get("sigma"),
+                           "grid_runs": len(fit["points"])}}
+    files.write_json(os.path.join(_fit_dir(workdir), "predictions.json"), prediction, indent=1)
+    return prediction
+
+
+def validation(workdir: str, doc: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """DIR/fit/validation.json from the validation run's row and predictions.json (None: no validation run)."""
+    row = next((r for r in rows if r.get("role") == "validate"), None)
+    prediction = load_prediction(workdir)
+    if row is None or prediction is None:
+        return None
+    measured = row.get("eval_loss") if row.get("status") == "ok" else None
+    ci = prediction.get("loss_ci95")
+    out = {"flops": row["flops"], "params": row["params"], "tokens": row["tokens"], "run_id": row["run_id"],
+           "shape": {k: row.get(k) for k in ("d_model", "num_layers", "num_heads", "d_ff")},
+           "predicted_params": prediction["params"], "predicted_tokens": prediction.get("tokens"),
+           "convention": prediction["convention"], "predicted_loss": prediction["loss"],
+           "predicted_loss_ci95": ci, "measured_loss": measured,
+           "relative_error": None if measured is None else (measured - prediction["loss"]) / prediction["loss"],
+           "inside_ci95": None if measured is None or not ci else bool(ci[0] <= measured <= ci[1]),
+           "prediction_written_at": prediction["written_at"], "status": row.get("status")}
+    files.write_json(os.path.join(_fit_dir(workdir), "validation.json"), out, indent=1)
+    return out
+
+
+def schedule_check(workdir: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """DIR/fit/schedule_check.json: each check run beside the grid run of the same shape and budget (seed 0)."""
+    checks = [r for r in rows if r.get("role") == "check" and r.get("status") == "ok"]
+    if not checks:
+        return None
+    grid = {(r["budget"], r["d_model"]): r for r in rows if r.get("role", "grid") == "grid" and r.get("status") == "ok"
+            and r.get("seed", 0) == checks[0].get("seed", 0)}
+    pairs = []
+    for c in sorted(checks, key=lambda r: r["params"]):
+        g = grid.get((c["budget"], c["d_model"]))
+        if g is not None:
+            pairs.append({"budget": c["budget"], "params": c["params"], "d_model": c["d_model"],
+                          g["schedule"]: g["eval_loss"], c["schedule"]: c["eval_loss"],
+                          "difference": g["eval_loss"] - c["eval_loss"],
+                          "relative": (g["eval_loss"] - c["eval_loss"]) / c["eval_loss"]})
+    if not pairs:
+        return None
+    best = lambda key: min(pairs, key=lambda p: p[key])["params"]
+    names = (pairs[0].keys() - {"budget", "params", "d_model", "difference", "relative"})
+    out = {"pairs": pairs, "best_size": {n: best(n) for n in names},
+           "mean_relative_difference": sum(p["relative"] for p in pairs) / len(pairs),
+           "note": "difference = grid schedule's loss − the check schedule's, per size; best_size: the lowest-loss "
+                   "size under each schedule (the same size: the schedule does not move the budget's minimum)"}
+    files.write_json(os.path.join(_fit_dir(workdir), "schedule_check.json"), out, indent=1)
+    return out
+
+
+def finish(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """After the last run: the fit into DIR/fit/ (validation and schedule check beside it) or, for an LR scan,
+    DIR/lr_fit.json."""
+    rows = results.read_results(workdir)
+    if doc["mode"] == "lr_scan":
+        from transformer.scaling import lr_scan
+        return lr_scan.write_lr_fit(workdir, rows, doc["sweep"]["param_count"])
+    os.makedirs(_fit_dir(workdir), exist_ok=True)
+    checked = validation(workdir, doc, rows)
+    check = schedule_check(workdir, rows)
+    fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check)) if v})
+    if checked is not None and checked["measured_loss"] is not None:
+        print(f"prediction check at {checked['flops']:.3g} FLOPs: predicted loss {checked['predicted_loss']:.4f}"
+              + (f" [{checked['predicted_loss_ci95'][0]:.4f}, {checked['predicted_loss_ci95'][1]:.4f}]"
+                 if checked["predicted_loss_ci95"] else "")
+              + f", measured {checked['measured_loss']:.4f}: relative error {100 * checked['relative_error']:+.2f}%",
+              flush=True)
+    return fit
+
+
+def finish_once(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """finish() by the first worker to find every run recorded, the plan complete and no fit yet (DIR/fit.lock)."""
+    done = "validation.json" if any(r.get("role") == "validate" for r in doc["runs"]) else "fit.json"
+    marker = os.path.join(workdir, "lr_fit.json" if doc["mode"] == "lr_scan" else os.path.join("fit", done))
+    recorded = {r["run_id"] for r in results.read_results(workdir)}
+    with results.locked(os.path.join(workdir, "fit.lock")):
+        if doc.get("waiting") is None and all(r["run_id"] in recorded for r in doc["runs"]) \
+                and not os.path.exists(marker):
+            return finish(workdir, doc)
+    return None
