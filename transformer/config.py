@@ -22,6 +22,7 @@ NORM_POSITIONS = ("pre", "post")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 PARAM_DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+PARAMETRIZATIONS = ("sp", "mup")  # model.parametrization: standard, or μP (transformer/layers/mup.py)
 # model.attention_impl="auto" is resolved when the model is built (transformer.models.resolve).
 AUTO = "auto"
 
@@ -82,6 +83,10 @@ class ModelConfig:
     relative_max_distance: int = 128  # t5_relative: offsets from here on share the last (logarithmic) bucket
     attention_scale: float = 0.0     # multiplier of q·k; 0 means 1/sqrt(head_dim) (T5 folds it into init: 1.0)
     scale_tied_head: bool = False    # encoder_decoder: hidden × d_model^-0.5 before the tied head (T5 v1.0)
+    # μP (Yang et al. 2022; transformer/layers/mup.py): init, per-parameter Adam LR, output and attention scale.
+    parametrization: str = "sp"      # sp (standard) | mup
+    mup_base_width: int = 0          # mup: the d_model at which μP equals SP (where SP hyperparameters were tuned)
+    mup_base_head_dim: int = 0       # mup: the head dim at the base width; 0: this model's (width grows by heads)
 
     def __post_init__(self) -> None:
         _choice("model.family", self.family, FAMILIES)
@@ -112,6 +117,7 @@ class ModelConfig:
         if self.rope_base <= 0:
             raise ConfigError(f"model.rope_base={self.rope_base!r} must be positive")
         self._check_position_bias_settings()
+        self._check_parametrization()
         if self.attention_impl == "cudnn":  # the only dtype rule of attention, checked once, here
             if self.dtype == "float32":
                 raise ConfigError("model.attention_impl='cudnn' needs train.compute_dtype='bfloat16' (cuDNN's "
@@ -140,6 +146,26 @@ class ModelConfig:
             raise ConfigError("model.scale_tied_head=True (T5 v1.0's d_model^-0.5 before the tied head) needs "
                               f"model.family='encoder_decoder' and model.tie_embeddings=True (got family="
                               f"{self.family!r}, tie_embeddings={self.tie_embeddings})")
+    def _check_parametrization(self) -> None:
+        _choice("model.parametrization", self.parametrization, PARAMETRIZATIONS)
+        for name in ("mup_base_width", "mup_base_head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"model.{name}={value!r} must be a non-negative integer")
+        if self.parametrization != "mup":
+            return  # the mup_* settings are ignored under SP, so one config can switch between the two
+        if not self.mup_base_width:
+            raise ConfigError("model.parametrization='mup' needs model.mup_base_width > 0: the d_model at which μP "
+                              "equals the standard parametrization (the width your SP hyperparameters were tuned "
+                              f"at), e.g. model.mup_base_width={self.d_model} makes this model the base")
+        if self.scale_tied_head:
+            raise ConfigError("model.scale_tied_head=True multiplies the hidden states by d_model^-0.5 before the "
+                              "tied head, which changes with width; μP (model.parametrization='mup') scales the "
+                              "readout by mup_base_width / d_model instead: set model.scale_tied_head=False")
+        if self.scale_embeddings:
+            raise ConfigError("model.scale_embeddings=True multiplies the embeddings by sqrt(d_model), which grows "
+                              "with width; μP (model.parametrization='mup') needs width-independent embedding "
+                              "coordinates: set model.scale_embeddings=False or model.parametrization='sp'")
 
     @property
     def kv_heads(self) -> int:

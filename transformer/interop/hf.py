@@ -84,6 +84,10 @@ def from_pretrained(path: str) -> tuple[nn.Module, Any]:
 
 def converter_for(cfg: ModelConfig) -> tuple[str, ModuleType]:
     """The Hugging Face family that can hold a model of this config."""
+    if cfg.parametrization != "sp":
+        raise ConfigError("a μP model (model.parametrization='mup') multiplies its logits by mup_base_width / "
+                          "d_model (and may rescale attention); Hugging Face's GPT-2/LLaMA/BERT have no such "
+                          "multipliers, so it has no counterpart there")
     for name, converter in CONVERTERS.items():
         if converter.matches(cfg):
             return name, converter

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.layers import positional
+from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
 from transformer.config import AUTO, ConfigError, ModelConfig
 
@@ -311,7 +311,7 @@ class MultiHeadAttention(nn.Module):
         if cross and bias_BNTS is not None:
             raise ValueError("a position bias belongs to self-attention; cross-attention takes none")
         kv_BSD = context_BSD if cross else x_BTD
-        scale = cfg.attention_scale or None  # None: 1/sqrt(H)
+        scale = mup.attention_scale(cfg)  # None: 1/sqrt(H); SP: cfg.attention_scale or None
 
         def proj(heads: int, axis_name: str, name: str) -> "Projection":
             return Projection("btd,dnh->btnh", (cfg.d_model, heads, H), ("embed", axis_name, "head_dim"),

@@ -1,7 +1,9 @@
 """Token embedding ("vocab", "embed") and the output head (tied: `attend`; untied: ("embed", "vocab")).
 
 The head multiplies compute-dtype operands but accumulates and returns the logits in float32
-(preferred_element_type), so bf16 compute does not round the logits before the float32 loss.
+(preferred_element_type), so bf16 compute does not round the logits before the float32 loss. Under μP
+(model.parametrization="mup") both heads multiply the float32 logits by base_width / d_model
+(transformer/layers/mup.py); under SP they are left as they are.
 
 Legend: B batch, T sequence, D model width, V vocabulary.
 """
@@ -11,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.layers import mup
 from transformer.layers.dtypes import compute_dtypes
 from transformer.config import ModelConfig
 
@@ -33,8 +36,9 @@ class TokenEmbedding(nn.Module):
     def attend(self, x_BTD: jax.Array) -> jax.Array:
         dtype, _ = compute_dtypes(self.cfg)
         # Products of compute-dtype operands, accumulated and returned in float32 (not rounded to bf16).
-        return jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), self.embedding.astype(dtype),
-                          preferred_element_type=jnp.float32)
+        logits_BTV = jnp.einsum("btd,vd->btv", x_BTD.astype(dtype), self.embedding.astype(dtype),
+                                preferred_element_type=jnp.float32)
+        return mup.scale_logits(self.cfg, logits_BTV)
 
 
 class OutputHead(nn.Module):
@@ -48,5 +52,6 @@ class OutputHead(nn.Module):
         kernel_DV = self.param(
             "kernel", nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
             (self.cfg.d_model, self.cfg.vocab_size), param_dtype)
-        return jnp.einsum("btd,dv->btv", x_BTD.astype(dtype), kernel_DV.astype(dtype),
-                          preferred_element_type=jnp.float32)
+        logits_BTV = jnp.einsum("btd,dv->btv", x_BTD.astype(dtype), kernel_DV.astype(dtype),
+                                preferred_element_type=jnp.float32)
+        return mup.scale_logits(self.cfg, logits_BTV)

@@ -46,6 +46,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.layers import mup
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
 from transformer.layers.feedforward import ACTIVATIONS
@@ -122,7 +123,9 @@ class EncoderModel(nn.Module):
         if cfg.num_classes:
             pooled_BD = jnp.tanh(_dense(cfg, cfg.d_model, ("embed", "mlp"), "pooler")(x_BTD[:, 0]))
             pooled_BD = nn.Dropout(cfg.dropout_rate)(pooled_BD, deterministic=deterministic)
-            logits_BC = _dense(cfg, cfg.num_classes, ("mlp", "classes"), "classifier")(pooled_BD)
+            # μP's output multiplier on the readout's product, not its bias: (x / m) W + b (SP: x as it is)
+            classifier = _dense(cfg, cfg.num_classes, ("mlp", "classes"), "classifier")
+            logits_BC = classifier(mup.scale_logits(cfg, pooled_BD))
             return logits_BC.astype(jnp.float32)
         logits_BTV = MLMHead(cfg, name="mlm_head")(x_BTD, embedding)
         return nn.with_logical_constraint(logits_BTV, ("batch", "seq", "act_vocab"))

@@ -80,13 +80,9 @@ def analyze(rows: Sequence[dict[str, Any]], param_count: str = "total", exponent
             "sizes": sizes, "fit_sizes": [s["size"] for s in used], "warnings": warnings}
 
 
-def plot(fit: dict[str, Any], path: str) -> None:
-    """Eval loss against peak learning rate per size, with each optimum marked."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+def draw(ax: Any, fit: dict[str, Any], title: str | None = None) -> None:
+    """One scan on a matplotlib axis: eval loss against peak learning rate per size, each optimum a star
+    (hollow when at the scan's edge)."""
     for s in fit["sizes"]:
         lrs = [p["learning_rate"] for p in s["points"]]
         line, = ax.plot(lrs, [p["eval_loss"] for p in s["points"]], "o-", label=f"{s['shape']} (N={s['size']:,})")
@@ -95,8 +91,42 @@ def plot(fit: dict[str, Any], path: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("eval loss")
-    ax.set_title(f"LR scan: lr_opt = {fit['coefficient']:.3g}·N^{fit['exponent']:.3f}")
+    fitted = f"lr_opt = {fit['coefficient']:.3g}·N^{fit['exponent']:.3f}"
+    ax.set_title(f"{title}: {fitted}" if title else f"LR scan: {fitted}")
     ax.legend(fontsize=8)
+
+
+def plot(fit: dict[str, Any], path: str) -> None:
+    """Eval loss against peak learning rate per size, with each optimum marked."""
+    plot_panels([fit], [None], path)
+
+
+def plot_panels(fits: Sequence[dict[str, Any]], titles: Sequence[str | None], path: str) -> None:
+    """Several scans side by side, one panel each, sharing the loss axis (e.g. SP | μP); with more than one
+    scan, a last panel draws each scan's optimal learning rate against N with its fit lr_opt = c·N^k."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(fits) + (len(fits) > 1)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
+    for i, (fit, title) in enumerate(zip(fits, titles)):
+        draw(axes[0, i], fit, title)
+        if i:
+            axes[0, i].sharey(axes[0, 0])
+    if len(fits) > 1:
+        ax = axes[0, -1]
+        for fit, title in zip(fits, titles):
+            sizes = np.array([s["size"] for s in fit["sizes"]], float)
+            line, = ax.plot(sizes, [s["lr_opt"] for s in fit["sizes"]], "*", ms=12,
+                            label=f"{title}: lr_opt ∝ N^{fit['exponent']:.2f}")
+            ax.plot(sizes, fit["coefficient"] * sizes ** fit["exponent"], "-", color=line.get_color())
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("parameters N")
+        ax.set_ylabel("optimal peak learning rate")
+        ax.set_title("optimal learning rate against size")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

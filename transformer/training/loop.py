@@ -37,7 +37,7 @@ from transformer.training.profiler import ProfileWindow
 from transformer.training.resolve import resolve
 from transformer.training.run_io import (Preempted, Progress, abstract_batch, check_workdir_config,  # noqa: F401
                                          evaluate, global_batch, make_summary, preemption_signals, write_json)
-from transformer.training.state import abstract_state, init_state
+from transformer.training.state import abstract_state, init_state, lr_multipliers
 from transformer.training.warm_start import warm_start
 
 # a run's last logged values go to its summary
@@ -93,7 +93,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
             print(f"{', '.join(workdirs)} already finished (status ok); nothing to do", flush=True)
         return previous
 
-    task, model, tx = get_task(config), build_model(model_cfg), make_optimizer(t)
+    task, model = get_task(config), build_model(model_cfg)
+    tx = make_optimizer(t, lr_multipliers(model, task.init_inputs(config)))  # μP's per-parameter LRs (SP: none)
     schedules = [make_schedule(c.train) for c in configs]
     mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules(config.mesh)
     counts = param_counts(model_cfg)

@@ -7,6 +7,11 @@ included, is linear in the learning rate, so this equals AdamW built with that p
 rounding). Because the peak is state, not program, the runs of an LR scan that share a shape differ only
 in numbers: one compiled step trains them all (sweep.multirun), and a run's checkpoint has one layout
 whether it trained alone or in a group.
+
+Per-parameter learning-rate multipliers (μP's, transformer/layers/mup.py) are a stage inside AdamW, between
+Adam's direction and the decoupled weight decay: they scale a parameter's Adam step but not its decay
+(lr·wd per step stays the same, as in the `mup` package's MuAdamW). They are constants of the program,
+the same for every run of a shape, so the peak learning rate stays the only per-run number in the state.
 """
 from __future__ import annotations
 
@@ -134,9 +139,20 @@ def with_peak_lrs(opt_state: Any, learning_rates: Sequence[float] | float) -> An
     return jax.tree.map(replace, opt_state, is_leaf=lambda x: isinstance(x, PeakLR))
 
 
-def make_optimizer(train_cfg: Any) -> optax.GradientTransformation:
+def scale_by_multipliers(multipliers: Any) -> optax.GradientTransformation:
+    """Multiplies each update by its parameter's constant (a tree of floats shaped like the parameters)."""
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+        del params
+        return jax.tree.map(lambda u, m: u * jnp.asarray(m, u.dtype), updates, multipliers), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_optimizer(train_cfg: Any, lr_multipliers: Any = None) -> optax.GradientTransformation:
     """clip(global norm) → AdamW(unit schedule, decay mask) → × the peak rate in the state (see the module
-    docstring); `nonfinite="skip"` drops non-finite updates."""
+    docstring); `nonfinite="skip"` drops non-finite updates. `lr_multipliers`: a tree of floats shaped like the
+    parameters (mup.lr_multipliers) that scales each parameter's Adam step; None: AdamW as optax.adamw."""
     if train_cfg.nonfinite not in NONFINITE_POLICIES:
         raise ConfigError(f"train.nonfinite={train_cfg.nonfinite!r} is not valid; "
                           f"choose one of {', '.join(NONFINITE_POLICIES)}")
@@ -144,8 +160,11 @@ def make_optimizer(train_cfg: Any) -> optax.GradientTransformation:
         raise ConfigError(f"train.grad_clip={train_cfg.grad_clip!r} must be >= 0 (0 disables clipping)")
     tx = optax.chain(
         optax.clip_by_global_norm(train_cfg.grad_clip) if train_cfg.grad_clip > 0 else optax.identity(),
-        optax.adamw(make_schedule(train_cfg, peak=1.0), b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
-                    weight_decay=train_cfg.weight_decay, mask=decay_mask),
+        optax.chain(  # optax.adamw's three stages, the multipliers (when given) after Adam's direction
+            optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps),
+            *([] if lr_multipliers is None else [scale_by_multipliers(lr_multipliers)]),
+            optax.add_decayed_weights(train_cfg.weight_decay, decay_mask),
+            optax.scale_by_learning_rate(make_schedule(train_cfg, peak=1.0))),
         scale_by_peak_lr(float(train_cfg.learning_rate)),
     )
     if train_cfg.nonfinite == "skip":

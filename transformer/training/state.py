@@ -2,7 +2,9 @@
 
 `jax.eval_shape` gives the abstract state with logical names on every parameter; the mesh rules turn
 those into NamedShardings; `jax.jit(init, out_shardings=...)` then materialises each parameter and
-optimizer moment already split across devices (no full copy on any one device).
+optimizer moment already split across devices (no full copy on any one device). Under μP
+(model.parametrization="mup") the model's initialisation is rescaled here, by the logical names of its
+parameters (transformer/layers/mup.py), and `lr_multipliers` gives the optimizer its per-parameter factors.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from transformer.layers import mup
 from transformer.training import sharding
 
 
@@ -28,7 +31,17 @@ class TrainState:
 def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array,
                 init_inputs: tuple) -> TrainState:
     params = model.init(rng, *init_inputs)["params"]   # nn.Partitioned boxes carry logical names
+    params = mup.rescale_init(model.cfg, params)        # μP's hidden-weight init (SP: unchanged)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def lr_multipliers(model: nn.Module, init_inputs: tuple) -> Any:
+    """μP's per-parameter Adam learning-rate multipliers for `model` (make_optimizer's `lr_multipliers`),
+    classified from the logical names of its parameters; None under SP."""
+    if model.cfg.parametrization == "sp":
+        return None
+    boxed = jax.eval_shape(lambda r: model.init(r, *init_inputs), jax.random.PRNGKey(0))["params"]
+    return mup.lr_multipliers(model.cfg, boxed)
 
 
 def abstract_state(model: nn.Module, tx: optax.GradientTransformation, init_inputs: tuple, mesh: Mesh,
