@@ -30,8 +30,8 @@ def window(config: Any) -> tuple[int, int] | None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"logging.{name}={value!r} must be a non-negative integer")
     if count == 0:
-        raise ConfigError(f"logging.profile_count=0 gives an empty profiler window; trace at least one step "
-                          f"(or set logging.profile_start=0 to profile nothing)")
+        raise ConfigError("logging.profile_count=0 gives an empty profiler window; trace at least one step "
+                          "(or set logging.profile_start=0 to profile nothing)")
     last = start + count - 1
     if last > steps:
         raise ConfigError(f"logging.profile_start={start} with logging.profile_count={count} profiles steps "
