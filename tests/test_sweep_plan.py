@@ -179,3 +179,46 @@ def test_parallel_workers_start_a_branch_only_after_its_source_is_recorded(tmp_p
     assert len(branches) >= 3 and sorted(started) == sorted(r["run_id"] for r in doc["runs"])
     for r in branches:
         assert started.index(r["branch_from"]) < started.index(r["run_id"])
+
+
+def test_a_variant_sweep_trains_the_baselines_grid_and_compare_pairs_them(tmp_path):
+    """sweep.grid_from: a variant (SwiGLU here) whose own prior would centre elsewhere trains the baseline's
+    recentred sizes at every budget, designed at once; compare's grid check accepts the pair although each
+    sweep calibrated its own learning rate and validated its own prediction."""
+    from transformer.scaling import compare
+
+    base_dir, var_dir = str(tmp_path / "base"), str(tmp_path / "var")
+    baseline, _ = _simulate(_config(prior_tokens_per_param=400.0, recenter=True), base_dir)
+    variant_config = _config(prior_tokens_per_param=20.0, recenter=True, grid_from=base_dir, ffn_ratio=2.6667)
+    variant_config.base.model.activation = "swiglu"
+    first = plan.design(variant_config)
+    assert first.waiting is None  # no budget waits for another: the sizes are known
+    variant, _ = _simulate(variant_config, var_dir)
+
+    def widths(p: plan.Plan) -> dict:
+        return {b: sorted(r.shape.d_model for r in p.runs if r.role == "grid" and r.budget == b)
+                for b in (1e11, 2e11, 4e11, 8e11)}
+
+    assert widths(variant) == widths(baseline)
+    assert {r.config.model.activation for r in variant.runs} == {"swiglu"}
+    own = plan.design(_config(prior_tokens_per_param=20.0, recenter=True), preview=True)
+    assert widths(own)[1e11] != widths(baseline)[1e11]  # without grid_from the variant's first budget differs
+    grids = [compare.read_grid(d, flag) for d, flag in ((base_dir, "--baseline"), (var_dir, "--variant"))]
+    assert compare.grid_differences(*grids) == []
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("missing", r"sweep.grid_from='.*missing': no .*sweep.json"),
+    ("fewer budgets", r"has 0 grid sizes at budget 8e11 .*finish it first"),
+])
+def test_grid_from_errors_name_the_setting(tmp_path, setting, message):
+    from transformer.config import ConfigError
+
+    if setting == "missing":
+        c = _config(grid_from=str(tmp_path / "missing"))
+    else:
+        short = _config(budgets=(1e11, 2e11, 4e11))
+        runner.plan_and_write(str(tmp_path), short)
+        c = _config(grid_from=str(tmp_path))
+    with pytest.raises(ConfigError, match=message):
+        plan.design(c)

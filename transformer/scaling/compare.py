@@ -47,7 +47,8 @@ DEFINITION = ("compute_multiplier(C) = C_base(L_var(C)) / C: how many times the 
 
 def read_grid(directory: str, flag: str) -> dict[str, Any]:
     """The grid of a sweep directory's sweep.json: {"name", "runs": [run_id], "sizes": {budget: [shape]}}
-    (shapes "d<d_model>-L<num_layers>", sorted; budgets increasing). ConfigError when it is not an IsoFLOP
+    (shapes "d<d_model>-L<num_layers>" of the runs with role "grid", sorted; budgets increasing; "runs" lists
+    every run, all of which must be finished). ConfigError when it is not an IsoFLOP
     sweep directory."""
     if not os.path.isdir(directory):
         raise MissingInputError(f"{flag}={directory}: no such directory; give a sweep directory (the --workdir "
@@ -69,6 +70,8 @@ def read_grid(directory: str, flag: str) -> dict[str, Any]:
                           "IsoFLOP sweeps (sweep.mode='isoflop')")
     sizes: dict[float, list[str]] = collections.defaultdict(list)
     for run in runs:
+        if run.get("role", "grid") != "grid":  # LR calibration, schedule check and validation runs: each sweep's own
+            continue
         if not all(isinstance(run.get(k), (int, float)) for k in ("budget", "d_model", "num_layers")):
             raise ConfigError(f"{flag}={directory}: run {run.get('run_id')!r} of sweep.json lacks its budget, "
                               "d_model or num_layers")

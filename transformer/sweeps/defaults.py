@@ -40,6 +40,9 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.recenter = False                 # centre each budget on the power law through the finished budgets'
                                        # minima (the prior only for the first); a budget is then designed once
                                        # the budgets before it have finished
+    s.grid_from = ""                   # DIR of a baseline IsoFLOP sweep: each budget trains that sweep's grid
+                                       # sizes (same d_model) instead of its own, so experiments.compare can pair
+                                       # the two sweeps (a variant at matched shapes); its own LR calibration
     s.min_steps = 20                   # a run with fewer steps is dropped (or the budget is an error)
     s.min_sizes = 3                    # a budget with fewer sizes left is an error
 

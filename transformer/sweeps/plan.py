@@ -21,7 +21,9 @@ An IsoFLOP sweep's stages, in order (all but the budgets optional; transformer/s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from typing import Any, Callable
 
 import ml_collections
@@ -156,6 +158,32 @@ def centre(sweep: ml_collections.ConfigDict, budget: float, finished: list[tuple
     return prior, "prior (no finished budget has a minimum)"
 
 
+def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, list[int]]:
+    """sweep.grid_from: {budget: the d_models of that sweep's grid runs}, for each of this sweep's budgets."""
+    s = config.sweep
+    path = os.path.join(os.path.expanduser(s.grid_from), "sweep.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"sweep.grid_from={s.grid_from!r}: no {path}; name the directory of a baseline IsoFLOP "
+                          "sweep (its --workdir)")
+    with open(path) as f:
+        doc = json.load(f)
+    if doc.get("mode") != "isoflop":
+        raise ConfigError(f"sweep.grid_from={s.grid_from!r} is an {doc.get('mode')} sweep, not an IsoFLOP sweep")
+    out = {}
+    for budget in s.budgets:
+        ds = sorted({r["d_model"] for r in doc["runs"] if r["role"] == "grid"
+                     and math.isclose(r["budget"], budget, rel_tol=1e-9)})
+        if len(ds) < s.sizes_per_budget:
+            raise ConfigError(f"sweep.grid_from={s.grid_from!r} has {len(ds)} grid sizes at budget "
+                              f"{format_flops(budget)} (this sweep's sizes_per_budget is {s.sizes_per_budget}): "
+                              "its budgets differ, or it has not designed that budget yet (finish it first)")
+        if any(d % s.head_dim for d in ds):
+            raise ConfigError(f"sweep.grid_from={s.grid_from!r}: its d_models {ds} are not multiples of this "
+                              f"sweep's head_dim={s.head_dim}")
+        out[budget] = ds
+    return out
+
+
 # ---------------------------------------------------------------- one budget
 
 
@@ -286,14 +314,20 @@ def design(config: ml_collections.ConfigDict, rows: dict[str, dict] | None = Non
             lr_of = grid.lr_rule(s, lr_fit)
             notes.append(f"learning rate from the calibration: {lr_fit['coefficient']:.4g}·N^{lr_fit['exponent']:.3f}")
     lad = ladder(config)
+    baseline = baseline_grid(config) if s.grid_from else {}
     finished: list[tuple[float, list[Run]]] = []
     previous: dict[Shape, Run] = {}
     for budget in sorted(s.budgets):
-        n_opt, how = centre(s, budget, [] if preview else finished, rows)
-        b_runs, b_notes = _budget(config, lad, budget, n_opt, how, lr_of, previous)
+        if baseline:  # the baseline's sizes, centred where they are
+            lad_b = ladder(config, baseline[budget])
+            n_opt, how = math.exp(np.mean(np.log([size_of(m, s) for _, m in lad_b]))), f"the grid of {s.grid_from}"
+        else:
+            lad_b = lad
+            n_opt, how = centre(s, budget, [] if preview else finished, rows)
+        b_runs, b_notes = _budget(config, lad_b, budget, n_opt, how, lr_of, previous)
         runs += b_runs
         notes += b_notes
-        if s.recenter and not recorded(b_runs):
+        if s.recenter and not baseline and not recorded(b_runs):
             return _numbered(Plan(runs, notes, waiting=f"budget {format_flops(budget)}", lr_fit=lr_fit))
         finished.append((budget, [r for r in b_runs if r.role == "grid" and r.seed == int(config.base.train.seed)]))
         previous = {r.shape: r for r in finished[-1][1]}
