@@ -188,14 +188,16 @@ def test_a_variant_sweep_trains_the_baselines_grid_and_compare_pairs_them(tmp_pa
     from transformer.scaling import compare
 
     base_dir, var_dir = str(tmp_path / "base"), str(tmp_path / "var")
-    baseline, _ = _simulate(_config(prior_tokens_per_param=400.0, recenter=True), base_dir)
-    variant_config = _config(prior_tokens_per_param=20.0, recenter=True, grid_from=base_dir, ffn_ratio=2.6667)
+    seeds = dict(extra=1, sizes=2)  # replicates on the 2 sizes nearest each sweep's own centre: they would differ
+    baseline, _ = _simulate(_config(prior_tokens_per_param=400.0, recenter=True, seeds=seeds), base_dir)
+    variant_config = _config(prior_tokens_per_param=20.0, recenter=True, grid_from=base_dir, ffn_ratio=2.6667,
+                             seeds=seeds)
     variant_config.base.model.activation = "swiglu"
     first = plan.design(variant_config)
     assert first.waiting is None  # no budget waits for another: the sizes are known
     variant, _ = _simulate(variant_config, var_dir)
 
-    def widths(p: plan.Plan) -> dict:
+    def widths(p: plan.Plan) -> dict:  # with repeats: seed replicates
         return {b: sorted(r.shape.d_model for r in p.runs if r.role == "grid" and r.budget == b)
                 for b in (1e11, 2e11, 4e11, 8e11)}
 

@@ -158,8 +158,9 @@ def centre(sweep: ml_collections.ConfigDict, budget: float, finished: list[tuple
     return prior, "prior (no finished budget has a minimum)"
 
 
-def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, list[int]]:
-    """sweep.grid_from: {budget: the d_models of that sweep's grid runs}, for each of this sweep's budgets."""
+def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, tuple[list[int], list[int]]]:
+    """sweep.grid_from: {budget: (the d_models of that sweep's grid runs, those with seed replicates)}, for each
+    of this sweep's budgets."""
     s = config.sweep
     path = os.path.join(os.path.expanduser(s.grid_from), "sweep.json")
     if not os.path.isfile(path):
@@ -171,8 +172,8 @@ def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, list[int]]:
         raise ConfigError(f"sweep.grid_from={s.grid_from!r} is an {doc.get('mode')} sweep, not an IsoFLOP sweep")
     out = {}
     for budget in s.budgets:
-        ds = sorted({r["d_model"] for r in doc["runs"] if r["role"] == "grid"
-                     and math.isclose(r["budget"], budget, rel_tol=1e-9)})
+        grid_runs = [r for r in doc["runs"] if r["role"] == "grid" and math.isclose(r["budget"], budget, rel_tol=1e-9)]
+        ds = sorted({r["d_model"] for r in grid_runs})
         if len(ds) < s.sizes_per_budget:
             raise ConfigError(f"sweep.grid_from={s.grid_from!r} has {len(ds)} grid sizes at budget "
                               f"{format_flops(budget)} (this sweep's sizes_per_budget is {s.sizes_per_budget}): "
@@ -180,7 +181,7 @@ def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, list[int]]:
         if any(d % s.head_dim for d in ds):
             raise ConfigError(f"sweep.grid_from={s.grid_from!r}: its d_models {ds} are not multiples of this "
                               f"sweep's head_dim={s.head_dim}")
-        out[budget] = ds
+        out[budget] = ds, sorted({r["d_model"] for r in grid_runs if r["seed"] != int(config.base.train.seed)})
     return out
 
 
@@ -188,8 +189,10 @@ def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, list[int]]:
 
 
 def _budget(config: ml_collections.ConfigDict, lad: list, budget: float, n_opt: float, how: str,
-            lr_of: Callable[[float], float], previous: dict[Shape, Run]) -> tuple[list[Run], list[str]]:
-    """A budget's grid runs (branched from `previous` where they can be), seed replicates and check runs."""
+            lr_of: Callable[[float], float], previous: dict[Shape, Run],
+            seeded: list[int] | None = None) -> tuple[list[Run], list[str]]:
+    """A budget's grid runs (branched from `previous` where they can be), seed replicates (on the `seeded`
+    widths if given, else the sizes nearest n_opt) and check runs."""
     s, base = config.sweep, config.base
     stage, notes = f"C{format_flops(budget)}", []
     kept = []
@@ -230,6 +233,8 @@ def _budget(config: ml_collections.ConfigDict, lad: list, budget: float, n_opt: 
     base_seed = int(base.train.seed)
     if s.seeds.extra and budget in (tuple(s.seeds.budgets) or (min(s.budgets),)):
         nearest = sorted(kept, key=lambda rm: abs(math.log(rm[0].size / n_opt)))[:s.seeds.sizes]
+        if seeded is not None:
+            nearest = [rm for rm in kept if rm[0].shape.d_model in seeded]
         for run, m in sorted(nearest, key=lambda rm: rm[0].size):
             for k in range(1, s.seeds.extra + 1):
                 runs.append(make_run(config, run.shape, m, budget, run.learning_rate, role="grid", stage=stage,
@@ -319,12 +324,12 @@ def design(config: ml_collections.ConfigDict, rows: dict[str, dict] | None = Non
     previous: dict[Shape, Run] = {}
     for budget in sorted(s.budgets):
         if baseline:  # the baseline's sizes, centred where they are
-            lad_b = ladder(config, baseline[budget])
+            lad_b, seeded = ladder(config, baseline[budget][0]), baseline[budget][1]
             n_opt, how = math.exp(np.mean(np.log([size_of(m, s) for _, m in lad_b]))), f"the grid of {s.grid_from}"
         else:
-            lad_b = lad
+            lad_b, seeded = lad, None
             n_opt, how = centre(s, budget, [] if preview else finished, rows)
-        b_runs, b_notes = _budget(config, lad_b, budget, n_opt, how, lr_of, previous)
+        b_runs, b_notes = _budget(config, lad_b, budget, n_opt, how, lr_of, previous, seeded)
         runs += b_runs
         notes += b_notes
         if s.recenter and not baseline and not recorded(b_runs):
