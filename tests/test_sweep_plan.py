@@ -224,3 +224,21 @@ def test_grid_from_errors_name_the_setting(tmp_path, setting, message):
         c = _config(grid_from=str(tmp_path))
     with pytest.raises(ConfigError, match=message):
         plan.design(c)
+
+
+@pytest.mark.parametrize("cosine_losses, moved", [((1.50, 1.40, 1.45), False), ((1.40, 1.45, 1.50), True)])
+def test_schedule_check_pairs_sizes_and_says_whether_the_best_size_moved(tmp_path, cosine_losses, moved):
+    """wsd grid losses 1.52 / 1.41 / 1.47 (d40 best) against cosine check runs of the same shapes."""
+    def row(d, loss, role, schedule):
+        return {"run_id": f"d{d}-{role}", "role": role, "schedule": schedule, "status": "ok", "budget": 2.5e12,
+                "d_model": d, "params": 1000 * d, "eval_loss": loss, "seed": 0}
+    rows = [row(d, w, "grid", "wsd") for d, w in zip((32, 40, 48), (1.52, 1.41, 1.47))]
+    rows += [row(d, c, "check", "cosine") for d, c in zip((32, 40, 48), cosine_losses)]
+    rows.append(row(40, 9.0, "grid", "wsd") | {"seed": 1, "run_id": "d40-s1"})  # another seed: not paired
+    out = outcome.schedule_check(str(tmp_path), rows)
+    assert [(p["d_model"], p["wsd"], p["cosine"]) for p in out["pairs"]] == [
+        (d, w, c) for d, w, c in zip((32, 40, 48), (1.52, 1.41, 1.47), cosine_losses)]
+    assert out["best_size"]["wsd"] == 40000 and out["minimum_moved"] is moved
+    assert out["mean_relative_difference"] == pytest.approx(
+        np.mean([(w - c) / c for w, c in zip((1.52, 1.41, 1.47), cosine_losses)]))
+    assert json.load(open(tmp_path / "fit" / "schedule_check.json")) == out

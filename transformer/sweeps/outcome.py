@@ -20,7 +20,10 @@ from transformer.sweeps import results
 
 
 def _fit_dir(workdir: str) -> str:
-    return os.path.join(workdir, "fit")
+    """DIR/fit, made if missing (the outcome files may be written before the first fit)."""
+    path = os.path.join(workdir, "fit")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def _n_kind(doc: dict[str, Any]) -> str:
@@ -102,10 +105,13 @@ def schedule_check(workdir: str, rows: list[dict[str, Any]]) -> dict[str, Any] |
         return None
     best = lambda key: min(pairs, key=lambda p: p[key])["params"]
     names = (pairs[0].keys() - {"budget", "params", "d_model", "difference", "relative"})
-    out = {"pairs": pairs, "best_size": {n: best(n) for n in names},
+    best_size = {n: best(n) for n in names}
+    moved = len(set(best_size.values())) > 1
+    out = {"pairs": pairs, "best_size": best_size, "minimum_moved": moved,
            "mean_relative_difference": sum(p["relative"] for p in pairs) / len(pairs),
            "note": "difference = grid schedule's loss − the check schedule's, per size; best_size: the lowest-loss "
-                   "size under each schedule (the same size: the schedule does not move the budget's minimum)"}
+                   "checked size under each schedule" + (" (they differ: the schedule moved this budget's best size "
+                   "by one or more of the checked sizes)" if moved else " (the same: the schedule did not move it)")}
     files.write_json(os.path.join(_fit_dir(workdir), "schedule_check.json"), out, indent=1)
     return out
 
