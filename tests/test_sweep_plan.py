@@ -242,3 +242,15 @@ def test_schedule_check_pairs_sizes_and_says_whether_the_best_size_moved(tmp_pat
     assert out["mean_relative_difference"] == pytest.approx(
         np.mean([(w - c) / c for w, c in zip((1.52, 1.41, 1.47), cosine_losses)]))
     assert json.load(open(tmp_path / "fit" / "schedule_check.json")) == out
+
+
+def test_a_grid_that_cannot_predict_ends_without_a_validation_run(tmp_path):
+    """Sizes far from the optimum give no minimum and no frontier: predictions.json records that the fit could not predict
+    (params and loss null, the reason), and the sweep finishes its grid without a validation run."""
+    c = _config(budgets=(1e11, 2e11), validate_flops=8e11, prior_tokens_per_param=0.5)  # minima off the grid
+    final, rounds = _simulate(c, str(tmp_path))
+    assert "prediction" in [p.waiting for p in rounds]
+    assert {r.role for r in final.runs} == {"grid"} and final.waiting is None
+    pred = json.load(open(tmp_path / "fit" / "predictions.json"))
+    assert pred["params"] is None and pred["loss"] is None and "cannot predict at 8e+11" in pred["note"]
+    assert any("cannot predict" in n for n in final.notes)

@@ -48,15 +48,18 @@ def load_prediction(workdir: str) -> dict[str, Any] | None:
 
 def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
     """Fits the grid and writes DIR/fit/predictions.json (once: an existing one is returned as it is), before
-    the validation run is designed. Its `params` is N_opt in the fit's headline convention (`convention`)."""
+    the validation run is designed. Its `params` is N_opt in the fit's headline convention (`convention`);
+    where the fit cannot predict (too few budget minima for a frontier) `params` and `loss` are null and `note`
+    says why, and the sweep ends without a validation run."""
     existing = load_prediction(workdir)
     if existing is not None:
         return existing
     fit = _fit(workdir, doc)
     pred = fit["predictions"][0]
-    if pred.get("loss") is None or pred.get("params") is None:
-        raise RuntimeError(f"the fit of {workdir}'s grid cannot predict at {pred['flops']:.3g} FLOPs "
-                           f"({pred.get('note', 'no frontier')}); see {_fit_dir(workdir)}/fit.json")
+    if pred.get("loss") is None or pred.get("params") is None:  # recorded as such: the sweep ends without it
+        pred = {**pred, "params": None, "loss": None,
+                "note": f"the fit of the grid cannot predict at {pred['flops']:.3g} FLOPs "
+                        f"({pred.get('note', 'no frontier')}): no validation run"}
     prediction = {**pred, "convention": fit["headline"]["convention"],
                   "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "from": {"a": fit["approach2"].get("a"), "a_ci95": fit["approach2"].get("a_ci95"),

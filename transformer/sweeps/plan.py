@@ -341,7 +341,10 @@ def design(config: ml_collections.ConfigDict, rows: dict[str, dict] | None = Non
             return _numbered(Plan(runs, notes, waiting="the grid", lr_fit=lr_fit))
         if prediction is None and not preview:
             return _numbered(Plan(runs, notes, waiting="prediction", lr_fit=lr_fit))
-        runs.append(validation_run(config, prediction or prior_prediction(config), lr_of))
+        if prediction is not None and prediction.get("params") is None:
+            notes.append(prediction.get("note", "the fit could not predict: no validation run"))
+        else:
+            runs.append(validation_run(config, prediction or prior_prediction(config), lr_of))
     for r in runs:  # the training loop's own checks, before anything is trained
         validate.model_config(r.config, r.config.model.vocab_size)
     ids = [r.run_id for r in runs]

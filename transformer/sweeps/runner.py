@@ -345,6 +345,9 @@ def run_sweep(workdir: str, config: ml_collections.ConfigDict, parallel: int = 1
         p, doc = plan_and_write(workdir, config)
         if p.waiting == "prediction":
             pred = outcome.predict(workdir, doc)
+            if pred["params"] is None:
+                print(f"warning: {pred['note']}; see {workdir}/fit/fit.json", flush=True)
+                continue
             ci = pred.get("loss_ci95") or [math.nan, math.nan]
             print(f"prediction written to {workdir}/fit/predictions.json before anything trains at "
                   f"{pred['flops']:.3g} FLOPs: N_opt {pred['params']:.3g} ({pred['convention']}), D_opt "
@@ -353,6 +356,7 @@ def run_sweep(workdir: str, config: ml_collections.ConfigDict, parallel: int = 1
         todo, _ = pending_runs(workdir, doc["runs"])
         if not todo:
             if p.waiting is None:
+                print(f"0 runs to go: all {len(doc['runs'])} runs of {workdir} are recorded", flush=True)
                 return 0, doc
             raise RuntimeError(f"the sweep plan waits for {p.waiting} but has no run to train (a bug)")
         if p.waiting:
