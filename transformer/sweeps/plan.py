@@ -172,7 +172,8 @@ def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, tuple[list[i
         raise ConfigError(f"sweep.grid_from={s.grid_from!r} is an {doc.get('mode')} sweep, not an IsoFLOP sweep")
     out = {}
     for budget in s.budgets:
-        grid_runs = [r for r in doc["runs"] if r["role"] == "grid" and math.isclose(r["budget"], budget, rel_tol=1e-9)]
+        grid_runs = [r for r in doc["runs"] if r.get("role", "grid") == "grid"
+                     and math.isclose(r["budget"], budget, rel_tol=1e-9)]
         ds = sorted({r["d_model"] for r in grid_runs})
         if len(ds) < s.sizes_per_budget:
             raise ConfigError(f"sweep.grid_from={s.grid_from!r} has {len(ds)} grid sizes at budget "
@@ -181,7 +182,8 @@ def baseline_grid(config: ml_collections.ConfigDict) -> dict[float, tuple[list[i
         if any(d % s.head_dim for d in ds):
             raise ConfigError(f"sweep.grid_from={s.grid_from!r}: its d_models {ds} are not multiples of this "
                               f"sweep's head_dim={s.head_dim}")
-        out[budget] = ds, sorted({r["d_model"] for r in grid_runs if r["seed"] != int(config.base.train.seed)})
+        replicated = {r["d_model"] for r in grid_runs if r.get("seed", 0) != int(config.base.train.seed)}
+        out[budget] = ds, sorted(replicated)
     return out
 
 
