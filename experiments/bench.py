@@ -63,15 +63,14 @@ def build(config: Any, devices: Any = None) -> dict:
     from transformer.models import build_model
     from transformer.tasks import get_task
     from transformer.training import sharding, steps, validate
-    from transformer.training.optimizer import make_optimizer
-    from transformer.training.state import init_state, lr_multipliers
+    from transformer.training.state import init_state, model_optimizer
 
     vocab = config.model.vocab_size or get_tokenizer(config.data).vocab_size
     model_cfg = validate.model_config(config, vocab)
     devices = list(devices if devices is not None else jax.devices())
     validate.check_training(config, model_cfg, len(devices), jax.process_count())
     task, model = get_task(config), build_model(model_cfg)
-    tx = make_optimizer(config.train, lr_multipliers(model, task.init_inputs(config)))  # the loop's optimizer
+    tx = model_optimizer(model, config.train, task.init_inputs(config))  # the loop's optimizer
     mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules(config.mesh)
     state, shardings = init_state(model, tx, config.train.seed, task.init_inputs(config), mesh, rules)
     train_step = steps.make_train_step(model, task, tx, seed=config.train.seed,

@@ -69,9 +69,7 @@ def _dry_run(workdir: str, config) -> None:
         if p.waiting == "prediction":  # the real command predicts first; the preview assumes the prior's prediction
             p = plan.design(config, rows, prediction, preview=True)
         doc = runner.sweep_document(config, p)
-        ready = [r["index"] for r in doc["runs"]
-                 if r["run_id"] not in rows and (not r.get("branch_from") or r["branch_from"] in rows)]
-        print(slurm.slurm_script(workdir, doc, ready), end="")
+        print(slurm.slurm_script(workdir, doc, runner.ready_to_submit(workdir, doc)), end="")
         return
     doc = runner.sweep_document(config, plan.design(config, rows, prediction, preview=True))
     progress.print_table(doc)
@@ -111,7 +109,7 @@ def main(argv: list[str]) -> None:
             outcome.predict(workdir, doc)
             p, doc = runner.plan_and_write(workdir, config)
         todo, _ = runner.pending_runs(workdir, doc["runs"])
-        ready = [r["index"] for r in todo if runner.branch_ready(workdir, r, [])]
+        ready = runner.ready_to_submit(workdir, doc)
         if not ready:
             print("no run is ready to train (they wait for runs not yet recorded)" if todo else
                   "every run is recorded; nothing to submit")

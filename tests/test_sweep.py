@@ -78,6 +78,7 @@ def test_grid_straddles_prior_with_equal_flops(dense):
                             validate_flops=4e14))
     runs = plan.design(c, preview=True).runs  # every budget, centred on the prior
     s = c.sweep
+    unclamped = 0  # runs whose warm-up is set by N alone (a warm-up always clamped would test nothing)
     for budget in s.budgets:
         group = sorted((r for r in runs if r.budget == budget), key=lambda r: r.size)
         assert len(group) == s.sizes_per_budget
@@ -92,12 +93,14 @@ def test_grid_straddles_prior_with_equal_flops(dense):
             assert s.warmup_tokens_per_param > 0 and r.config.train.warmup_steps == r.warmup_steps
             assert s.warmup_min <= r.warmup_steps <= r.steps // 2
             if s.warmup_min < r.warmup_steps < r.steps // 2:
+                unclamped += 1
                 assert (r.warmup_steps - 1) * tokens_per_step < s.warmup_tokens_per_param * r.size
                 assert r.warmup_steps * tokens_per_step >= s.warmup_tokens_per_param * r.size
         gaps = np.diff(np.log(sizes))
         if dense:
             np.testing.assert_allclose(gaps, math.log(s.size_span) / (s.sizes_per_budget - 1), rtol=0.15)
         assert gaps.max() / gaps.min() < 3.5
+    assert unclamped >= len(s.budgets)
 
 
 def test_grid_lr_rule_from_lr_fit(tmp_path):

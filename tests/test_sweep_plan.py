@@ -254,3 +254,14 @@ def test_a_grid_that_cannot_predict_ends_without_a_validation_run(tmp_path):
     pred = json.load(open(tmp_path / "fit" / "predictions.json"))
     assert pred["params"] is None and pred["loss"] is None and "cannot predict at 8e+11" in pred["note"]
     assert any("cannot predict" in n for n in final.notes)
+
+
+def test_a_slurm_submission_holds_the_pending_runs_whose_branch_source_is_recorded(tmp_path):
+    """runner.ready_to_submit (the SLURM launcher and its dry run): recorded runs are left out, and a branch
+    waits until its source run has a results row."""
+    doc = {"runs": [{"index": 0, "run_id": "a"}, {"index": 1, "run_id": "b", "branch_from": "a"},
+                    {"index": 2, "run_id": "c"}, {"index": 3, "run_id": "d", "branch_from": "c"}]}
+    results.append_result(str(tmp_path), {"run_id": "c", "status": "ok"})
+    assert runner.ready_to_submit(str(tmp_path), doc) == [0, 3]
+    results.append_result(str(tmp_path), {"run_id": "a", "status": "ok"})
+    assert runner.ready_to_submit(str(tmp_path), doc) == [1, 3]

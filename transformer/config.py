@@ -146,6 +146,7 @@ class ModelConfig:
             raise ConfigError("model.scale_tied_head=True (T5 v1.0's d_model^-0.5 before the tied head) needs "
                               f"model.family='encoder_decoder' and model.tie_embeddings=True (got family="
                               f"{self.family!r}, tie_embeddings={self.tie_embeddings})")
+
     def _check_parametrization(self) -> None:
         _choice("model.parametrization", self.parametrization, PARAMETRIZATIONS)
         for name in ("mup_base_width", "mup_base_head_dim"):

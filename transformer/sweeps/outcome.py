@@ -20,10 +20,13 @@ from transformer.sweeps import results
 
 
 def _fit_dir(workdir: str) -> str:
-    """DIR/fit, made if missing (the outcome files may be written before the first fit)."""
-    path = os.path.join(workdir, "fit")
-    os.makedirs(path, exist_ok=True)
-    return path
+    return os.path.join(workdir, "fit")
+
+
+def _write(workdir: str, name: str, obj: dict[str, Any]) -> None:
+    """DIR/fit/NAME, atomically; DIR/fit is made where this is the first file in it."""
+    os.makedirs(_fit_dir(workdir), exist_ok=True)
+    files.write_json(os.path.join(_fit_dir(workdir), name), obj, indent=1)
 
 
 def _n_kind(doc: dict[str, Any]) -> str:
@@ -65,7 +68,7 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
                   "from": {"a": fit["approach2"].get("a"), "a_ci95": fit["approach2"].get("a_ci95"),
                            "frontier": fit["frontier"].get("law"), "sigma": fit["noise"].get("sigma"),
                            "grid_runs": len(fit["points"])}}
-    files.write_json(os.path.join(_fit_dir(workdir), "predictions.json"), prediction, indent=1)
+    _write(workdir, "predictions.json", prediction)
     return prediction
 
 
@@ -85,7 +88,7 @@ def validation(workdir: str, doc: dict[str, Any], rows: list[dict[str, Any]]) ->
            "relative_error": None if measured is None else (measured - prediction["loss"]) / prediction["loss"],
            "inside_ci95": None if measured is None or not ci else bool(ci[0] <= measured <= ci[1]),
            "prediction_written_at": prediction["written_at"], "status": row.get("status")}
-    files.write_json(os.path.join(_fit_dir(workdir), "validation.json"), out, indent=1)
+    _write(workdir, "validation.json", out)
     return out
 
 
@@ -115,7 +118,7 @@ def schedule_check(workdir: str, rows: list[dict[str, Any]]) -> dict[str, Any] |
            "note": "difference = grid schedule's loss − the check schedule's, per size; best_size: the lowest-loss "
                    "checked size under each schedule" + (" (they differ: the schedule moved this budget's best size "
                    "by one or more of the checked sizes)" if moved else " (the same: the schedule did not move it)")}
-    files.write_json(os.path.join(_fit_dir(workdir), "schedule_check.json"), out, indent=1)
+    _write(workdir, "schedule_check.json", out)
     return out
 
 
@@ -126,7 +129,6 @@ def finish(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
     if doc["mode"] == "lr_scan":
         from transformer.scaling import lr_scan
         return lr_scan.write_lr_fit(workdir, rows, doc["sweep"]["param_count"])
-    os.makedirs(_fit_dir(workdir), exist_ok=True)
     checked = validation(workdir, doc, rows)
     check = schedule_check(workdir, rows)
     fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check)) if v})

@@ -250,6 +250,13 @@ def branch_ready(workdir: str, run: dict[str, Any], running: Sequence[dict[str, 
     return src in {r["run_id"] for r in results.read_results(workdir)}
 
 
+def ready_to_submit(workdir: str, doc: dict[str, Any]) -> list[int]:
+    """Indices of the runs without a results row whose branch source, if any, is recorded: what a SLURM
+    submission of `doc` trains now (the command and its dry run)."""
+    todo, recorded = pending_runs(workdir, doc["runs"])
+    return [r["index"] for r in todo if not r.get("branch_from") or r["branch_from"] in recorded]
+
+
 def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
     """Runs the pending runs in `parallel` worker processes; each records its own result."""
     todo, recorded = pending_runs(workdir, doc["runs"])

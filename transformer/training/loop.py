@@ -32,12 +32,12 @@ from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.tasks import get_task
 from transformer.training import checkpointing, multirun, nonfinite, optimizer, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
-from transformer.training.optimizer import make_optimizer, make_schedule, with_peak_lrs
+from transformer.training.optimizer import make_schedule, with_peak_lrs
 from transformer.training.profiler import ProfileWindow
 from transformer.training.resolve import resolve
 from transformer.training.run_io import (Preempted, Progress, abstract_batch, check_workdir_config,  # noqa: F401
                                          evaluate, global_batch, make_summary, preemption_signals, write_json)
-from transformer.training.state import abstract_state, init_state, lr_multipliers
+from transformer.training.state import abstract_state, init_state, model_optimizer
 from transformer.training.warm_start import warm_start
 
 # a run's last logged values go to its summary
@@ -94,7 +94,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         return previous
 
     task, model = get_task(config), build_model(model_cfg)
-    tx = make_optimizer(t, lr_multipliers(model, task.init_inputs(config)))  # μP's per-parameter LRs (SP: none)
+    tx = model_optimizer(model, t, task.init_inputs(config))  # with μP's per-parameter LRs (SP: none)
     schedules = [make_schedule(c.train) for c in configs]
     mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules(config.mesh)
     counts = param_counts(model_cfg)

@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 
 from transformer.layers import mup
 from transformer.training import sharding
+from transformer.training.optimizer import make_optimizer
 
 
 @flax.struct.dataclass
@@ -33,6 +34,12 @@ def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Arr
     params = model.init(rng, *init_inputs)["params"]   # nn.Partitioned boxes carry logical names
     params = mup.rescale_init(model.cfg, params)        # μP's hidden-weight init (SP: unchanged)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def model_optimizer(model: nn.Module, train_cfg: Any, init_inputs: tuple) -> optax.GradientTransformation:
+    """The training optimizer for `model`: make_optimizer with the model's μP learning-rate multipliers (none
+    under SP). The loop and the benchmark build it here, so neither can leave μP's rates out."""
+    return make_optimizer(train_cfg, lr_multipliers(model, init_inputs))
 
 
 def lr_multipliers(model: nn.Module, init_inputs: tuple) -> Any:
