@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 import warnings
-from typing import Any, Sequence
+from typing import Any, Container, Sequence
 
 import ml_collections
 
@@ -240,14 +240,29 @@ def worker_env(slot: int, parallel: int) -> tuple[dict[str, str], list[int] | No
     return env, mine
 
 
-def branch_ready(workdir: str, run: dict[str, Any], running: Sequence[dict[str, Any]]) -> bool:
+def branch_ready(run: dict[str, Any], running: Sequence[dict[str, Any]], recorded: Container[str]) -> bool:
     """A branch may start once its source run is recorded (or another runner holds it: then it waits)."""
     src = run.get("branch_from")
     if not src:
         return True
     if any(q["run_id"] == src for q in running):
         return False
-    return src in {r["run_id"] for r in results.read_results(workdir)}
+    return src in recorded
+
+
+def orphaned_sources(workdir: str, doc: dict[str, Any], todo: Sequence[dict[str, Any]],
+                     running: Sequence[dict[str, Any]], recorded: Container[str]) -> list[dict[str, Any]]:
+    """The unrecorded branch sources of `todo`'s branches that neither this runner (todo, running) nor a live
+    runner elsewhere (claims.held) will train: a runner that held one died, or stopped without recording it.
+    The caller takes them over (its worker's claim replaces the dead one), so their branches do not wait forever."""
+    mine = {r["run_id"] for r in [*todo, *running]}
+    by_id = {r["run_id"]: r for r in doc["runs"]}
+    stale = doc["sweep"].get("claim_timeout_s", 600.0)
+    out = []
+    for src in dict.fromkeys(r["branch_from"] for r in todo if r.get("branch_from")):
+        if src not in recorded and src not in mine and not claims.held(workdir, src, stale):
+            out.append(by_id[src])
+    return out
 
 
 def ready_to_submit(workdir: str, doc: dict[str, Any]) -> list[int]:
@@ -274,19 +289,26 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
 
     for s in previous:
         signal.signal(s, on_signal)
+    cache = results.Cache(workdir)  # one read of results.jsonl per change, not per pending run and poll
     try:
         while (todo and stop["signal"] is None) or procs:
+            recorded = cache.rows()
+            running = [q for _, q in procs.values()]
+            for src in orphaned_sources(workdir, doc, todo, running, recorded):
+                progress.event(f"take over {src['run_id']}: the runner that claimed it is gone, and runs branch "
+                               "from it")
+                todo.insert(0, src)
+            ready = [r for r in todo if branch_ready(r, running, recorded)]
             for slot in range(parallel):
-                ready = [r for r in todo if branch_ready(workdir, r, [q for _, q in procs.values()])]
                 if slot in procs or not ready or stop["signal"] is not None:
                     continue
-                run = ready[0]
+                run = ready.pop(0)
                 todo.remove(run)
                 run_dir = os.path.join(workdir, "runs", run["run_id"])
                 os.makedirs(run_dir, exist_ok=True)
                 # a run that trains alone (nothing else running or ready: a stage's last run, the validation
                 # run) gets every core; otherwise each worker gets its share
-                alone = not procs and len(ready) == 1
+                alone = not procs and not ready
                 env, cpus = worker_env(0, 1) if alone else worker_env(slot, parallel)
                 log = open(os.path.join(run_dir, "worker.log"), "a")
                 cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
@@ -304,8 +326,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                 if p.poll() is None:
                     continue
                 del procs[slot]
-                rows = {r["run_id"]: r for r in results.read_results(workdir)}
-                row = rows.get(run["run_id"])
+                row = cache.rows().get(run["run_id"])
                 if row is None and p.returncode == CLAIMED_ELSEWHERE:
                     progress.finished(run, None, "(claimed by another runner)")
                     continue
@@ -313,7 +334,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                     row = result_row(run, None, "failed", f"worker exited with code {p.returncode}; see "
                                      f"{os.path.join(workdir, 'runs', run['run_id'], 'worker.log')}", 0.0, doc["mode"])
                     if not results.append_result(workdir, row):  # recorded meanwhile after all
-                        row = {r["run_id"]: r for r in results.read_results(workdir)}[run["run_id"]]
+                        row = cache.rows()[run["run_id"]]
                 progress.finished(run, row, "(preempted: rerun the command to resume)" if p.returncode == 3 else "")
     finally:
         for s, h in previous.items():
