@@ -34,7 +34,8 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
                tokens_per_second=s.get("tokens_per_second"), mfu=s.get("mfu"),
                compile_seconds=s.get("compile_seconds"), device=s.get("device"))
     if status == "ok":  # measured values (equal to the design's when the run reached its last step)
-        row.update({k: s[k] for k in ("params", "params_non_embedding", "tokens", "flops") if k in s})
+        row.update({k: s[k] for k in ("params", "params_non_embedding", "params_unpadded", "vocab_size_unpadded",
+                                      "tokens", "flops") if k in s})
     return row
 
 
