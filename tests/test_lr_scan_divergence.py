@@ -14,6 +14,7 @@ from ml_collections import ConfigDict
 
 from configs.sweeps import common
 from sweep_fixture import law
+from transformer.config import ConfigError
 from transformer.scaling import lr_scan
 from transformer.sweeps import outcome, plan, results, runner
 
@@ -134,7 +135,7 @@ def test_a_calibration_run_that_failed_otherwise_is_one_clear_error(tmp_path):
                                                              0.0, "isoflop"))
         else:
             _record(workdir, run, lambda run: False, "isoflop")
-    with pytest.raises(Exception, match=r"failed without diverging.*--retry_failed"):
+    with pytest.raises(ConfigError, match=r"sweep.lr_calibration: run .* failed without diverging.*--retry_failed"):
         runner.plan_and_write(workdir, c)
 
 
