@@ -38,7 +38,8 @@ def main(argv: list[str]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     lr_scan.plot_panels(fits, titles, _OUT.value)
     for title, fit in zip(titles, fits):
-        optima = ", ".join(f"{s['shape']} {s['lr_opt']:.3g}{' (edge)' if s['at_edge'] else ''}" for s in fit["sizes"])
+        optima = ", ".join(f"{s['shape']} every rate diverged" if s["lr_opt"] is None else
+                           f"{s['shape']} {s['lr_opt']:.3g}{' (edge)' if s['at_edge'] else ''}" for s in fit["sizes"])
         print(f"{title}: lr_opt {optima}; lr_opt = {fit['coefficient']:.3g}·N^{fit['exponent']:.3f}")
     print(f"wrote {_OUT.value}")
 

@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
+from transformer.scaling import lr_scan
 from transformer.sweeps import outcome, progress, runner, slurm
 from transformer.models.config import ConfigError
 
@@ -134,7 +135,8 @@ def main(argv: list[str]) -> None:
     if code:
         raise SystemExit(code)
     rows = runner.results.read_results(workdir)
-    failed = [r["run_id"] for r in rows if r["status"] != "ok"]
+    failed = [r["run_id"] for r in rows if r["status"] != "ok"  # a diverged LR-scan run is an observation
+              and not (r.get("role") == "lr" and lr_scan.diverged(r))]
     try:
         with runner.results.locked(os.path.join(workdir, "fit.lock")):  # runners finishing together: one at a time
             fit = outcome.finish(workdir, doc)

@@ -1,10 +1,13 @@
 """Analysis of a learning-rate scan: each size's optimal peak LR, then lr_opt = c · N^k across sizes.
 
 Per size, the optimum is the vertex of the parabola in log(lr) through the best point and its two
-neighbours (clipped to that bracket). When the best point is the scan's lowest or highest learning
-rate the optimum is not bracketed: it is reported at that edge with `at_edge` set, and left out of the
-power-law fit when at least two bracketed optima remain. DIR/lr_fit.json is what an IsoFLOP sweep reads
-through --config.sweep.lr_fit=DIR/lr_fit.json.
+neighbours (clipped to that bracket). A diverged run (a non-finite loss or gradient, or a non-finite
+eval loss) is an observation: worse than every finite one. When the best finite point's neighbour
+diverged, the optimum is that point (bracketed by the divergence, method "best"). When the best point
+is the scan's lowest or highest learning rate the optimum is not bracketed: it is reported at that
+edge with `at_edge` set, and left out of the power-law fit when at least two bracketed optima remain
+(a size whose every rate diverged has no optimum and is left out too). DIR/lr_fit.json is what an
+IsoFLOP sweep reads through --config.sweep.lr_fit=DIR/lr_fit.json.
 """
 from __future__ import annotations
 
@@ -15,27 +18,61 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer import files
-from transformer.models.config import ConfigError
+from transformer.config import ConfigError
+
+# What a diverged run's results row says: training/nonfinite.describe's diagnosis in `error` (train.nonfinite=
+# "stop"), or status "ok" with a null eval loss (summary.json writes a non-finite loss as null).
+_DIVERGED_MARKS = ("non-finite", "nonfinite")
 
 
-def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
-    """{lr_opt, loss_opt, at_edge, edge ("low" | "high" | None), method} from one size's scan."""
-    pts = sorted((float(lr), float(loss)) for lr, loss in zip(lrs, losses)
-                 if loss is not None and math.isfinite(loss))
+def diverged(row: dict[str, Any]) -> bool:
+    """Whether a results row is a run that diverged (an observation: worse than every finite run)."""
+    if row.get("status") == "ok":
+        loss = row.get("eval_loss")
+        return loss is None or not math.isfinite(float(loss))
+    error = str(row.get("error") or "").lower()
+    return row.get("status") == "failed" and any(m in error for m in _DIVERGED_MARKS)
+
+
+def observed(row: dict[str, Any]) -> bool:
+    """Whether a results row tells something about its learning rate: finished, or diverged (not a run that
+    failed for another reason, e.g. a killed worker: --retry_failed trains it again)."""
+    return row.get("status") == "ok" or diverged(row)
+
+
+def loss_of(row: dict[str, Any]) -> float:
+    """An observed row's eval loss; inf for a diverged run."""
+    return math.inf if diverged(row) else float(row["eval_loss"])
+
+
+def optimum(lrs: Sequence[float], losses: Sequence[float | None]) -> dict[str, Any]:
+    """{lr_opt, loss_opt, at_edge, edge ("low" | "high" | None), method, diverged} from one size's scan.
+    A None or non-finite loss is a diverged run (listed in `diverged`, ascending); when every rate diverged,
+    lr_opt and loss_opt are None and the optimum is at the low edge (method "diverged")."""
+    pts = sorted((float(lr), math.inf if loss is None or not math.isfinite(loss) else float(loss))
+                 for lr, loss in zip(lrs, losses))
     if len(pts) < 3:
-        raise ConfigError(f"an LR scan needs at least 3 finished points per size, got {len(pts)}")
+        raise ConfigError(f"an LR scan needs at least 3 finished or diverged points per size, got {len(pts)}")
+    bad = [lr for lr, y in pts if math.isinf(y)]
+    if len(bad) == len(pts):
+        return {"lr_opt": None, "loss_opt": None, "at_edge": True, "edge": "low", "method": "diverged",
+                "diverged": bad}
     x = np.log([p[0] for p in pts])
     y = np.array([p[1] for p in pts])
     i = int(np.argmin(y))
     if i in (0, len(pts) - 1):
         return {"lr_opt": pts[i][0], "loss_opt": pts[i][1], "at_edge": True,
-                "edge": "low" if i == 0 else "high", "method": "edge"}
+                "edge": "low" if i == 0 else "high", "method": "edge", "diverged": bad}
+    if math.isinf(y[i - 1]) or math.isinf(y[i + 1]):  # bracketed by a diverged neighbour: no parabola
+        return {"lr_opt": pts[i][0], "loss_opt": pts[i][1], "at_edge": False, "edge": None, "method": "best",
+                "diverged": bad}
     a, b, c = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
     if a <= 0:  # three points cannot be convex with the middle one lowest; guard against ties
-        return {"lr_opt": pts[i][0], "loss_opt": pts[i][1], "at_edge": False, "edge": None, "method": "best"}
+        return {"lr_opt": pts[i][0], "loss_opt": pts[i][1], "at_edge": False, "edge": None, "method": "best",
+                "diverged": bad}
     x_opt = float(np.clip(-b / (2 * a), x[i - 1], x[i + 1]))
     return {"lr_opt": math.exp(x_opt), "loss_opt": float(np.polyval([a, b, c], x_opt)), "at_edge": False,
-            "edge": None, "method": "parabola"}
+            "edge": None, "method": "parabola", "diverged": bad}
 
 
 def fit_power_law(sizes: Sequence[float], lr_opts: Sequence[float], exponent: float | None = None) -> tuple[float, float]:
@@ -53,30 +90,52 @@ def fit_power_law(sizes: Sequence[float], lr_opts: Sequence[float], exponent: fl
 
 
 def analyze(rows: Sequence[dict[str, Any]], param_count: str = "total", exponent: float | None = None) -> dict[str, Any]:
-    """The lr_fit.json object from results rows (run_id, params, params_non_embedding, learning_rate, eval_loss);
-    `exponent`: k held fixed (see fit_power_law)."""
+    """The lr_fit.json object from results rows (run_id, params, params_non_embedding, learning_rate, eval_loss,
+    status, error); `exponent`: k held fixed (see fit_power_law). Diverged runs count as worse than every finite
+    one (each size's `diverged` lists their rates, and a warning names them); runs that failed otherwise are left
+    out (a warning names them); a size with fewer than 3 observed rates is left out of the fit."""
     key = "params" if param_count == "total" else "params_non_embedding"
     groups: dict[int, list[dict]] = {}
+    lost: list[str] = []
     for r in rows:
-        if r.get("status") == "ok" and r.get("eval_loss") is not None:
+        if observed(r):
             groups.setdefault(int(r[key]), []).append(r)
+        elif r.get("status") == "failed":
+            lost.append(r["run_id"])
     sizes, warnings = [], []
+    if lost:
+        warnings.append(f"{len(lost)} runs failed without diverging and are left out ({', '.join(lost)}); "
+                        "--retry_failed trains them again")
     for n, group in sorted(groups.items()):
-        opt = optimum([r["learning_rate"] for r in group], [r["eval_loss"] for r in group])
         shape = f"d{group[0].get('d_model')}-L{group[0].get('num_layers')}"
-        if opt["at_edge"]:
+        if len(group) < 3:
+            warnings.append(f"{shape} (N={n:,}): only {len(group)} observed learning rates; left out")
+            continue
+        opt = optimum([r["learning_rate"] for r in group], [loss_of(r) for r in group])
+        if opt["diverged"]:
+            warnings.append(f"{shape} (N={n:,}): diverged at learning rate "
+                            f"{', '.join(f'{lr:.3g}' for lr in opt['diverged'])} (counted as worse than every "
+                            "finite rate)")
+        if opt["lr_opt"] is None:
+            warnings.append(f"{shape} (N={n:,}): every learning rate diverged; no optimum; lower "
+                            "sweep.lr_scan.lr_min")
+        elif opt["at_edge"]:
             warnings.append(f"{shape} (N={n:,}): the best learning rate {opt['lr_opt']:.3g} is at the "
                             f"{opt['edge']} edge of the scan; extend sweep.lr_scan.lr_{'min' if opt['edge'] == 'low' else 'max'}")
         sizes.append({"size": n, "shape": shape, **opt,
-                      "points": [{"learning_rate": r["learning_rate"], "eval_loss": r["eval_loss"]}
+                      "points": [{"learning_rate": r["learning_rate"],
+                                  "eval_loss": None if diverged(r) else r["eval_loss"], "diverged": diverged(r)}
                                  for r in sorted(group, key=lambda r: r["learning_rate"])]})
-    inside = [s for s in sizes if not s["at_edge"]]
-    used = inside if len(inside) >= (1 if exponent is not None else 2) else sizes
+    found = [s for s in sizes if s["lr_opt"] is not None]
+    inside = [s for s in found if not s["at_edge"]]
+    used = inside if len(inside) >= (1 if exponent is not None else 2) else found
     if len(used) < len(sizes):
         warnings.append(f"fit uses the {len(used)} sizes whose optimum is bracketed by the scan")
     c, k = fit_power_law([s["size"] for s in used], [s["lr_opt"] for s in used], exponent)
     return {"coefficient": c, "exponent": k, "exponent_fitted": exponent is None, "param_count": param_count,
-            "formula": "lr_opt = coefficient * N**exponent",
+            "formula": "lr_opt = coefficient * N**exponent", "num_rows": len(rows),
+            "diverged": [{"size": s["size"], "shape": s["shape"], "learning_rates": s["diverged"]}
+                         for s in sizes if s["diverged"]],
             "sizes": sizes, "fit_sizes": [s["size"] for s in used], "warnings": warnings}
 
 
@@ -84,10 +143,15 @@ def draw(ax: Any, fit: dict[str, Any], title: str | None = None) -> None:
     """One scan on a matplotlib axis: eval loss against peak learning rate per size, each optimum a star
     (hollow when at the scan's edge)."""
     for s in fit["sizes"]:
-        lrs = [p["learning_rate"] for p in s["points"]]
-        line, = ax.plot(lrs, [p["eval_loss"] for p in s["points"]], "o-", label=f"{s['shape']} (N={s['size']:,})")
-        ax.plot([s["lr_opt"]], [s["loss_opt"]], "*", ms=12, color=line.get_color(),
-                mfc="none" if s["at_edge"] else line.get_color())
+        fine = [p for p in s["points"] if not p.get("diverged")]
+        line, = ax.plot([p["learning_rate"] for p in fine], [p["eval_loss"] for p in fine], "o-",
+                        label=f"{s['shape']} (N={s['size']:,})")
+        if s.get("diverged") and fine:  # diverged rates: a cross above the size's worst finite loss
+            ax.plot(s["diverged"], [max(p["eval_loss"] for p in fine)] * len(s["diverged"]), "x", ms=9,
+                    color=line.get_color())
+        if s["lr_opt"] is not None:
+            ax.plot([s["lr_opt"]], [s["loss_opt"]], "*", ms=12, color=line.get_color(),
+                    mfc="none" if s["at_edge"] else line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("eval loss")
@@ -117,8 +181,9 @@ def plot_panels(fits: Sequence[dict[str, Any]], titles: Sequence[str | None], pa
     if len(fits) > 1:
         ax = axes[0, -1]
         for fit, title in zip(fits, titles):
-            sizes = np.array([s["size"] for s in fit["sizes"]], float)
-            line, = ax.plot(sizes, [s["lr_opt"] for s in fit["sizes"]], "*", ms=12,
+            found = [s for s in fit["sizes"] if s["lr_opt"] is not None]
+            sizes = np.array([s["size"] for s in found], float)
+            line, = ax.plot(sizes, [s["lr_opt"] for s in found], "*", ms=12,
                             label=f"{title}: lr_opt ∝ N^{fit['exponent']:.2f}")
             ax.plot(sizes, fit["coefficient"] * sizes ** fit["exponent"], "-", color=line.get_color())
         ax.set_xscale("log")

@@ -52,8 +52,8 @@ class Points:
     excluded: tuple[dict[str, str], ...] = ()
     source: str = ""
     budget_P: np.ndarray | None = None  # each run's designed IsoFLOP budget (sweeps), else None
-    # Other per-point arrays, (P,) each: "params_total", "params_non_embedding", "flops_no_attention"
-    # where the source has them (sweeps); see `conventions`.
+    # Other per-point arrays, (P,) each: "params_total", "params_non_embedding", "flops_no_attention",
+    # "params_unpadded" where the source has them (sweeps); see `conventions`.
     extra_P: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -301,7 +301,8 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
             excluded.append({"id": run_id, "reason": f"line {by_id[run_id][0]} superseded by line {line_no}"})
         by_id[run_id] = (line_no, record)
     params, tokens, flops, loss, ids, curves, budgets = [], [], [], [], [], [], []
-    extras: dict[str, list[float]] = {"params_total": [], "params_non_embedding": [], "flops_no_attention": []}
+    extras: dict[str, list[float]] = {"params_total": [], "params_non_embedding": [], "flops_no_attention": [],
+                                      "params_unpadded": []}
     for run_id, (line_no, record) in by_id.items():
         status, role = record.get("status"), record.get("role", "grid")
         if role != "grid":  # a staged sweep's LR calibration, schedule check or validation run (plan.py)
@@ -328,6 +329,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         extras["params_total"].append(record.get("params"))
         extras["params_non_embedding"].append(record.get("params_non_embedding"))
         extras["flops_no_attention"].append(_flops_no_attention(record))
+        extras["params_unpadded"].append(record.get("params_unpadded"))  # runs since issue 19 record it
         # A wsd run's intermediate evaluations are not decayed (its branches' final points are): no curve.
         curve = None if record.get("schedule") == "wsd" else _read_curve(
             os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1])

@@ -63,6 +63,12 @@ def summary(fit: dict[str, Any]) -> str:
     head = fit["headline"]
     lines = [f"{len(fit['points'])} points used, {excluded} excluded (source: {fit['source']})",
              f"headline convention: {head['convention']}: {head['definition']} ({head['why']})"]
+    unpadded = fit["conventions"].get("unpadded")
+    if unpadded and head["convention"] != "unpadded":  # the padded vocabulary's rows tilt a count of total N
+        c2, a2 = unpadded["approach2"], fit["approach2"]
+        lines.append("beside the headline: N without the vocabulary's padding rows (convention unpadded): approach2 "
+                     + (f"a = {c2['a']:.3f}{_ci(c2, 'a')}" if c2.get("a") is not None else "a = n/a")
+                     + (f" (headline a = {a2['a']:.3f})" if a2.get("a") is not None else ""))
     sigma = fit["noise"]
     lines.append(f"loss noise: sigma = {sigma['sigma']:.4f} in ln L from {sigma['source']}" if sigma["sigma"]
                  else f"loss noise: {sigma['source']}: no intervals")

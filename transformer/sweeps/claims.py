@@ -86,6 +86,17 @@ def _owner_is_dead(path: str) -> bool:
     return False
 
 
+def held(sweep_dir: str, run_id: str, stale_after_s: float = 600.0) -> bool:
+    """Whether a live runner holds `run_id`: its claim exists, was refreshed within `stale_after_s`, and was not
+    made on this host by a process that no longer exists (a claim that is not held may be taken over)."""
+    path = _path(sweep_dir, run_id)
+    try:
+        age = time.time() - os.path.getmtime(path)
+    except FileNotFoundError:
+        return False
+    return age < stale_after_s and not _owner_is_dead(path)
+
+
 def try_claim(sweep_dir: str, run_id: str, *, stale_after_s: float = 600.0, heartbeat_s: float = 30.0) -> Claim | None:
     """Claims `run_id` for this process; None when another live runner holds it."""
     path = _path(sweep_dir, run_id)

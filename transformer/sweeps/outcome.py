@@ -148,6 +148,17 @@ def finish_once(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:
     recorded = {r["run_id"] for r in results.read_results(workdir)}
     with results.locked(os.path.join(workdir, "fit.lock")):
         if doc.get("waiting") is None and all(r["run_id"] in recorded for r in doc["runs"]) \
-                and not os.path.exists(marker):
+                and not _fitted(marker, doc):
             return finish(workdir, doc)
     return None
+
+
+def _fitted(marker: str, doc: dict[str, Any]) -> bool:
+    """Whether `marker` exists and, for an LR scan, fits every run of `doc` (a scan extended below a diverged
+    size's lowest rate after a first fit is fitted again)."""
+    if not os.path.exists(marker):
+        return False
+    if doc["mode"] != "lr_scan":
+        return True
+    with open(marker) as f:
+        return json.load(f).get("num_rows") == len(doc["runs"])

@@ -82,8 +82,9 @@ def make_run(config: ml_collections.ConfigDict, shape: Shape, m: dict, budget: f
 
 
 def _calibration(config: ml_collections.ConfigDict, rows: dict, lr_of: Callable[[float], float],
-                 preview: bool) -> tuple[list[Run], dict | None]:
-    """(runs, lr fit or None while runs are pending): multipliers extended where an optimum is at an edge."""
+                 preview: bool) -> tuple[list[Run], dict | None, list[str]]:
+    """(runs, lr fit or None while runs are pending, notes): multipliers extended by one step where a size's
+    optimum is at an edge, also where diverged rates (worse than every finite one) leave it at the low edge."""
     s = config.sweep
     cal = s.lr_calibration
     budget = min(s.budgets)
@@ -103,18 +104,34 @@ def _calibration(config: ml_collections.ConfigDict, rows: dict, lr_of: Callable[
             break
         grown = False
         for i, (shape, m) in enumerate(sizes):
-            mine = [rows[r.run_id] for r in runs if r.shape == shape and rows[r.run_id].get("eval_loss") is not None]
-            best = lr_scan.optimum([r["learning_rate"] for r in mine], [r["eval_loss"] for r in mine])
+            best = lr_scan.optimum(*_observations(runs, rows, shape))
             if best["at_edge"]:
                 mults[i] = sorted(mults[i] + [mults[i][0] / step if best["edge"] == "low" else mults[i][-1] * step])
                 grown = True
         if not grown:
             break
     if preview or any(r.run_id not in rows for r in runs):
-        return runs, None
+        return runs, None, []
+    for shape, _ in sizes:  # a run that failed without diverging is an error that names it
+        _observations(runs, rows, shape)
     fit = lr_scan.analyze([rows[r.run_id] for r in runs], s.param_count,
                           exponent=None if cal.fit_exponent else s.lr_exponent)
-    return runs, fit
+    notes = [f"learning-rate calibration: {d['shape']} (N={d['size']:,}) diverged at learning rate "
+             f"{', '.join(f'{lr:.3g}' for lr in d['learning_rates'])} (counted as worse than every finite rate)"
+             for d in fit["diverged"]]
+    return runs, fit, notes
+
+
+def _observations(runs: list[Run], rows: dict, shape: Shape) -> tuple[list[float], list[float]]:
+    """(learning rates, eval losses; inf where the run diverged) of `shape`'s recorded calibration runs. A run
+    that failed without diverging is an error that names it: it says nothing about its rate."""
+    mine = [rows[r.run_id] for r in runs if r.shape == shape]
+    lost = [r for r in mine if not lr_scan.observed(r)]
+    if lost:
+        raise ConfigError(f"sweep.lr_calibration: run {lost[0]['run_id']} failed without diverging "
+                          f"({str(lost[0].get('error'))[:200]}), so its learning rate is not measured; rerun the "
+                          "sweep with --retry_failed to train it again")
+    return [r["learning_rate"] for r in mine], [lr_scan.loss_of(r) for r in mine]
 
 
 # ---------------------------------------------------------------- where each budget's sizes sit
@@ -277,25 +294,59 @@ def prior_prediction(config: ml_collections.ConfigDict) -> dict:
 # ---------------------------------------------------------------- an LR scan (sweep.mode=lr_scan)
 
 
-def lr_scan_runs(config: ml_collections.ConfigDict) -> list[Run]:
-    """Every lr_scan size at every learning rate of the log grid, on a fixed token count."""
+def lr_scan_runs(config: ml_collections.ConfigDict, lower: list[tuple[int, int]] = ()) -> list[Run]:
+    """Every lr_scan size at every learning rate of the log grid, on a fixed token count, then for each (d_model,
+    j) of `lower` that size at the grid's j-th rate below lr_min (in that order: the plan only grows at its end)."""
     s, base = config.sweep, config.base
     scan = s.lr_scan
     vocab, seq, batch = grid.vocab_size(base), base.data.seq_len, base.train.batch_size
-    runs: list[Run] = []
+    ratio = (scan.lr_max / scan.lr_min) ** (1.0 / (scan.num_lrs - 1))
+    sizes = {}
     for shape, m in ladder(config, scan.d_models):
         size = size_of(m, s)
         steps = round((scan.tokens or scan.tokens_per_param * size) / (batch * seq))
         if steps < s.min_steps:
             raise ConfigError(f"sweep.lr_scan: {shape.name} (N={size:,}) gets only {steps} steps < "
                               f"sweep.min_steps={s.min_steps}; raise sweep.lr_scan.tokens_per_param or tokens")
-        for lr in np.geomspace(scan.lr_min, scan.lr_max, scan.num_lrs):
-            lr = float(f"{lr:.4g}")
-            cfg = grid.run_config(base, s, shape, vocab, steps, lr, batch, size)
-            runs.append(Run(grid.run_id(f"{shape.name}-lr{lr:.3g}", cfg), 0, shape, None, int(m["params"]),
-                            int(m["params_non_embedding"]), size, m["flops_per_token"], steps, batch, seq, lr,
-                            cfg.train.warmup_steps, cfg, role="lr", stage="lr"))
+        sizes[shape.d_model] = shape, m, size, steps
+    todo = [(d, lr) for d in sizes for lr in np.geomspace(scan.lr_min, scan.lr_max, scan.num_lrs)]
+    runs: list[Run] = []
+    for d, lr in todo + [(d, scan.lr_min / ratio ** j) for d, j in lower]:
+        shape, m, size, steps = sizes[d]
+        lr = float(f"{lr:.4g}")
+        cfg = grid.run_config(base, s, shape, vocab, steps, lr, batch, size)
+        runs.append(Run(grid.run_id(f"{shape.name}-lr{lr:.3g}", cfg), 0, shape, None, int(m["params"]),
+                        int(m["params_non_embedding"]), size, m["flops_per_token"], steps, batch, seq, lr,
+                        cfg.train.warmup_steps, cfg, role="lr", stage="lr"))
     return runs
+
+
+def _scan_plan(config: ml_collections.ConfigDict, rows: dict, preview: bool) -> Plan:
+    """sweep.mode=lr_scan: the grid of rates, then, once recorded, round by round, the grid's next rate below
+    the lowest for each size whose diverged rates leave its best rate at the low edge, at most as many as it has
+    diverged rates. Runs that failed without diverging say nothing: the analysis leaves them out."""
+    lower: list[tuple[int, int]] = []
+    notes: list[str] = []
+    while True:
+        runs = lr_scan_runs(config, lower)
+        if preview or any(r.run_id not in rows for r in runs):
+            return Plan(runs, notes, waiting="the learning-rate scan" if lower else None)
+        notes, grown = [], False
+        for shape in dict.fromkeys(r.shape for r in runs):
+            mine = [rows[r.run_id] for r in runs if r.shape == shape and lr_scan.observed(rows[r.run_id])]
+            if len(mine) < 3 or not any(lr_scan.diverged(r) for r in mine):
+                continue
+            best = lr_scan.optimum([r["learning_rate"] for r in mine], [lr_scan.loss_of(r) for r in mine])
+            done = sum(1 for d, _ in lower if d == shape.d_model)
+            extend = best["at_edge"] and best["edge"] == "low" and done < len(best["diverged"])
+            notes.append(f"learning-rate scan: {shape.name} diverged at learning rate "
+                         f"{', '.join(f'{lr:.3g}' for lr in best['diverged'])} (counted as worse than every finite "
+                         f"rate){'; its best rate is the lowest scanned: one more rate below it' if extend else ''}")
+            if extend:
+                lower.append((shape.d_model, done + 1))
+                grown = True
+        if not grown:
+            return Plan(runs, notes)
 
 
 # ---------------------------------------------------------------- the whole plan
@@ -306,15 +357,16 @@ def design(config: ml_collections.ConfigDict, rows: dict[str, dict] | None = Non
     """The runs designed from `rows` (run_id → results row) so far; see the module docstring."""
     grid.validate_sweep(config)
     if config.sweep.mode == "lr_scan":
-        return _numbered(Plan(lr_scan_runs(config), []))
+        return _numbered(_scan_plan(config, rows or {}, preview))
     s, rows = config.sweep, rows or {}
     recorded = lambda runs: preview or all(r.run_id in rows for r in runs)
     lr_of, lr_fit = grid.lr_rule(s), None
     runs: list[Run] = []
     notes: list[str] = []
     if s.lr_calibration.d_models:
-        cal, lr_fit = _calibration(config, rows, lr_of, preview)
+        cal, lr_fit, cal_notes = _calibration(config, rows, lr_of, preview)
         runs += cal
+        notes += cal_notes
         if lr_fit is None and not preview:
             return _numbered(Plan(runs, notes, waiting="the learning-rate calibration"))
         if lr_fit is not None:

@@ -50,6 +50,29 @@ def read_results(sweep_dir: str) -> list[dict[str, Any]]:
     return rows
 
 
+class Cache:
+    """DIR/results.jsonl's rows by run id, read again only when the file changed (inode, size, mtime): a poll
+    loop reads it once per change, not once per pending run."""
+
+    def __init__(self, sweep_dir: str):
+        self.path = os.path.join(sweep_dir, RESULTS)
+        self.sweep_dir = sweep_dir
+        self._key: tuple | None = None
+        self._rows: dict[str, dict[str, Any]] = {}
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        try:
+            st = os.stat(self.path)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            key = None
+        if key is None:
+            self._key, self._rows = None, {}
+        elif key != self._key:
+            self._key, self._rows = key, {r["run_id"]: r for r in read_results(self.sweep_dir)}
+        return self._rows
+
+
 def append_result(sweep_dir: str, row: dict[str, Any]) -> bool:
     """Appends `row` unless a row with its run_id is already there; True when it was written."""
     path = os.path.join(sweep_dir, RESULTS)

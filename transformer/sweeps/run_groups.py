@@ -2,7 +2,7 @@
 
 Runs that share their shape and data and differ only in learning rate or seed (an LR scan's sizes,
 repeats) train as one vmapped program (transformer/training/loop.train_runs); each is still claimed,
-recorded and resumable on its own, as runner.run_in_process does for single runs.
+recorded and resumable on its own (transformer/sweeps/execute.py), as runner.run_in_process does for single runs.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from transformer.sweeps import runner
+from transformer.sweeps import execute
 from transformer.sweeps.progress import Progress
 
 
@@ -52,7 +52,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
 
     held = []
     for run in group:
-        c = runner.claim(workdir, doc, run)
+        c = execute.claim(workdir, doc, run)
         if c is None:
             progress.event(f"skip {run['run_id']}: claimed by another runner")
         else:
@@ -64,7 +64,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             progress.started(run)
         if len(runs) > 1:
             try:
-                summaries = train_runs([runner.run_config(workdir, r) for r in runs],
+                summaries = train_runs([execute.run_config(workdir, r) for r in runs],
                                         [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose)
             except Exception as e:  # the runs go on alone, from the group's checkpoints
                 if verbose:
@@ -77,9 +77,9 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
                 progress.finished(run, None, preempted)
                 continue
             if summaries is None:
-                row, code = runner.train_run(workdir, run, doc["mode"], verbose, doc["sweep"].get("max_retries", 0))
+                row, code = execute.train_run(workdir, run, doc["mode"], verbose, doc["sweep"].get("max_retries", 0))
             else:
-                row, code = runner.record(workdir, run, summaries[i], doc["mode"])
+                row, code = execute.record(workdir, run, summaries[i], doc["mode"])
             progress.finished(run, row, preempted if code == 3 else "")
             code = 3 if code == 3 else 0
         return code

@@ -16,22 +16,22 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 import warnings
-from typing import Any, Sequence
+from typing import Any, Container, Sequence
 
 import ml_collections
 
 from transformer import files
 from transformer.models.config import ConfigError, MissingInputError
-from transformer.sweeps import claims, results
+from transformer.sweeps import claims, results, run_groups
+from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
+    CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, record, result_row, run_config, seed_branch, train_run)
 from transformer.sweeps.progress import Progress
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The command line that trains one run of DIR as a worker process (--parallel, SLURM array tasks). A process
 # boundary, not an import: the library depends on no command-line module.
 WORKER_MODULE = "experiments.sweep"
-SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
 
 
 def sweep_document(config: ml_collections.ConfigDict, p: Any) -> dict[str, Any]:
@@ -71,116 +71,10 @@ def load_sweep(workdir: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str, error: str | None,
-               wall_seconds: float, mode: str) -> dict[str, Any]:
-    """One results.jsonl row: the run's design numbers and shape, overlaid with what training measured."""
-    s = summary or {}
-    row = {k: run[k] for k in ("run_id", "budget", "params", "params_non_embedding", "size", "tokens", "flops",
-                               "flops_per_token", "steps", "batch_size", "seq_len", "learning_rate",
-                               "warmup_steps", *SHAPE_KEYS)}
-    row.update({k: run.get(k, default) for k, default in (("role", "grid"), ("stage", ""), ("seed", 0),
-                                                          ("schedule", None), ("branch_from", None))})
-    row.update(mode=mode, status=status, error=error, eval_loss=s.get("eval_loss"),
-               eval_bits_per_byte=s.get("eval_bits_per_byte"), epochs=s.get("epochs"),
-               train_loss=s.get("train_loss"), wall_seconds=wall_seconds,
-               tokens_per_second=s.get("tokens_per_second"), mfu=s.get("mfu"),
-               compile_seconds=s.get("compile_seconds"), device=s.get("device"))
-    if status == "ok":  # measured values (equal to the design's when the run reached its last step)
-        row.update({k: s[k] for k in ("params", "params_non_embedding", "tokens", "flops") if k in s})
-    return row
-
-
-CLAIMED_ELSEWHERE = 4  # exit code of a worker whose run another runner holds
-
-
-def run_config(workdir: str, run: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A run's training config from sweep.json; its W&B runs are grouped by sweep: logging.wandb_group, when
-    unset, is the sweep directory's name (logging is not part of the run id)."""
-    config = ml_collections.ConfigDict(run["config"])
-    if "logging" in config and not config.logging.get("wandb_group"):
-        config.logging.wandb_group = os.path.basename(os.path.normpath(workdir))
-    return config
-
-
-def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False,
-              max_retries: int = 0) -> tuple[dict[str, Any] | None, int]:
-    """Trains (or resumes) one run in this process and records it. A run that raises is tried again
-    (resuming from its checkpoints) up to `max_retries` times before it is recorded as failed.
-
-    Returns (the row, or None when the run was preempted or another process recorded it first; and an
-    exit code: 0 ok, 1 failed, 3 preempted).
-    """
-    from transformer.training.loop import train  # imported late: the caller sets up JAX first
-
-    t0 = time.time()
-    config = run_config(workdir, run)
-    seed_branch(workdir, run, verbose)
-    for attempt in range(max_retries + 1):
-        try:
-            summary = train(config, os.path.join(workdir, "runs", run["run_id"]), verbose=verbose)
-            break
-        except Exception as e:  # a failing run is retried, then recorded, and the sweep goes on
-            if verbose:
-                traceback.print_exc()
-            if attempt < max_retries:
-                print(f"{run['run_id']} failed ({type(e).__name__}: {str(e)[:200]}); retry {attempt + 1} of "
-                      f"{max_retries}", flush=True)
-                continue
-            row = result_row(run, None, "failed", f"{type(e).__name__}: {e} (after {attempt + 1} attempts)",
-                             time.time() - t0, mode)
-            return (row if results.append_result(workdir, row) else None), 1
-    return record(workdir, run, summary, mode)
-
-
-def seed_branch(workdir: str, run: dict[str, Any], verbose: bool = False) -> bool:
-    """A branch (plan.py, sweep.branch) that has no checkpoint yet starts from a copy of its source run's
-    decay-start checkpoint, where the two runs are still one; train() then resumes from it. Returns whether it
-    did; a source without that checkpoint (failed, or removed) leaves the run to train from the start."""
-    if not run.get("branch_from"):
-        return False
-    mine = os.path.join(workdir, "runs", run["run_id"], "checkpoints")
-    if os.path.isdir(mine) and any(d.isdigit() for d in os.listdir(mine)):
-        return False  # seeded before (or trained since): train() resumes from its own checkpoints
-    step = str(run["start_step"])
-    source = os.path.join(workdir, "runs", run["branch_from"], "checkpoints", step)
-    if not os.path.exists(os.path.join(source, "commit_success.txt")):
-        print(f"{run['run_id']}: no checkpoint {step} in {run['branch_from']} to branch from; training from step 0",
-              flush=True)
-        return False
-    os.makedirs(mine, exist_ok=True)
-    partial = os.path.join(mine, f"{step}.orbax-checkpoint-tmp-branch")  # orbax removes it if a kill interrupts
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(source, partial)
-    os.rename(partial, os.path.join(mine, step))
-    if verbose:
-        print(f"{run['run_id']}: branched from {run['branch_from']} at step {step} (its decay start)", flush=True)
-    return True
-
-
-def record(workdir: str, run: dict[str, Any], summary: dict[str, Any],
-           mode: str) -> tuple[dict[str, Any] | None, int]:
-    """Appends the results row of a run that trained to `summary`; (row or None, exit code) as train_run."""
-    if summary["status"] == "preempted":
-        return None, 3
-    status = "ok" if summary["status"] == "ok" else "failed"
-    row = result_row(run, summary, status, summary.get("error"), summary["wall_seconds"], mode)
-    return (row if results.append_result(workdir, row) else None), (0 if status == "ok" else 1)
-
-
 def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
     """(runs without a results row, {run_id: row} of those with one)."""
     recorded = {r["run_id"]: r for r in results.read_results(workdir)}
     return [r for r in runs if r["run_id"] not in recorded], recorded
-
-
-def claim(workdir: str, doc: dict[str, Any], run: dict[str, Any]) -> claims.Claim | None:
-    """This runner's claim on `run` (None: another live runner has it, or it got recorded meanwhile)."""
-    held = claims.try_claim(workdir, run["run_id"], stale_after_s=doc["sweep"].get("claim_timeout_s", 600.0),
-                            heartbeat_s=min(30.0, doc["sweep"].get("claim_timeout_s", 600.0) / 4))
-    if held is not None and run["run_id"] in {r["run_id"] for r in results.read_results(workdir)}:
-        held.release()  # finished by another runner between our listing and our claim
-        return None
-    return held
 
 
 def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False) -> int:
@@ -190,8 +84,6 @@ def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False) -> 
     progress = Progress(doc["runs"], recorded)
     progress.event(f"{len(todo)} runs to go in {workdir}")
     if doc["sweep"].get("multirun"):
-        from transformer.sweeps import run_groups
-
         for group in run_groups.groups(workdir, todo):
             if run_groups.train_group_runs(workdir, doc, group, progress, verbose) == 3:
                 return 3
@@ -240,14 +132,29 @@ def worker_env(slot: int, parallel: int) -> tuple[dict[str, str], list[int] | No
     return env, mine
 
 
-def branch_ready(workdir: str, run: dict[str, Any], running: Sequence[dict[str, Any]]) -> bool:
+def branch_ready(run: dict[str, Any], running: Sequence[dict[str, Any]], recorded: Container[str]) -> bool:
     """A branch may start once its source run is recorded (or another runner holds it: then it waits)."""
     src = run.get("branch_from")
     if not src:
         return True
     if any(q["run_id"] == src for q in running):
         return False
-    return src in {r["run_id"] for r in results.read_results(workdir)}
+    return src in recorded
+
+
+def orphaned_sources(workdir: str, doc: dict[str, Any], todo: Sequence[dict[str, Any]],
+                     running: Sequence[dict[str, Any]], recorded: Container[str]) -> list[dict[str, Any]]:
+    """The unrecorded branch sources of `todo`'s branches that neither this runner (todo, running) nor a live
+    runner elsewhere (claims.held) will train: a runner that held one died, or stopped without recording it.
+    The caller takes them over (its worker's claim replaces the dead one), so their branches do not wait forever."""
+    mine = {r["run_id"] for r in [*todo, *running]}
+    by_id = {r["run_id"]: r for r in doc["runs"]}
+    stale = doc["sweep"].get("claim_timeout_s", 600.0)
+    out = []
+    for src in dict.fromkeys(r["branch_from"] for r in todo if r.get("branch_from")):
+        if src not in recorded and src not in mine and not claims.held(workdir, src, stale):
+            out.append(by_id[src])
+    return out
 
 
 def ready_to_submit(workdir: str, doc: dict[str, Any]) -> list[int]:
@@ -274,19 +181,26 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
 
     for s in previous:
         signal.signal(s, on_signal)
+    cache = results.Cache(workdir)  # one read of results.jsonl per change, not per pending run and poll
     try:
         while (todo and stop["signal"] is None) or procs:
+            recorded = cache.rows()
+            running = [q for _, q in procs.values()]
+            for src in orphaned_sources(workdir, doc, todo, running, recorded):
+                progress.event(f"take over {src['run_id']}: the runner that claimed it is gone, and runs branch "
+                               "from it")
+                todo.insert(0, src)
+            ready = [r for r in todo if branch_ready(r, running, recorded)]
             for slot in range(parallel):
-                ready = [r for r in todo if branch_ready(workdir, r, [q for _, q in procs.values()])]
                 if slot in procs or not ready or stop["signal"] is not None:
                     continue
-                run = ready[0]
+                run = ready.pop(0)
                 todo.remove(run)
                 run_dir = os.path.join(workdir, "runs", run["run_id"])
                 os.makedirs(run_dir, exist_ok=True)
                 # a run that trains alone (nothing else running or ready: a stage's last run, the validation
                 # run) gets every core; otherwise each worker gets its share
-                alone = not procs and len(ready) == 1
+                alone = not procs and not ready
                 env, cpus = worker_env(0, 1) if alone else worker_env(slot, parallel)
                 log = open(os.path.join(run_dir, "worker.log"), "a")
                 cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
@@ -304,8 +218,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                 if p.poll() is None:
                     continue
                 del procs[slot]
-                rows = {r["run_id"]: r for r in results.read_results(workdir)}
-                row = rows.get(run["run_id"])
+                row = cache.rows().get(run["run_id"])
                 if row is None and p.returncode == CLAIMED_ELSEWHERE:
                     progress.finished(run, None, "(claimed by another runner)")
                     continue
@@ -313,7 +226,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
                     row = result_row(run, None, "failed", f"worker exited with code {p.returncode}; see "
                                      f"{os.path.join(workdir, 'runs', run['run_id'], 'worker.log')}", 0.0, doc["mode"])
                     if not results.append_result(workdir, row):  # recorded meanwhile after all
-                        row = {r["run_id"]: r for r in results.read_results(workdir)}[run["run_id"]]
+                        row = cache.rows()[run["run_id"]]
                 progress.finished(run, row, "(preempted: rerun the command to resume)" if p.returncode == 3 else "")
     finally:
         for s, h in previous.items():

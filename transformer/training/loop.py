@@ -29,7 +29,7 @@ from transformer.config import ConfigError
 from transformer.data import get_tokenizer, record_tokenizer
 from transformer.models import build_model
 from transformer.scaling.accounting import flops_per_token, param_counts
-from transformer.tasks import get_task
+from transformer.tasks import get_task, model_vocab_size
 from transformer.training import checkpointing, multirun, nonfinite, optimizer, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.optimizer import make_schedule, with_peak_lrs
@@ -362,7 +362,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                     skipped[r] = pick(final_skipped, p)
             seconds = dict(wall=time.time() - t_start, compile=compile_seconds, train=timed_seconds, eval=eval_seconds)
             summaries = [make_summary(
-                status=status[r], error=errors[r], step=step, steps=t.steps, counts=counts,
+                status=status[r], error=errors[r], step=step, steps=t.steps, counts=counts, model_cfg=model_cfg,
+                vocab_size_unpadded=model_vocab_size(config, tokenizer),
                 tokens_per_step=tokens_per_step, fpt=fpt, last=last[r], task_name=task.name, skipped=skipped[r],
                 seconds={k: v / R for k, v in seconds.items()},
                 tps=timed_tokens / timed_seconds if timed_seconds else None, num_devices=len(devices),

@@ -14,8 +14,9 @@ import ml_collections
 import numpy as np
 
 from transformer import files
-from transformer.config import ConfigError
+from transformer.config import ConfigError, ModelConfig
 from transformer.data import token_cache
+from transformer.scaling.conventions import padding_params
 from transformer.training import hardware, optimizer, sharding
 
 
@@ -155,11 +156,17 @@ def preemption_signals():
 
 def make_summary(*, status: str, error: str | None, step: int, steps: int, counts: dict, tokens_per_step: int,
                  fpt: float, last: dict, task_name: str, skipped: int | None, seconds: dict, tps: float | None,
-                 num_devices: int, mesh_shape: Any, train_split_tokens: int | None = None, **extra: Any) -> dict:
+                 num_devices: int, mesh_shape: Any, train_split_tokens: int | None = None,
+                 model_cfg: ModelConfig | None = None, vocab_size_unpadded: int | None = None, **extra: Any) -> dict:
     """summary.json: what a run reached and measured. `last`: its last train_loss/eval_loss/eval_accuracy/
     eval_bits_per_byte; `seconds`: wall/compile/train/eval seconds; `tps`: tokens/s of the timed steps (mfu
-    follows); `train_split_tokens`: tokens of the training split (None when not packed text), for `epochs`."""
+    follows); `train_split_tokens`: tokens of the training split (None when not packed text), for `epochs`;
+    `model_cfg` and `vocab_size_unpadded` (the ids a token can have, before padding to a multiple of 128): the
+    model's vocabulary both ways and params_unpadded, N without the padding rows (scaling/conventions.py)."""
     peak = hardware.peak_flops(jax.devices()[0])
+    if model_cfg is not None and vocab_size_unpadded is not None:
+        extra = {"vocab_size": model_cfg.vocab_size, "vocab_size_unpadded": int(vocab_size_unpadded),
+                 "params_unpadded": counts["total"] - padding_params(model_cfg, vocab_size_unpadded), **extra}
     summary = {
         "status": status, "error": error, "step": step, "steps": steps,
         "params": counts["total"], "params_non_embedding": counts["non_embedding"],
