@@ -68,8 +68,8 @@ def test_runaway_parametric_fit_is_reported_not_written_as_inf():
 
     # A finite fit is written with its compute-optimal allocation. Published: Hoffmann et al. 2022's approach-3
     # fit (E 1.69, A 406.4, B 410.7, α 0.34, β 0.28) gives a = 0.46, b = 0.54 (their Table 2, from α and β
-    # before rounding: 0.01 apart); Epoch AI's replication (E 1.817, A 482.0, B 2085.4, α 0.348, β 0.366;
-    # /work/shared/reference-data/README.md) a = 0.513.
+    # before rounding: 0.01 apart); Epoch AI's replication (Besiroglu et al. 2024, arXiv:2404.10102: E 1.817,
+    # A 482.0, B 2085.4, α 0.348, β 0.366) a = 0.513.
     for (E, A, B, alpha, beta), a_published, tol in (((1.69, 406.4, 410.7, 0.34, 0.28), 0.46, 0.01),
                                                       ((1.817, 482.0, 2085.4, 0.348, 0.366), 0.513, 0.001)):
         ok = fits._loss_fit_dict(parametric.LossFit(E=E, A=A, B=B, alpha=alpha, beta=beta, objective=0.1))

@@ -131,7 +131,7 @@ def test_loss_falls_below_unigram_entropy(tmp_path, corpus_dir):
     assert "eval_loss" in rows[-1]
 
 
-def _xla_step_flops(config) -> float:
+def xla_step_flops(config) -> float:
     """FLOPs of one train step of `config` as XLA counts them in the compiled program (on one device)."""
     from experiments.bench import build
 
@@ -150,7 +150,7 @@ def test_first_step_loss_is_log_vocab(tmp_path, corpus_dir):
     assert summary["tokens"] == 8 * 64
     # XLA also counts the softmax, norms, activations and the AdamW update: a few percent more than the
     # matmuls the accounting counts (4.6% here); 6N alone (no attention term) would be 19% under it.
-    ratio = _xla_step_flops(c) / summary["flops"]
+    ratio = xla_step_flops(c) / summary["flops"]
     assert 1.0 <= ratio <= 1.08, ratio
 
 
