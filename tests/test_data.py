@@ -245,12 +245,36 @@ def test_tfds_split_is_tokenized_once_into_a_cache_next_to_the_dataset(data_cfg)
 
 
 def test_eval_batches_identical_across_calls(data_cfg):
-    cfg = _cfg(data_cfg, seq_len=128)
-    make = lambda: list(pipeline.make_lm_iterator(cfg, split="validation", global_batch_size=16, seed=1,
-                                                  shuffle=False, repeat=False))
-    first, second = make(), make()
-    assert len(first) == len(second) > 1
+    """Evaluation itself (run_io.evaluate, as the loop calls it), twice: it feeds the eval step the same
+    train.eval_steps batches at every evaluation (distinct batches of the eval split), so its results agree."""
+    from configs import lm
+    from transformer.tasks import get_task
+    from transformer.training import sharding
+    from transformer.training.run_io import evaluate
+
+    c = lm.get_config("gpt2_tiny")
+    c.data.data_dir, c.data.seq_len = data_cfg.data_dir, 64
+    c.train.batch_size, c.train.eval_steps = 8, 3
+    mesh = sharding.make_mesh(c.mesh)
+    batch_sharding = sharding.batch_sharding(mesh, sharding.rules(c.mesh))
+    fed: list[list[dict[str, np.ndarray]]] = []
+
+    def eval_fn(params, batch):  # records each global batch; its sums depend on every target it was fed
+        host = {k: np.asarray(v) for k, v in batch.items()}
+        fed[-1].append(host)
+        w = host["weights"]
+        return {"loss_sum": np.float32(np.sum(host["targets"] * w)), "weight_sum": np.float32(np.sum(w)),
+                "correct_sum": np.float32(np.sum(host["inputs"][:, 0]))}
+
+    results = []
+    for _ in range(2):
+        fed.append([])
+        results.append(evaluate(eval_fn, None, get_task(c), c, batch_sharding, 0, 1))
+    first, second = fed
+    assert len(first) == len(second) == 3 and first[0]["inputs"].shape == (8, 64)
+    assert not np.array_equal(first[0]["inputs"], first[1]["inputs"])  # three batches, not one thrice
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(first, second) for k in a)
+    assert results[0] == results[1]
 
 
 def test_shuffle_is_seeded(data_cfg):

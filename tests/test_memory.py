@@ -8,29 +8,34 @@ from configs import lm
 from experiments.bench import build
 from transformer.training import memory
 
-# (preset, seq_len, batch, mesh (data, fsdp, tensor), model overrides)
+# (preset, seq_len, batch, mesh (data, fsdp, tensor), model overrides, train.loss_chunk_size)
 CASES = [
-    ("default", 128, 8, (1, 1, 1), dict(d_model=128, num_layers=2, d_ff=512)),
-    ("llama_tiny", 64, 16, (1, 1, 1), {}),
-    ("default", 128, 8, (2, 2, 2), dict(d_model=128, num_layers=2, d_ff=512)),
+    ("default", 128, 8, (1, 1, 1), dict(d_model=128, num_layers=2, d_ff=512), 0),
+    ("llama_tiny", 64, 16, (1, 1, 1), {}, 0),
+    ("default", 128, 8, (2, 2, 2), dict(d_model=128, num_layers=2, d_ff=512), 0),
+    # a vocabulary whose logits would be most of the step's memory unchunked (XLA: ~160 MB unchunked, ~68 MB
+    # in chunks of 32 positions): the chunked loss's estimate against XLA, as the plain path's
+    ("default", 128, 8, (1, 1, 1), dict(d_model=64, num_layers=1, d_ff=256, vocab_size=16384), 32),
 ]
 
 
-def _config(preset: str, seq_len: int, batch: int, mesh: tuple[int, int, int], model: dict):
+def _config(preset: str, seq_len: int, batch: int, mesh: tuple[int, int, int], model: dict, chunk: int = 0):
     c = lm.get_config(preset)
     c.data.seq_len, c.train.batch_size = seq_len, batch
     c.model.update(model)
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+    c.train.loss_chunk_size = chunk
     return c
 
 
-@pytest.mark.parametrize("preset,seq_len,batch,mesh,model", CASES)
-def test_estimate_matches_xla(preset, seq_len, batch, mesh, model):
-    c = _config(preset, seq_len, batch, mesh, model)
+@pytest.mark.parametrize("preset,seq_len,batch,mesh,model,chunk", CASES)
+def test_estimate_matches_xla(preset, seq_len, batch, mesh, model, chunk):
+    c = _config(preset, seq_len, batch, mesh, model, chunk)
     n = mesh[0] * mesh[1] * mesh[2]
     built = build(c, jax.devices()[:n])
     m = built["compiled"].memory_analysis()
-    est = memory.estimate(built["model_cfg"], batch_size=batch, seq_len=seq_len, mesh_shape=mesh)
+    est = memory.estimate(built["model_cfg"], batch_size=batch, seq_len=seq_len, mesh_shape=mesh,
+                          loss_chunk_size=chunk)
     # The step's arguments are the state (params + two AdamW moments, float32) and the batch.
     batch_bytes = 5 * 4 * batch // (mesh[0] * mesh[1]) * seq_len
     state_bytes = m.argument_size_in_bytes - batch_bytes
@@ -48,7 +53,7 @@ def test_remat_and_chunking_order():
     assert totals["full"] < totals["dots_no_batch"] < totals["dots"] < totals["none"]
     plain = memory.estimate(cfg, batch_size=16, seq_len=256)["logits"]
     chunked = memory.estimate(cfg, batch_size=16, seq_len=256, loss_chunk_size=64)["logits"]
-    assert chunked == pytest.approx(plain / 4)
+    assert chunked < plain  # how much less: against XLA in test_estimate_matches_xla
     flash = memory.estimate(cfg.replace(attention_impl="cudnn", dtype="bfloat16"), batch_size=16, seq_len=256)
     assert flash["activations"] < memory.estimate(cfg, batch_size=16, seq_len=256)["activations"] / 2
 

@@ -34,10 +34,12 @@ class MetricsWriter:
         kept, logged_through = self._truncate_after(resume_step)
         from tensorboardX import SummaryWriter  # no TensorFlow needed
         # purge_step: TensorBoard drops the earlier event files' points from this step on (those logged
-        # after the restored checkpoint by the interrupted run), as the JSONL truncation does.
+        # after the restored checkpoint by the interrupted run), as the JSONL truncation does. Written by every
+        # writer, a fresh run's too: TensorBoard's Python loader (--load_fast=false) takes a run's first
+        # session start for its beginning and purges only at later ones.
         # filename_suffix: the file name's own timestamp has whole seconds, and a writer opened in the same
         # second as the previous one would overwrite its file; TensorBoard reads a run's files in name order.
-        self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1 if resume_step else None,
+        self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1,
                                  filename_suffix=f".{time.time_ns()}")
         self._file = open(self.path, "a", buffering=1)
         if config is not None and wandb_run.enabled(config):
