@@ -10,7 +10,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from test_reliability import _rows, tiny_config
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.training.loop import train
 from transformer.training.optimizer import decay_start, make_schedule
 
@@ -29,7 +29,7 @@ def test_wsd_is_flat_until_the_decay_and_a_longer_run_shares_it():
     lr_f, lr_g = np.array([f(t) for t in range(101)]), np.array([g(t) for t in range(251)])
     np.testing.assert_allclose(lr_f[:81], lr_g[:81], rtol=0, atol=0)   # one run until the short one decays
     np.testing.assert_allclose(lr_f[10:81], 2.0, rtol=1e-6)             # stable at the peak
-    assert lr_f[5] == pytest.approx(1.0)                                # linear warm-up
+    assert lr_f[5] == pytest.approx(1.2)                                # linear warm-up: step 6 at 6/10
     # the "1 - sqrt" cooldown of Hägele et al.: lr = peak·(1 - sqrt(t/T)) over its T steps, to 0 at the end
     assert lr_f[90] == pytest.approx(2.0 * (1 - np.sqrt(0.5)), rel=1e-6)
     assert lr_f[100] == pytest.approx(0.0, abs=1e-7)

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.scaling import isoflop
 from transformer.scaling.points import Points
 

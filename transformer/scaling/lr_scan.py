@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer import files
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 
 def optimum(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:

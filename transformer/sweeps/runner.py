@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from transformer import files
-from transformer.models.config import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 from transformer.sweeps import claims, results
 from transformer.sweeps.progress import Progress
 

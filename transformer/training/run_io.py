@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from transformer import files
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.data import token_cache
 from transformer.training import hardware, optimizer, sharding
 

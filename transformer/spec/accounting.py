@@ -31,7 +31,7 @@ A classifying encoder has no vocabulary head; its pooler and classifier (once pe
 """
 from __future__ import annotations
 
-from transformer.models.config import ModelConfig
+from transformer.spec.model import ModelConfig
 
 
 def _attention_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -127,3 +127,12 @@ def train_flops(cfg: ModelConfig, seq_len: int, tokens: float, include_attention
     """FLOPs of training on `tokens` tokens: tokens × flops_per_token (with_attention, or six_n)."""
     per_token = flops_per_token(cfg, seq_len)
     return float(tokens) * per_token["with_attention" if include_attention else "six_n"]
+
+
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """The tokenizer's vocabulary rounded up to a multiple of 128, so the embedding and head split evenly
+    over any power-of-two tensor axis and map well onto matmul units (as nanoGPT and MaxText do)."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
