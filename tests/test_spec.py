@@ -156,6 +156,18 @@ def test_the_blocker_blocks(tmp_path):
     assert r.returncode != 0 and "blocked in this test" in r.stderr
 
 
+def test_spec_scaling_and_the_sweep_design_import_without_jax(tmp_path):
+    code = ("import importlib, pkgutil, transformer.spec, transformer.scaling\n"
+            "names = [m.name for p in (transformer.spec, transformer.scaling) "
+            "for m in pkgutil.iter_modules(p.__path__, p.__name__ + '.')]\n"
+            "names += ['transformer.sweeps.defaults', 'transformer.sweeps.grid', 'transformer.sweeps.plan']\n"
+            "for n in names: importlib.import_module(n)\n"
+            "print(len(names))")
+    r = _without_jax(tmp_path, "-c", code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) > 15
+
+
 def test_fit_runs_where_jax_cannot_be_imported(tmp_path):
     n, d, c, loss = isoflop_grid()
     write_csv(str(tmp_path / "points.csv"), ["params", "tokens", "flops", "loss"], zip(n, d, c, loss))
