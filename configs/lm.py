@@ -8,7 +8,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
-from transformer.config import ConfigError, model_defaults
+from transformer.spec import ConfigError, model_defaults
 
 # The GPT-2 shape: learned positions, pre-LN LayerNorm, tanh-approximated GELU (GPT-2's "gelu_new"),
 # biases, tied head.

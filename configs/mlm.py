@@ -10,9 +10,9 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
-from transformer.config import model_defaults
+from transformer.spec import model_defaults
 from transformer.data.classification import DEFAULT_CLASSES
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 # The BERT shape: learned positions, embedding LayerNorm, post-LN LayerNorm (eps 1e-12), exact GELU,
 # biases, tied MLM decoder.

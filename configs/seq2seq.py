@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.common import base_config
-from transformer.config import ConfigError, model_defaults
+from transformer.spec import ConfigError, model_defaults
 
 # "Attention is all you need": sinusoidal positions, post-LN LayerNorm, ReLU, biases, embeddings × sqrt(D),
 # one tied table for source, target and output.

@@ -16,7 +16,7 @@ from absl import flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
 _TEXT = flags.DEFINE_string("text", None, "Input text.")

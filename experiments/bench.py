@@ -26,7 +26,7 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:default.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
@@ -62,13 +62,14 @@ def build(config: Any, devices: Any = None) -> dict:
     from transformer.data import get_tokenizer
     from transformer.models import build_model
     from transformer.tasks import get_task
-    from transformer.training import sharding, steps, validate
+    from transformer.training import sharding, steps
+    from transformer.training.resolve import model_config, run_spec
     from transformer.training.state import init_state, model_optimizer
 
     vocab = config.model.vocab_size or get_tokenizer(config.data).vocab_size
-    model_cfg = validate.model_config(config, vocab)
+    model_cfg = model_config(config, vocab)
     devices = list(devices if devices is not None else jax.devices())
-    validate.check_training(config, model_cfg, len(devices), jax.process_count())
+    run_spec(config, model_cfg, len(devices), jax.process_count())  # the training checks
     task, model = get_task(config), build_model(model_cfg)
     tx = model_optimizer(model, config.train, task.init_inputs(config))  # the loop's optimizer
     mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules(config.mesh)
@@ -104,7 +105,7 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
     """The Bench contract's dict (plus details); see the module docstring."""
     import jax
 
-    from transformer.scaling.accounting import flops_per_token, param_counts
+    from transformer.spec import flops_per_token, param_counts
     from transformer.training import hardware
 
     built = build(config)

@@ -30,12 +30,13 @@ def main(argv: list[str]) -> None:
     import jax
 
     from transformer.models import build_model
-    from transformer.training import checkpointing, sharding, validate
+    from transformer.training import checkpointing, sharding
+    from transformer.training.resolve import model_config
     from transformer.training.optimizer import make_optimizer
     from transformer.training.state import init_state
 
     config = _CONFIG.value
-    model_cfg = validate.model_config(config, 259)
+    model_cfg = model_config(config, 259)
     model, tx = build_model(model_cfg), make_optimizer(config.train)
     mesh, rules = sharding.make_mesh(config.mesh), sharding.rules(config.mesh)
     import numpy as np

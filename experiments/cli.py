@@ -16,7 +16,7 @@ from typing import Any, Callable
 from absl import app, flags, logging as absl_logging
 
 from experiments.huge_pages import use_huge_pages
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 USER_ERRORS = (ConfigError,)  # the project's input errors (MissingInputError is one); nothing else
 _USER_ERROR_NAMES = {"ConfigError", "MissingInputError"}  # the same, as a config file's quoted traceback names them

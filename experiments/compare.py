@@ -15,7 +15,7 @@ from absl import flags
 
 from experiments import cli
 from transformer import files
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.scaling import compare, compare_plots
 
 _BASELINE = flags.DEFINE_string("baseline", None, "The baseline's sweep directory.")

@@ -16,7 +16,7 @@ import sys
 from absl import flags
 
 from experiments import cli
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 from transformer.scaling import conventions, fits, isoflop, report
 from transformer.scaling import points as points_lib

@@ -13,7 +13,7 @@ import os
 from absl import flags
 
 from experiments import cli
-from transformer.config import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 from transformer.scaling import lr_scan
 
 _SCANS = flags.DEFINE_list("scans", None, "LR-scan sweep directories (each holding lr_fit.json).")

@@ -22,7 +22,7 @@ from experiments import cli
 from experiments.jax_setup import setup_jax
 from transformer.scaling import lr_scan
 from transformer.sweeps import outcome, progress, runner, slurm
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory: sweep.json, results.jsonl, runs/, fit/.")

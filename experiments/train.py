@@ -18,7 +18,7 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:llama_tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics, checkpoints, summary.")
@@ -31,7 +31,7 @@ def dry_run(config: Any, workdir: str | None) -> None:
     import jax
 
     from transformer.data import tokenizers
-    from transformer.scaling.accounting import flops_per_token, param_counts
+    from transformer.spec import flops_per_token, param_counts
     from transformer.training import sharding
     from transformer.training.loop import check_workdir_config
     from transformer.training.resolve import resolve

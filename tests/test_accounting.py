@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from configs.lm import PRESETS
-from transformer.models.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.models.decoder import DecoderLM
-from transformer.scaling.accounting import flops_per_token, matmul_params, param_counts, train_flops
+from transformer.spec import flops_per_token, matmul_params, param_counts, train_flops
 
 SMALL = dict(vocab_size=61, d_model=32, num_layers=3, num_heads=4, d_ff=48, max_len=40)
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 from transformer.inference.attention_maps import attention_maps
 from transformer.inference.generate import generate
 from transformer.inference.sampling import SamplingConfig

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 from transformer.layers import attention
 from transformer.layers.attention import MultiHeadAttention, dot_product_attention, resolve_attention_impl
 from transformer.layers.chunked_attention import _MAX_CHUNKS, CHUNK, _spans
@@ -94,16 +94,16 @@ def test_choices_and_auto_resolution():
 
 def test_validated_training_config_records_the_resolved_choice():
     from configs import lm
-    from transformer.training import validate
+    from transformer.training.resolve import model_config
     c = lm.get_config("gpt2_tiny")
     assert c.model.attention_impl == "auto"
-    assert validate.model_config(c, 259).attention_impl == "chunked"
+    assert model_config(c, 259).attention_impl == "chunked"
     c.train.compute_dtype = "bfloat16"
     c.model.attention_impl = "cudnn"
-    assert validate.model_config(c, 259).attention_impl == "cudnn"
+    assert model_config(c, 259).attention_impl == "cudnn"
     c.train.compute_dtype = "float32"
     with pytest.raises(ConfigError, match="attention_impl='cudnn' needs train.compute_dtype='bfloat16'"):
-        validate.model_config(c, 259)
+        model_config(c, 259)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from transformer.data import ByteTokenizer
 from transformer.inference.attention_maps import attention_maps, layer_index, plot_attention, token_labels
-from transformer.models.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.models.decoder import DecoderLM
 from transformer.models.encoder import EncoderModel
 from transformer.models.encoder_decoder import EncoderDecoderModel

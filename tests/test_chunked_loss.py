@@ -8,9 +8,10 @@ import pytest
 
 from configs import lm
 from transformer.models import build_model
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.tasks import get_task
-from transformer.training import losses, sharding, steps, validate
+from transformer.training import losses, sharding, steps
+from transformer.training.resolve import model_config
 from transformer.training.optimizer import make_optimizer
 from transformer.training.state import init_state
 
@@ -21,7 +22,7 @@ def _setup(preset: str):
     c = lm.get_config(preset)
     c.data.seq_len, c.train.batch_size, c.train.warmup_steps = T, 4, 0
     c.mesh.data = 1
-    cfg = validate.model_config(c, 259)
+    cfg = model_config(c, 259)
     model, task = build_model(cfg), get_task(c)
     params = model.init(jax.random.PRNGKey(0), np.zeros((1, T), np.int32))["params"]
     params = jax.tree.map(lambda p: p.value if hasattr(p, "value") else p, params,

@@ -51,7 +51,7 @@ def test_a_value_error_from_a_bug_in_a_layer_keeps_its_traceback(tmp_path, corpu
 def test_config_files_raising_a_config_error_or_a_bug(tmp_path):
     """A config file's ConfigError (bad preset) is input; its TypeError is a bug in the file."""
     (tmp_path / "user_error.py").write_text(
-        "from transformer.models.config import ConfigError\n"
+        "from transformer.spec import ConfigError\n"
         "def get_config(arg=None):\n    raise ConfigError(f'unknown preset {arg!r}; valid presets: a, b')\n")
     (tmp_path / "bug.py").write_text("def get_config(arg=None):\n    return 1 + 'x'\n")
     r = _python(["-m", "experiments.train", f"--config={tmp_path}/user_error.py:zz", f"--workdir={tmp_path}/w"])

@@ -15,7 +15,7 @@ import pytest
 from matplotlib import image
 
 from sweep_fixture import TRUE_A, g_coef, law, shape
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.scaling import compare, fits, frontier
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ import pytest
 
 from configs.common import base_config
 from transformer.data import corpus, pipeline, token_cache, tokenizers
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import pytest
 
 from configs.common import base_config
 from transformer.data import documents, packed, pipeline, token_cache, tokenizers
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 _WORDS = ("the model reads tokens from files and learns to predict the next one while the loss falls "
           "slowly over many steps of training on text written by people").split()

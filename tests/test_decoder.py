@@ -11,7 +11,7 @@ from flax.core import unfreeze
 from configs.common import DEFAULT_RULES
 from transformer.models import build_model
 from transformer.models.blocks import LAYERS_AXIS, TransformerBlock
-from transformer.models.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.models.decoder import DecoderLM
 
 SMALL = dict(vocab_size=50, d_model=32, num_layers=2, num_heads=4, d_ff=64, max_len=32)

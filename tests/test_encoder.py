@@ -11,9 +11,9 @@ from configs import mlm
 from transformer.data import unigram_entropy
 from transformer.data.classification import majority_baseline
 from transformer.data.mlm import FIRST_REGULAR_ID, bert_mask, make_mlm_iterator
-from transformer.models.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 from transformer.models.encoder import EncoderModel
-from transformer.scaling.accounting import matmul_params, param_counts
+from transformer.spec import matmul_params, param_counts
 from transformer.training.losses import cross_entropy
 from transformer.training.loop import train
 

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformer.config import ConfigError, MissingInputError  # noqa: E402
+from transformer.spec import ConfigError, MissingInputError  # noqa: E402
 from transformer.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,  # noqa: E402
                                          train_sentencepiece)
 from transformer.interop.export import export_run  # noqa: E402

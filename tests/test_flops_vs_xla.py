@@ -4,9 +4,10 @@ import pytest
 
 from configs import lm
 from transformer.models import build_model
-from transformer.scaling.accounting import flops_per_token
+from transformer.spec import flops_per_token
 from transformer.tasks import get_task
-from transformer.training import sharding, steps, validate
+from transformer.training import sharding, steps
+from transformer.training.resolve import model_config
 from transformer.training.optimizer import make_optimizer
 from transformer.training.state import init_state
 
@@ -15,7 +16,7 @@ def xla_train_step_flops(preset: str, seq_len: int, batch: int, **model) -> tupl
     c = lm.get_config(preset)
     c.model.update(model)
     c.data.seq_len, c.train.batch_size = seq_len, batch
-    model_cfg = validate.model_config(c, 259)
+    model_cfg = model_config(c, 259)
     net, tx, task = build_model(model_cfg), make_optimizer(c.train), get_task(c)
     mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
     rules = sharding.rules(c.mesh)

@@ -11,7 +11,7 @@ import pytest
 
 from transformer.inference.generate import _generate_decoder, generate, generate_seq2seq, left_pad
 from transformer.inference.sampling import SamplingConfig, sample_tokens, top_k_filter, top_p_filter
-from transformer.models.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 from transformer.models.decoder import DecoderLM
 from transformer.models.encoder_decoder import EncoderDecoderModel
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from transformer.interop.hf import from_pretrained, to_pretrained  # noqa: E402
-from transformer.models.config import ConfigError, ModelConfig  # noqa: E402
+from transformer.spec import ConfigError, ModelConfig  # noqa: E402
 from transformer.models.decoder import DecoderLM  # noqa: E402
 
 V = 101

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformer.config import ConfigError, ModelConfig  # noqa: E402
+from transformer.spec import ConfigError, ModelConfig  # noqa: E402
 from transformer.inference.generate import generate_seq2seq  # noqa: E402
 from transformer.inference.sampling import SamplingConfig  # noqa: E402
 from transformer.interop.hf import from_pretrained, to_pretrained  # noqa: E402

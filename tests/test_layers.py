@@ -12,7 +12,7 @@ from transformer.layers.attention import (MultiHeadAttention, dot_product_attent
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
 from transformer.layers.positional import apply_rope, sinusoidal_table
-from transformer.models.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 
 B, T, N, H = 2, 10, 4, 8
 

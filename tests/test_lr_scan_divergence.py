@@ -14,7 +14,7 @@ from ml_collections import ConfigDict
 
 from configs.sweeps import common
 from sweep_fixture import law
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.scaling import lr_scan
 from transformer.sweeps import outcome, plan, results, runner
 

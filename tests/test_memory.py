@@ -45,9 +45,9 @@ def test_estimate_matches_xla(preset, seq_len, batch, mesh, model, chunk):
 
 
 def test_remat_and_chunking_order():
-    from transformer.training import validate
+    from transformer.training.resolve import model_config
 
-    cfg = validate.model_config(lm.get_config("default"), 259)
+    cfg = model_config(lm.get_config("default"), 259)
     totals = {r: memory.estimate(cfg.replace(remat=r), batch_size=16, seq_len=256)["activations"]
               for r in ("none", "full", "dots", "dots_no_batch")}
     assert totals["full"] < totals["dots_no_batch"] < totals["dots"] < totals["none"]
@@ -59,9 +59,9 @@ def test_remat_and_chunking_order():
 
 
 def test_mesh_divides_per_device_memory():
-    from transformer.training import validate
+    from transformer.training.resolve import model_config
 
-    cfg = validate.model_config(lm.get_config("default"), 259)
+    cfg = model_config(lm.get_config("default"), 259)
     one = memory.estimate(cfg, batch_size=16, seq_len=256)
     eight = memory.estimate(cfg, batch_size=16, seq_len=256, mesh_shape=(2, 2, 2))
     assert eight["activations"] < one["activations"] / 3

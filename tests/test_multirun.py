@@ -12,7 +12,8 @@ import pytest
 from configs import lm
 from transformer.models import build_model
 from transformer.tasks import get_task
-from transformer.training import loop, multirun, sharding, steps, validate
+from transformer.training import loop, multirun, sharding, steps
+from transformer.training.resolve import model_config
 from transformer.training.loop import train
 from transformer.training.metrics import read_metrics
 from transformer.training.optimizer import make_optimizer, make_schedule, with_peak_lrs
@@ -28,7 +29,7 @@ def _setup():
     c.data.seq_len, c.train.batch_size = T, B
     c.train.update(dict(steps=STEPS, warmup_steps=2, schedule="cosine"))
     c.mesh.data = 1
-    cfg = validate.model_config(c, 259)
+    cfg = model_config(c, 259)
     return c, build_model(cfg), get_task(c)
 
 

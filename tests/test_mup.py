@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import lm, mlm, seq2seq
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 from transformer.layers import mup
 from transformer.models import build_model
 from transformer.tasks import get_task

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from configs.lm import get_config
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.training.loop import train
 from transformer.training.metrics import read_metrics
 from transformer.training.resolve import resolve

@@ -21,7 +21,8 @@ from ml_collections import ConfigDict
 from configs import lm
 from transformer.models import build_model
 from transformer.tasks import get_task
-from transformer.training import checkpointing, loop, nonfinite, sharding, validate
+from transformer.training import checkpointing, loop, nonfinite, sharding
+from transformer.training.resolve import model_config
 from transformer.training.loop import train
 from transformer.training.metrics import read_metrics
 from transformer.training.optimizer import make_optimizer
@@ -60,7 +61,7 @@ def _logged_step(workdir: str) -> int:
 
 def _final_state(workdir: str):
     c = ConfigDict(json.load(open(os.path.join(workdir, "config.json"))))
-    model, tx = build_model(validate.model_config(c, 259)), make_optimizer(c.train)
+    model, tx = build_model(model_config(c, 259)), make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh)
     abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
     it = get_task(c).make_iterator(c, split="train", global_batch_size=c.train.batch_size, seed=0)
@@ -184,7 +185,7 @@ def _restore(workdir: str, **model_overrides):
     """Restores `workdir`'s newest readable checkpoint into tiny_config's model (with `model_overrides`)."""
     c = tiny_config("")
     c.model.update(model_overrides)
-    model, tx = build_model(validate.model_config(c, 259)), make_optimizer(c.train)
+    model, tx = build_model(model_config(c, 259)), make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh)
     abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
     ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))

@@ -14,10 +14,10 @@ from transformer.data import get_tokenizer, make_lm_iterator
 from transformer.data.span_corruption import (DECODER_START_ID, corrupt, make_span_corruption_iterator,
                                               random_spans_noise_mask, span_corruption_lengths, span_lengths,
                                               uncorrupt)
-from transformer.models.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.inference.generate import empty_cache
 from transformer.models.encoder_decoder import EncoderDecoderModel
-from transformer.scaling.accounting import param_counts
+from transformer.spec import param_counts
 
 PRESETS = ["vaswani_tiny", "t5_tiny"]
 

@@ -17,7 +17,7 @@ import pytest
 from configs.sweeps import lr_scan as lr_scan_config
 from configs.sweeps import quick
 from transformer.sweeps import run_groups, runner
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.scaling import lr_scan
 from transformer.sweeps import grid, plan, results
 

@@ -214,7 +214,7 @@ def test_a_variant_sweep_trains_the_baselines_grid_and_compare_pairs_them(tmp_pa
     ("fewer budgets", r"has 0 grid sizes at budget 8e11 .*finish it first"),
 ])
 def test_grid_from_errors_name_the_setting(tmp_path, setting, message):
-    from transformer.config import ConfigError
+    from transformer.spec import ConfigError
 
     if setting == "missing":
         c = _config(grid_from=str(tmp_path / "missing"))

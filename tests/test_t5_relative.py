@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 from transformer.inference.attention_maps import attention_maps
 from transformer.inference.generate import generate, generate_seq2seq
 from transformer.inference.sampling import SamplingConfig
 from transformer.layers.t5_relative import relative_position_bucket
 from transformer.models import build_model
-from transformer.scaling.accounting import param_counts
+from transformer.spec import param_counts
 
 T5 = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, d_ff=64, positional="t5_relative", norm="rmsnorm",
           activation="geglu", use_bias=False, tie_embeddings=False, relative_num_buckets=8, relative_max_distance=20)

@@ -12,9 +12,10 @@ import pytest
 from configs import lm
 from transformer.data import make_lm_iterator, unigram_entropy
 from transformer.models import build_model
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.tasks import get_task
-from transformer.training import checkpointing, sharding, steps, validate
+from transformer.training import checkpointing, sharding, steps
+from transformer.training.resolve import model_config, run_spec
 from transformer.training.loop import train
 from transformer.training.optimizer import make_optimizer, make_schedule
 from transformer.training.state import abstract_state, init_state
@@ -45,7 +46,7 @@ def _run_steps(preset: str, mesh_shape: tuple[int, int, int], devices, n_steps: 
     c = lm.get_config(preset)
     c.train.warmup_steps, c.train.learning_rate = 0, 1e-3  # no warm-up: every step moves the parameters
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh_shape
-    model_cfg = validate.model_config(c, 259)
+    model_cfg = model_config(c, 259)
     model = build_model(model_cfg)
     tx = make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh, devices)
@@ -104,7 +105,7 @@ def test_schedule_warmup_then_cosine_to_fraction():
 def test_weight_decay_skips_norms_and_biases():
     c = lm.get_config("gpt2_tiny")
     c.train.learning_rate, c.train.weight_decay, c.train.warmup_steps = 1e-2, 0.5, 0
-    model = build_model(validate.model_config(c, 259))
+    model = build_model(model_config(c, 259))
     tx = make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
     state, _ = init_state(model, tx, 0, (np.zeros((1, 8), np.int32),), mesh, sharding.rules(c.mesh))
@@ -169,7 +170,7 @@ def test_resume_equals_uninterrupted(tmp_path, corpus_dir):
     # Final parameters identical bit for bit.
     params = []
     for d in ("full", "resumed"):
-        model_cfg = validate.model_config(c, 259)
+        model_cfg = model_config(c, 259)
         model, tx = build_model(model_cfg), make_optimizer(c.train)
         mesh = sharding.make_mesh(c.mesh)
         abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
@@ -187,7 +188,7 @@ def test_restore_onto_another_mesh(tmp_path, corpus_dir):
     c = tiny_config(corpus_dir, steps=4, checkpoint_every=4, eval_every=4)
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 8, 1, 1
     train(c, str(tmp_path / "run"), verbose=False)
-    model_cfg = validate.model_config(c, 259)
+    model_cfg = model_config(c, 259)
     model, tx = build_model(model_cfg), make_optimizer(c.train)
     restored = []
     for shape in ((8, 1, 1), (2, 2, 2)):
@@ -237,8 +238,8 @@ def test_bad_configs_fail_before_compiling(change, match, tmp_path):
     for section, values in change.items():
         c[section].update(values)
     with pytest.raises(ConfigError, match=match):
-        model_cfg = validate.model_config(c, 259)
-        validate.check_training(c, model_cfg, 8, 1)
+        model_cfg = model_config(c, 259)
+        run_spec(c, model_cfg, 8, 1)
 
 
 def test_unknown_preset_names_the_valid_ones():

@@ -14,10 +14,10 @@ import pytest
 
 from configs.lm import PRESETS, get_config
 from sweep_fixture import write_sweep
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.models import build_model
 from transformer.scaling import conventions, points, report
-from transformer.scaling.accounting import param_counts
+from transformer.spec import param_counts
 from transformer.sweeps import execute
 from transformer.training import run_io
 

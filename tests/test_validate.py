@@ -1,16 +1,17 @@
-"""validate.check_training and the warm-up default: each dimension is checked under its own sharding rule,
+"""resolve.run_spec and the warm-up default: each dimension is checked under its own sharding rule,
 seq_len against every positional scheme's max_len, and a shortened run needs no warm-up setting."""
 from __future__ import annotations
 
 import pytest
 
 from configs.lm import get_config
-from transformer.config import ConfigError
-from transformer.training import optimizer, validate
+from transformer.spec import ConfigError
+from transformer.training import optimizer
+from transformer.training.resolve import model_config, run_spec
 
 
 def _check(config, num_devices: int = 8):
-    return validate.check_training(config, validate.model_config(config, 259), num_devices, 1)
+    return run_spec(config, model_config(config, 259), num_devices, 1).mesh.shape
 
 
 def _with_rules(config, **overrides):
@@ -57,9 +58,9 @@ def test_a_shortened_run_warms_up_for_a_fraction_of_it():
     assert optimizer.warmup_steps(c.train) == 5
     schedule = optimizer.make_schedule(c.train)
     peak = float(c.train.learning_rate)
-    assert float(schedule(0)) == 0.0
+    assert float(schedule(0)) == pytest.approx(0.2 * peak)  # step 1 (count 0) trains at peak/5, not 0
     assert float(schedule(5)) == pytest.approx(peak)  # warm-up over, decay starts
-    assert float(schedule(2)) == pytest.approx(0.4 * peak)
+    assert float(schedule(2)) == pytest.approx(0.6 * peak)
     c.train.steps = 10_000
     assert optimizer.warmup_steps(c.train) == 100  # long runs keep the usual 100
 

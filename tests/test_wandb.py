@@ -15,7 +15,7 @@ import ml_collections
 import pytest
 
 from test_reliability import tiny_config
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.sweeps import grid, runner
 from transformer.training.loop import train
 from transformer.training.metrics import MetricsWriter, read_metrics

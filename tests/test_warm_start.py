@@ -5,7 +5,7 @@ import pytest
 
 from configs import mlm
 from transformer.training.restore import load_run
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.training.loop import train
 
 

@@ -10,7 +10,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from test_reliability import _rows, tiny_config
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.training.loop import train
 from transformer.training.optimizer import decay_start, make_schedule
 

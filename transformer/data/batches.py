@@ -12,7 +12,7 @@ from typing import Any
 
 import grain
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 READ_THREADS = 2   # threads computing batches ahead of the training step
 PREFETCH = 4       # batches computed ahead (per iterator: evaluation makes a new one each time)

@@ -31,7 +31,7 @@ import numpy as np
 from transformer.data import corpus, tokenizers
 from transformer.data.batches import BatchIterator, local_batch_size
 from transformer.data.mlm import transform_seed
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 DEFAULT_CLASSES = ("asyncio", "email", "encodings", "idlelib", "tkinter", "unittest")
 HOLDOUT_PERCENT = 20

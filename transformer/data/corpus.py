@@ -23,7 +23,7 @@ import ml_collections
 from etils import epath
 import tensorflow_datasets as tfds
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 BUILTIN_NAME = "stdlib_py"
 VALIDATION_PERCENT = 2  # of files, chosen by sha1 of the relative path

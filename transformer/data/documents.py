@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import ml_collections
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 _PARQUET_BATCH_ROWS = 1024

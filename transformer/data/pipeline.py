@@ -23,7 +23,7 @@ import numpy as np
 import scipy.stats
 
 from transformer.data import batches, packed, sources, token_cache, tokenizers
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 
 def lm_features(tokens_R: np.ndarray, segment_ids_R: np.ndarray, positions_R: np.ndarray) -> dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import ml_collections
 
 from transformer.data import corpus, documents
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 CACHE_SPLITS = ("train", "eval")
 

@@ -30,7 +30,7 @@ import numpy as np
 from transformer.data import batches, tokenizers
 from transformer.data.mlm import transform_seed
 from transformer.data.pipeline import make_lm_iterator
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 DECODER_START_ID = tokenizers.BOS_ID
 

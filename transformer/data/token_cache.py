@@ -28,7 +28,7 @@ import tqdm
 from transformer.data import sources, tokenizers
 from transformer.data.corpus import file_lock
 from transformer.data.tokenizers import Tokenizer
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 SPLITS = sources.CACHE_SPLITS
 _BATCH_BYTES = 1 << 22  # text handed to the tokenizer at once (its batch encoders run in parallel)

@@ -22,7 +22,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer.data import corpus, documents
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 TOKENIZERS = ("bytes", "sentencepiece", "a SentencePiece .model path", "a Hugging Face tokenizer.json path")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2

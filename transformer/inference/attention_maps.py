@@ -23,7 +23,7 @@ import numpy as np
 from flax import traverse_util
 
 from transformer.data.tokenizers import ByteTokenizer
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 WEIGHTS_NAME = "attention_weights"
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}

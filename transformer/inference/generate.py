@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.inference.sampling import SamplingConfig, sample_tokens
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

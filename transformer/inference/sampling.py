@@ -17,7 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from transformer.config import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 from transformer.data import get_tokenizer
 from transformer.interop.hf import converter_for, to_pretrained
 from transformer.interop.hf_tokenizer import to_hf_tokenizer
-from transformer.training import validate
+from transformer.training.resolve import model_config
 from transformer.training.restore import latest_step, load_config, load_run
 
 HF_CLASSES = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM",
@@ -48,7 +48,7 @@ def export_run(workdir: str, out: str, step: int | None = None) -> dict[str, Any
     if os.path.isdir(out) and os.listdir(out):
         raise ConfigError(f"--out={out} exists and is not empty; choose a new directory")
     tokenizer = get_tokenizer(config.data, workdir=workdir)
-    model_cfg = validate.model_config(config, _model_vocab(config, tokenizer))
+    model_cfg = model_config(config, _model_vocab(config, tokenizer))
     name, _ = converter_for(model_cfg)           # ConfigError: no Hugging Face counterpart
     extra, mask = _extra_tokens(config, tokenizer)
     hf_tokenizer = to_hf_tokenizer(tokenizer, extra, mask)

@@ -32,7 +32,7 @@ import numpy as np
 from transformer.interop import hf_bert, hf_gpt2, hf_llama, hf_t5
 from transformer.interop import tensors as t
 from transformer.models import build_model
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 
 CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "bert": hf_bert, "t5": hf_t5}
 # Families whose config depends on the weights too: T5's head is its own exactly when the checkpoint holds

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from transformer.interop import tensors as t
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from transformer.interop import tensors as t
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 
 ACTIVATIONS = {"silu": "swiglu", "gelu": "geglu"}
 EXPORT_ACTIVATIONS = {v: k for k, v in ACTIVATIONS.items()}

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from transformer.interop import tensors as t
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig
 
 # (dense_act_fn, gated) -> our activation, the way T5Config parses feed_forward_proj
 ACTIVATIONS = {("relu", False): "relu", ("gelu", False): "gelu", ("gelu_python", False): "gelu",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 PROBE = ("def f(x):\n    return {'a': x ** 2}  # comment\n\n\tclass Ünïcödé:  pass\r\n"

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.config import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")

@@ -49,7 +49,7 @@ import numpy as np
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
-from transformer.config import AUTO, ConfigError, ModelConfig
+from transformer.spec import AUTO, ConfigError, ModelConfig
 
 
 def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,

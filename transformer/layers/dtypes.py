@@ -5,7 +5,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

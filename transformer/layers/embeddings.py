@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from transformer.layers import mup
 from transformer.layers.dtypes import compute_dtypes
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 
 
 class TokenEmbedding(nn.Module):

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": nn.relu,

@@ -39,7 +39,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 
 KINDS = ("input", "hidden", "output", "vector")
 # Logical parameter-axis names that grow with the model's width (heads, kv_heads, head_dim together are one

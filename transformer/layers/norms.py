@@ -7,7 +7,7 @@ from __future__ import annotations
 import flax.linen as nn
 
 from transformer.layers.dtypes import compute_dtypes
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 
 
 _SCALE_INIT = nn.with_logical_partitioning(nn.initializers.ones, ("norm",))

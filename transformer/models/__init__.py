@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from transformer.config import FAMILIES, ConfigError, ModelConfig
+from transformer.spec import FAMILIES, ConfigError, ModelConfig
 from transformer.layers import attention, feedforward, norms, positional
 
 

@@ -24,7 +24,7 @@ import jax
 from transformer.layers.attention import MultiHeadAttention
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 
 LAYERS_AXIS = "layers"  # logical name of the stacked-layer axis under scan_layers (maps to no mesh axis)
 

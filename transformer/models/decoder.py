@@ -17,7 +17,7 @@ Steps 1–5 are `embed_and_stack` (transformer/models/stack.py), shared with the
      -> logits_BTV in float32.
 GPT-2 = learned positions, pre-LN LayerNorm, GELU, biases, tied head; LLaMA = RoPE, RMSNorm, SwiGLU,
 grouped-query attention, no biases, untied head (configs/lm.py). Parameter counts and FLOPs per token
-come from the config alone in transformer/scaling/accounting.py (`param_counts`, `flops_per_token`).
+come from the config alone in transformer/spec/accounting.py (`param_counts`, `flops_per_token`).
 Init: normal(0.02) everywhere, 0.02 / sqrt(2L) for projections into the residual stream.
 Decoding: `decode=True` uses each attention layer's key/value cache ("cache" collection; see
 transformer/layers/attention.py): init once with tokens of the full length, then feed new tokens;
@@ -29,7 +29,7 @@ import flax.linen as nn
 import jax
 
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.models.stack import embed_and_stack
 
 

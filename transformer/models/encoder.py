@@ -51,7 +51,7 @@ from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
 from transformer.layers.feedforward import ACTIVATIONS
 from transformer.layers.norms import make_norm
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.models.stack import embed_and_stack
 
 

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers.embeddings import OutputHead, TokenEmbedding
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 from transformer.models.encoder import EmbeddedStack
 
 

@@ -18,7 +18,7 @@ from transformer.layers.dtypes import compute_dtypes
 from transformer.layers.embeddings import TokenEmbedding
 from transformer.layers.norms import make_norm
 from transformer.models.blocks import BlockStack
-from transformer.config import ModelConfig
+from transformer.spec import ModelConfig
 
 
 def embed_inputs(cfg: ModelConfig, embedding: TokenEmbedding, tokens_BT: jax.Array,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.models.config import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 from transformer.scaling import fits, frontier
 from transformer.scaling import points as points_lib
 

@@ -10,7 +10,7 @@ C = 6·N·D) and Approach 2's a (N_opt against C) measure the same thing:
 - `non_embedding`: N without the token and position tables, as Kaplan et al. 2020 (sweeps).
 - `unpadded`: N = all parameters without the vocabulary's padding rows (sweeps whose runs record it): the
   tokenizer's vocabulary is padded to a multiple of 128 (bytes: 259 → 384 ids), and the rows no token id
-  uses are 16% of N at d16 and 3% at d160, which tilts a fit of total N (`padding_params`).
+  uses are 16% of N at d16 and 3% at d160, which tilts a fit of total N (`transformer.spec.accounting.padding_params`).
 - `as_given`: N from a CSV's params column (CSVs).
 The headline is `eff` where the points have it: its C is the compute the sweep's budgets are made of,
 and its N does not swing with the share of embeddings, which is 65% of N at the smallest models of
@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError
 from transformer.scaling import isoflop
 from transformer.scaling.points import Points
 
@@ -69,19 +69,6 @@ def n_of(points: Points, name: str) -> np.ndarray:
     if name == "unpadded":
         return points.extra_P["params_unpadded"]
     raise ConfigError(f"convention={name!r} is not valid; choose one of {', '.join(DESCRIPTIONS)}")
-
-
-def padding_params(cfg: ModelConfig, vocab_size: int) -> int:
-    """Parameters in the rows of cfg's vocabulary beyond the `vocab_size` ids a token can have (the padding up
-    to a multiple of 128): each such id's row of the token table, its column of an untied output head, and its
-    masked-LM output bias. summary.json's params_unpadded = params − this."""
-    pad = cfg.vocab_size - vocab_size
-    if pad < 0:
-        raise ConfigError(f"vocab_size={vocab_size} exceeds the model's vocabulary ({cfg.vocab_size})")
-    has_head = not (cfg.family == "encoder" and cfg.num_classes)
-    untied_head = has_head and not cfg.tie_embeddings
-    output_bias = cfg.family == "encoder" and not cfg.num_classes and cfg.use_bias
-    return pad * (cfg.d_model * (1 + int(untied_head)) + int(output_bias))
 
 
 def apply(points: Points, name: str) -> Points:

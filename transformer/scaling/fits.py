@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.scaling import conventions, frontier, isoflop, noise, parametric
 from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.interpolate import Akima1DInterpolator
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.scaling.points import Points
 
 BUDGET_RTOL = 0.01  # CSV points whose compute agrees within 1% belong to one IsoFLOP budget

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer import files
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 
 # What a diverged run's results row says: training/nonfinite.describe's diagnosis in `error` (train.nonfinite=
 # "stop"), or status "ok" with a null eval loss (summary.json writes a non-finite loss as null).

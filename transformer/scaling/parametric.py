@@ -25,7 +25,7 @@ import numpy as np
 import scipy
 from scipy import optimize
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 HUBER_DELTA = 1e-3
 

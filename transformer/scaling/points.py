@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.models.config import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 
 N_KINDS = ("params", "params_non_embedding")
 CSV_REQUIRED = ("params", "tokens", "loss")

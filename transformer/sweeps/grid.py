@@ -21,9 +21,8 @@ import ml_collections
 import numpy as np
 
 from transformer.sweeps.defaults import MODES, PARAM_COUNTS, sweep_defaults
-from transformer.models.config import ConfigError, MissingInputError, model_defaults
-from transformer.scaling.accounting import flops_per_token, param_counts
-from transformer.training import validate
+from transformer.spec import (SCHEDULES, ConfigError, MissingInputError, flops_per_token, model_defaults, model_spec,
+                              param_counts)
 
 # Settings that say where or how a run executes, not what it computes: left out of the run id.
 _ENVIRONMENT_KEYS = ("data.data_dir", "data.cache_dir", "data.worker_count", "distributed", "logging")
@@ -167,8 +166,6 @@ def validate_sweep(config: ml_collections.ConfigDict) -> None:
 
 def _validate_stages(config: ml_collections.ConfigDict) -> None:
     """The staged settings of an IsoFLOP sweep (plan.py): calibration, seeds, schedule check, branches, validation."""
-    from transformer.training.optimizer import SCHEDULES
-
     s = config.sweep
     budgets = list(s.budgets)
     mults = list(s.lr_calibration.multipliers)
@@ -256,7 +253,7 @@ def run_config(base: ml_collections.ConfigDict, sweep: ml_collections.ConfigDict
 def measure(config: ml_collections.ConfigDict, vocab: int) -> dict[str, float]:
     """params, params_non_embedding, flops_per_token (with attention) and flops_per_token_no_attention of a
     run config's model."""
-    cfg = validate.model_config(config, vocab)
+    cfg = model_spec(config, vocab)  # the counts need no layer: registry names are checked by plan.design
     counts, fpt = param_counts(cfg), flops_per_token(cfg, config.data.seq_len)
     return {"params": counts["total"], "params_non_embedding": counts["non_embedding"],
             "flops_per_token": fpt["with_attention"], "flops_per_token_no_attention": fpt["six_n"]}

@@ -29,13 +29,11 @@ from typing import Any, Callable
 import ml_collections
 import numpy as np
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError, TrainSpec, decay_start, model_spec
 from transformer.scaling import isoflop, lr_scan
 from transformer.scaling.points import from_arrays
 from transformer.sweeps import grid
 from transformer.sweeps.grid import Run, Shape, format_flops, size_of
-from transformer.training import validate
-from transformer.training.optimizer import decay_start
 
 RECENTER_SLOPE_RANGE = 0.2   # a re-centring power law's exponent stays within prior_exponent ± this
 
@@ -400,11 +398,24 @@ def design(config: ml_collections.ConfigDict, rows: dict[str, dict] | None = Non
         else:
             runs.append(validation_run(config, prediction or prior_prediction(config), lr_of))
     for r in runs:  # the training loop's own checks, before anything is trained
-        validate.model_config(r.config, r.config.model.vocab_size)
+        check_run(r.config)
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):
         raise ConfigError("two runs of the sweep have the same config; check sweep.d_models for duplicates")
     return _numbered(Plan(runs, notes, None, lr_fit, prediction))
+
+
+def check_run(config: ml_collections.ConfigDict) -> None:
+    """A run config's checks from its resolve step that need no devices: the model and train specs, and the
+    registry names (models.resolve) where the layers can be imported; without JAX (a machine that only designs
+    and fits sweeps) the run's own resolve step checks those names before it trains."""
+    cfg = model_spec(config, config.model.vocab_size)
+    TrainSpec.from_config(config.train)
+    try:
+        from transformer.models import resolve  # the layers' registries: Flax
+    except ImportError:
+        return
+    resolve(cfg)
 
 
 def _numbered(plan: Plan) -> Plan:

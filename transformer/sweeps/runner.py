@@ -22,7 +22,7 @@ from typing import Any, Container, Sequence
 import ml_collections
 
 from transformer import files
-from transformer.models.config import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 from transformer.sweeps import claims, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
     CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, record, result_row, run_config, seed_branch, train_run)

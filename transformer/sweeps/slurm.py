@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Any, Sequence
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.sweeps.runner import REPO_ROOT, WORKER_MODULE
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.tasks.base import Task
 from transformer.tasks.classify import ClassifyTask
 from transformer.tasks.lm import LMTask

@@ -10,7 +10,7 @@ import numpy as np
 
 from transformer.data.classification import classes_of, make_classification_iterator
 from transformer.data.mlm import mlm_vocab_size
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 SEQUENCE_KEYS = ("inputs", "segment_ids", "positions")
 

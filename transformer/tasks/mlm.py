@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from transformer.data.mlm import make_mlm_iterator, mlm_vocab_size
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.tasks.lm import LMTask
 
 

@@ -37,7 +37,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 from etils import epath
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 
 log = logging.getLogger(__name__)
 

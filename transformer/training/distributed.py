@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 
 def cluster_environment() -> str | None:

@@ -25,10 +25,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.data import get_tokenizer, record_tokenizer
 from transformer.models import build_model
-from transformer.scaling.accounting import flops_per_token, param_counts
+from transformer.spec import flops_per_token, param_counts
 from transformer.tasks import get_task, model_vocab_size
 from transformer.training import checkpointing, multirun, nonfinite, optimizer, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics

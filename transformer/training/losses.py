@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array) -> tuple[jax.Array, jax.Array]:

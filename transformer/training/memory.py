@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer.models.config import ModelConfig
-from transformer.scaling.accounting import matmul_params, param_counts
+from transformer.spec import ModelConfig
+from transformer.spec import matmul_params, param_counts
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -95,9 +95,10 @@ def estimate(cfg: ModelConfig, *, batch_size: int, seq_len: int, mesh_shape: tup
 
 def estimate_from_config(config: Any, vocab_size: int, num_devices: int) -> dict[str, Any]:
     """`estimate` for a full training config (model, data.seq_len, train.batch_size, mesh)."""
-    from transformer.training import sharding, validate
+    from transformer.training import sharding
+    from transformer.training.resolve import model_config
 
-    cfg = validate.model_config(config, vocab_size)
+    cfg = model_config(config, vocab_size)
     return estimate(cfg, batch_size=config.train.batch_size, seq_len=config.data.seq_len,
                     mesh_shape=sharding.mesh_shape(config.mesh, num_devices),
                     loss_chunk_size=config.train.get("loss_chunk_size", 0))

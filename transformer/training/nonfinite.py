@@ -37,10 +37,12 @@ def first_bad(window: Sequence[tuple[int, dict]]) -> tuple[int, float] | None:
 
 def skipped_updates(opt_state: Any) -> int | list[int] | None:
     """Updates optax.apply_if_finite has dropped so far (it is checkpointed with the state), or None
-    when the optimizer does not skip."""
-    if isinstance(opt_state, optax.ApplyIfFiniteState):
-        n = jax.device_get(opt_state.total_notfinite)
-        return int(n) if np.ndim(n) == 0 else [int(x) for x in n]  # a list for a group's stacked state
+    when the optimizer does not skip (its state holds no ApplyIfFiniteState: optimizer.make_optimizer)."""
+    is_guard = lambda x: isinstance(x, optax.ApplyIfFiniteState)  # noqa: E731
+    for state in jax.tree.leaves(opt_state, is_leaf=is_guard):
+        if is_guard(state):
+            n = jax.device_get(state.total_notfinite)
+            return int(n) if np.ndim(n) == 0 else [int(x) for x in n]  # a list for a group's stacked state
     return None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 
 
 def window(config: Any) -> tuple[int, int] | None:

@@ -1,34 +1,61 @@
-"""A training config resolved and checked the way `train` does it, before any data is read or compiled."""
+"""The one resolve step: a training config (ConfigDict) + devices + tokenizer → the checked run spec
+(transformer/spec), before any data is read or anything is compiled.
+
+Every plain-value check lives in the spec constructors (ModelConfig, TrainSpec, MeshSpec, RunSpec); what needs
+the layers stays here: the registry names (positional, activation, norm, attention_impl) and attention_impl="auto"
+(models.resolve), and the logging settings (profiler, W&B). Each failure raises ConfigError naming the setting.
+"""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
 from transformer.data import get_tokenizer
-from transformer.models.config import ModelConfig
+from transformer.models import resolve as resolve_names
+from transformer.spec import MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec
 from transformer.tasks import model_vocab_size
-from transformer.training import validate
+from transformer.training import profiler, wandb_run
 
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
     """model_cfg: the validated ModelConfig; mesh_shape: (data, fsdp, tensor); config: the dict written to
     DIR/config.json (the config with model.vocab_size filled in from the tokenizer where it was 0, and
-    data.tokenizer_fingerprint)."""
+    data.tokenizer_fingerprint); spec: all of it as a RunSpec."""
 
     model_cfg: ModelConfig
     mesh_shape: tuple[int, ...]
     config: dict
+    spec: RunSpec
+
+
+def model_config(config: Any, vocab_size: int) -> ModelConfig:
+    """The validated ModelConfig (spec.model_spec: vocabulary padded to a multiple of 128 when model.vocab_size
+    is 0, compute dtype from train.compute_dtype) with registry names checked and attention_impl="auto"
+    resolved for this platform."""
+    return resolve_names(model_spec(config, vocab_size))
+
+
+def run_spec(config: Any, model_cfg: ModelConfig, num_devices: int, process_count: int,
+             resolved: dict | None = None) -> RunSpec:
+    """The RunSpec of `config` for this model, device count and process count: the train, mesh, logging and
+    joint checks (ConfigError naming the setting)."""
+    train = TrainSpec.from_config(config.train)  # steps, batch, schedule, warm-up, clipping, nonfinite policy
+    profiler.window(config)  # logging.profile_*
+    wandb_run.check(config)  # logging.wandb*: the package installed, a valid mode
+    return RunSpec(model=model_cfg, train=train, mesh=MeshSpec.from_config(config.mesh, num_devices),
+                   seq_len=config.data.seq_len, config=resolved if resolved is not None else config.to_dict(),
+                   process_count=process_count)
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:
     """Validates `config` for this many devices and processes (ConfigError naming the setting on a mistake).
     `tokenizer`: anything with `vocab_size`; default: the one `data.tokenizer` names."""
     tokenizer = tokenizer if tokenizer is not None else get_tokenizer(config.data)
-    model_cfg = validate.model_config(config, model_vocab_size(config, tokenizer))
-    mesh_shape = validate.check_training(config, model_cfg, num_devices, process_count)
+    model_cfg = model_config(config, model_vocab_size(config, tokenizer))
     resolved = config.to_dict()
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
     if getattr(tokenizer, "fingerprint", None):  # which tokenizer the run used (its copy is in the workdir)
         resolved["data"]["tokenizer_fingerprint"] = tokenizer.fingerprint
-    return Resolved(model_cfg, tuple(mesh_shape), resolved)
+    spec = run_spec(config, model_cfg, num_devices, process_count, resolved)
+    return Resolved(model_cfg, spec.mesh.shape, resolved, spec)

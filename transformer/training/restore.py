@@ -19,10 +19,10 @@ import orbax.checkpoint as ocp
 
 from transformer.data import Tokenizer, get_tokenizer
 from transformer.models import build_model
-from transformer.config import MissingInputError, ModelConfig
+from transformer.spec import MissingInputError, ModelConfig
 
 from transformer.tasks import get_task
-from transformer.training import validate
+from transformer.training.resolve import model_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ def load_run(workdir: str, *, step: int | None = None, model_kwargs: dict | None
     if not os.path.isdir(state_dir):
         raise MissingInputError(f"checkpoint {state_dir} not found")
     tokenizer = get_tokenizer(config.data, workdir=workdir)  # the copy the run recorded
-    model_cfg = validate.model_config(config, tokenizer.vocab_size)
+    model_cfg = model_config(config, tokenizer.vocab_size)
     model = build_model(model_cfg)
     if model_kwargs:
         model = model.clone(**model_kwargs)

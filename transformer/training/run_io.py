@@ -14,9 +14,8 @@ import ml_collections
 import numpy as np
 
 from transformer import files
-from transformer.config import ConfigError, ModelConfig
+from transformer.spec import ConfigError, ModelConfig, padding_params
 from transformer.data import token_cache
-from transformer.scaling.conventions import padding_params
 from transformer.training import hardware, optimizer, sharding
 
 
@@ -162,7 +161,7 @@ def make_summary(*, status: str, error: str | None, step: int, steps: int, count
     eval_bits_per_byte; `seconds`: wall/compile/train/eval seconds; `tps`: tokens/s of the timed steps (mfu
     follows); `train_split_tokens`: tokens of the training split (None when not packed text), for `epochs`;
     `model_cfg` and `vocab_size_unpadded` (the ids a token can have, before padding to a multiple of 128): the
-    model's vocabulary both ways and params_unpadded, N without the padding rows (scaling/conventions.py)."""
+    model's vocabulary both ways and params_unpadded, N without the padding rows (spec/accounting.py)."""
     peak = hardware.peak_flops(jax.devices()[0])
     if model_cfg is not None and vocab_size_unpadded is not None:
         extra = {"vocab_size": model_cfg.vocab_size, "vocab_size_unpadded": int(vocab_size_unpadded),

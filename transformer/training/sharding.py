@@ -16,30 +16,12 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.config import ConfigError
-
-MESH_AXES = ("data", "fsdp", "tensor")
+from transformer.spec import MESH_AXES, ConfigError, normalize_rules, resolve_shape
 
 
 def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
-    """Resolves `-1` (all remaining devices) and checks the product equals the device count."""
-    sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
-    for axis, s in zip(MESH_AXES, sizes):
-        if s == 0 or s < -1:
-            raise ConfigError(f"mesh.{axis}={s} is not valid; use a positive size or -1 (all remaining devices)")
-    if sizes.count(-1) > 1:
-        raise ConfigError(f"mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
-    known = int(np.prod([s for s in sizes if s != -1]))
-    if -1 in sizes:
-        if num_devices % known:
-            raise ConfigError(f"mesh {dict(zip(MESH_AXES, sizes))}: the fixed axes ({known}) do not divide "
-                              f"the {num_devices} devices")
-        sizes[sizes.index(-1)] = num_devices // known
-    if int(np.prod(sizes)) != num_devices:
-        raise ConfigError(f"mesh {dict(zip(MESH_AXES, sizes))} has {int(np.prod(sizes))} devices but "
-                          f"{num_devices} are available; make mesh.data*mesh.fsdp*mesh.tensor = {num_devices} "
-                          f"or set one axis to -1")
-    return tuple(sizes)
+    """Resolves `-1` (all remaining devices) and checks the product equals the device count (spec.mesh)."""
+    return resolve_shape(mesh_cfg, num_devices)
 
 
 def make_mesh(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -49,7 +31,8 @@ def make_mesh(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mes
 
 
 def rules(mesh_cfg: Any) -> tuple[tuple[str, Any], ...]:
-    return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in mesh_cfg.rules)
+    """mesh.rules with lists made tuples (spec.mesh.normalize_rules)."""
+    return normalize_rules(mesh_cfg.rules)
 
 
 def logical_shardings(abstract_boxed: Any, mesh: Mesh, mesh_rules: Sequence[tuple[str, Any]]) -> Any:

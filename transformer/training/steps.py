@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 
 from transformer.tasks.base import Batch, Task
 from transformer.training import multirun, sharding
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.training.losses import chunked_cross_entropy, cross_entropy
 from transformer.training.state import TrainState
 

@@ -19,7 +19,7 @@ import secrets
 import string
 from typing import Any
 
-from transformer.config import ConfigError
+from transformer.spec import ConfigError
 
 MODES = ("online", "offline")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from transformer.models.config import ConfigError
+from transformer.spec import ConfigError
 from transformer.training.state import TrainState
 
 

@@ -1,6 +1,6 @@
-"""The model's hyper-parameters as one frozen, validated dataclass, and the project's ConfigError.
+"""The model's hyper-parameters as one frozen, validated dataclass (standard library only).
 
-This module imports nothing else of the package (layers, models, training all import it).
+This module imports nothing of the package but spec.errors (layers, models, training all import it).
 configs/*.py take their model block from `model_defaults()` (the defaults below, the one source)
 and `ModelConfig.from_dict` builds the dataclass from `config.model`. Validation of plain values
 happens here, before anything is traced or compiled; names that select a registered implementation
@@ -8,12 +8,15 @@ happens here, before anything is traced or compiled; names that select a registe
 (`transformer.models.resolve`). Each error names the setting and the valid values.
 
 The compute dtype has ONE user setting, `train.compute_dtype`; `ModelConfig.dtype` is derived from
-it (transformer/training/validate.model_config) and `config.model` may not set it.
+it (transformer/training/resolve.model_config) and `config.model` may not set it.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
+
+from transformer.spec.errors import ConfigError
+from transformer.spec.errors import check_choice as _choice, check_positive_int as _positive
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post")
@@ -25,25 +28,6 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 PARAMETRIZATIONS = ("sp", "mup")  # model.parametrization: standard, or μP (transformer/layers/mup.py)
 # model.attention_impl="auto" is resolved when the model is built (transformer.models.resolve).
 AUTO = "auto"
-
-
-class ConfigError(ValueError):
-    """A user's configuration mistake; the message names the setting and valid values."""
-
-
-class MissingInputError(ConfigError, FileNotFoundError):
-    """A file or directory the user named (a flag, a config setting, a CSV) does not exist or is not what it
-    must be; still a FileNotFoundError for callers that catch that."""
-
-
-def _choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(valid)}")
-
-
-def _positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
 
 
 @dataclasses.dataclass(frozen=True)

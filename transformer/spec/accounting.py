@@ -31,7 +31,8 @@ A classifying encoder has no vocabulary head; its pooler and classifier (once pe
 """
 from __future__ import annotations
 
-from transformer.models.config import ModelConfig
+from transformer.spec.errors import ConfigError
+from transformer.spec.model import ModelConfig
 
 
 def _attention_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -127,3 +128,25 @@ def train_flops(cfg: ModelConfig, seq_len: int, tokens: float, include_attention
     """FLOPs of training on `tokens` tokens: tokens × flops_per_token (with_attention, or six_n)."""
     per_token = flops_per_token(cfg, seq_len)
     return float(tokens) * per_token["with_attention" if include_attention else "six_n"]
+
+
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """The tokenizer's vocabulary rounded up to a multiple of 128, so the embedding and head split evenly
+    over any power-of-two tensor axis and map well onto matmul units (as nanoGPT and MaxText do)."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def padding_params(cfg: ModelConfig, vocab_size: int) -> int:
+    """Parameters in the rows of cfg's vocabulary beyond the `vocab_size` ids a token can have (the padding up
+    to a multiple of 128): each such id's row of the token table, its column of an untied output head, and its
+    masked-LM output bias. summary.json's params_unpadded = params − this."""
+    pad = cfg.vocab_size - vocab_size
+    if pad < 0:
+        raise ConfigError(f"vocab_size={vocab_size} exceeds the model's vocabulary ({cfg.vocab_size})")
+    has_head = not (cfg.family == "encoder" and cfg.num_classes)
+    untied_head = has_head and not cfg.tie_embeddings
+    output_bias = cfg.family == "encoder" and not cfg.num_classes and cfg.use_bias
+    return pad * (cfg.d_model * (1 + int(untied_head)) + int(output_bias))

@@ -1,0 +1,184 @@
+"""transformer/spec: the checked run spec (one ConfigError naming the setting per mistake, from the constructors),
+the one learning-rate arithmetic in numpy and jax.numpy alike, config.json read back, and the sweep design and
+the fit running where JAX cannot be imported."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from configs import lm
+from test_fits import isoflop_grid, write_csv
+from transformer.spec import (ConfigError, MeshSpec, ModelConfig, RunSpec, TrainSpec, lr_at, model_spec,
+                              padded_vocab_size)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- TrainSpec
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(steps=0), r"train\.steps=0 must be a positive integer"),
+    (dict(keep_checkpoints=0), r"train\.keep_checkpoints=0 must be a positive integer"),
+    (dict(eval_every=-1), r"train\.eval_every=-1 must be a positive integer"),
+    (dict(learning_rate=0.0), r"train\.learning_rate=0\.0 must be positive"),
+    (dict(schedule="cos"), r"train\.schedule='cos' is not valid; choose one of cosine, linear, constant, wsd"),
+    (dict(warmup_steps=2000), r"train\.warmup_steps=2000 must be between 0 and train\.steps=1000"),
+    (dict(final_lr_fraction=1.5), r"train\.final_lr_fraction=1\.5 must be in \[0, 1\]"),
+    (dict(nonfinite="ignore"), r"train\.nonfinite='ignore' is not valid; choose one of stop, skip"),
+    (dict(grad_clip=-1.0), r"train\.grad_clip=-1\.0 must be >= 0"),
+    (dict(compute_dtype="float16"), r"train\.compute_dtype='float16' is not valid; choose one of float32, bfloat16"),
+    (dict(schedule="wsd", decay_fraction=0.0), r"train\.decay_fraction=0\.0 must be in \(0, 1\]"),
+    (dict(schedule="wsd", warmup_steps=900), r"the warm-up \(900 steps\) overlaps the decay, which starts at step 800"),
+])
+def test_train_spec_refuses_a_bad_setting_by_name(changes, message):
+    train = lm.get_config("gpt2_tiny").train
+    train.update(changes)
+    with pytest.raises(ConfigError, match=message):
+        TrainSpec.from_config(train)
+
+
+def test_train_spec_takes_the_config_files_train_block_whole():
+    train = lm.get_config("gpt2_tiny").train
+    spec = TrainSpec.from_config(train)
+    assert {k: v for k, v in spec.to_dict().items() if k in train} == {k: train[k] for k in spec.to_dict() if k in train}
+    assert spec.warmup == 100 and spec.decay_start is None  # the default warm-up of a 1000-step run
+
+
+# ---------------------------------------------------------------- the schedule
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant", "wsd"])
+def test_the_learning_rate_is_one_computation_in_numpy_and_in_jax(schedule):
+    spec = TrainSpec(steps=40, warmup_steps=6, learning_rate=3e-3, schedule=schedule, final_lr_fraction=0.1,
+                     decay_fraction=0.25)
+    counts = np.arange(45)
+    host = spec.lr_at(counts)
+    device = np.asarray(spec.lr_at(jnp.asarray(counts), xp=jnp))
+    np.testing.assert_allclose(host, device, rtol=1e-6)
+    assert host.dtype == np.float32 and np.all(host > 0)  # no step at rate 0, the first included
+    assert host[0] == pytest.approx(3e-3 / 6) and host[5] == pytest.approx(3e-3)  # warm-up reaches the peak at step 6
+    assert float(spec.lr_at(7)) == pytest.approx(host[7])  # a scalar count too
+
+
+def test_the_cosine_ends_at_its_final_fraction_and_wsd_cools_down_from_its_decay_start():
+    cosine = TrainSpec(steps=100, warmup_steps=10, learning_rate=1.0, final_lr_fraction=0.1)
+    assert float(cosine.lr_at(100)) == pytest.approx(0.1) and float(cosine.lr_at(55)) == pytest.approx(0.55)
+    wsd = TrainSpec(steps=100, warmup_steps=10, learning_rate=2.0, schedule="wsd", final_lr_fraction=0.0,
+                    decay_fraction=0.2)
+    assert wsd.decay_start == 80 and float(wsd.lr_at(80)) == pytest.approx(2.0)
+    assert float(wsd.lr_at(85)) == pytest.approx(1.0) and float(wsd.lr_at(100)) == pytest.approx(0.0, abs=1e-7)
+    assert float(lr_at(0, peak=1.0, steps=10, warmup=0, schedule="constant", final_lr_fraction=0.0)) == 1.0
+
+
+# ---------------------------------------------------------------- MeshSpec
+
+def _mesh(data=-1, fsdp=1, tensor=1, rules=None) -> dict:
+    return dict(data=data, fsdp=fsdp, tensor=tensor, rules=rules if rules is not None else lm.get_config().mesh.rules)
+
+
+def test_mesh_spec_resolves_the_free_axis_and_refuses_a_shape_that_does_not_fit():
+    assert MeshSpec.from_config(_mesh(fsdp=2), 8).shape == (4, 2, 1)
+    with pytest.raises(ConfigError, match=r"mesh \{'data': 3, 'fsdp': 1, 'tensor': 1\} has 3 devices but 4"):
+        MeshSpec.from_config(_mesh(data=3), 4)
+    with pytest.raises(ConfigError, match="at most one axis may be -1"):
+        MeshSpec.from_config(_mesh(fsdp=-1), 4)
+    with pytest.raises(ConfigError, match=r"mesh\.tensor=0 is not valid"):
+        MeshSpec.from_config(_mesh(tensor=0), 4)
+    with pytest.raises(ConfigError, match=r"mesh\.rules maps 'heads' to 'model', which is not a mesh axis"):
+        MeshSpec.from_config(_mesh(rules=[("heads", "model")]), 4)
+
+
+def test_mesh_spec_checks_the_batch_and_each_model_dimension_under_its_own_rule():
+    mesh = MeshSpec.from_config(_mesh(data=2, tensor=4), 8)
+    assert mesh.ways("batch") == 2 and mesh.ways("heads") == 4 and mesh.ways("seq") == 1
+    with pytest.raises(ConfigError, match=r"train\.batch_size=6 must be divisible by the number of processes \(4\)"):
+        mesh.check_batch(6, 4)
+    with pytest.raises(ConfigError, match=r"train\.batch_size=5 must be divisible by the data-parallel size 2"):
+        mesh.check_batch(5, 1)
+    with pytest.raises(ConfigError, match=r"model\.num_heads=6 must be divisible by 4, the size of mesh axes"):
+        mesh.check_model(ModelConfig(d_model=96, num_heads=6))
+    with pytest.raises(ConfigError, match=r"model\.d_ff=1026 must be divisible by 4"):
+        mesh.check_model(ModelConfig(d_ff=1026))
+
+
+# ---------------------------------------------------------------- RunSpec and config.json
+
+def test_run_spec_refuses_a_sequence_longer_than_the_position_table():
+    c = lm.get_config("gpt2_tiny")
+    c.data.seq_len = c.model.max_len * 2
+    with pytest.raises(ConfigError, match=r"data\.seq_len=\d+ exceeds model\.max_len"):
+        RunSpec.from_dict(c.to_dict() | {"model": {**c.model.to_dict(), "vocab_size": 384}})
+
+
+def test_a_run_spec_reads_back_from_the_config_json_it_writes(tmp_path):
+    c = lm.get_config("gpt2_tiny")
+    model = model_spec(c, 259)
+    assert model.vocab_size == padded_vocab_size(259) == 384  # the byte tokenizer's 259 ids, padded
+    config = c.to_dict()
+    config["model"]["vocab_size"] = model.vocab_size
+    spec = RunSpec(model=model, train=TrainSpec.from_config(c.train), mesh=MeshSpec.from_config(c.mesh, 1),
+                   seq_len=c.data.seq_len, config=json.loads(json.dumps(config)))
+    spec.to_json(str(tmp_path / "config.json"))
+    again = RunSpec.from_json(str(tmp_path))
+    assert again == spec and again.config == spec.config
+    with pytest.raises(ConfigError, match=r"model\.vocab_size=200 is smaller than the tokenizer's vocabulary \(259\)"):
+        model_spec(ConfigDict({**c.to_dict(), "model": {**c.model.to_dict(), "vocab_size": 200}}), 259)
+
+
+# ---------------------------------------------------------------- no JAX below the training layer
+
+BLOCKER = """import sys
+class _NoJax:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "orbax"):
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+sys.meta_path.insert(0, _NoJax())
+"""
+
+
+def _without_jax(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), REPO])}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_blocker_blocks(tmp_path):
+    r = _without_jax(tmp_path, "-c", "import jax")
+    assert r.returncode != 0 and "blocked in this test" in r.stderr
+
+
+def test_spec_scaling_and_the_sweep_design_import_without_jax(tmp_path):
+    code = ("import importlib, pkgutil, transformer.spec, transformer.scaling\n"
+            "names = [m.name for p in (transformer.spec, transformer.scaling) "
+            "for m in pkgutil.iter_modules(p.__path__, p.__name__ + '.')]\n"
+            "names += ['transformer.sweeps.defaults', 'transformer.sweeps.grid', 'transformer.sweeps.plan']\n"
+            "for n in names: importlib.import_module(n)\n"
+            "print(len(names))")
+    r = _without_jax(tmp_path, "-c", code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) > 15
+
+
+def test_fit_runs_where_jax_cannot_be_imported(tmp_path):
+    n, d, c, loss = isoflop_grid()
+    write_csv(str(tmp_path / "points.csv"), ["params", "tokens", "flops", "loss"], zip(n, d, c, loss))
+    r = _without_jax(tmp_path, "-m", "experiments.fit", f"--points={tmp_path}/points.csv", f"--out={tmp_path}/fit",
+                     "--bootstrap=0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "fit" / "fit.json").exists()
+
+
+def test_a_sweep_dry_run_works_where_jax_cannot_be_imported(tmp_path):
+    r = _without_jax(tmp_path, "-m", "experiments.sweep", "--config=configs/sweeps/quick.py",
+                     f"--workdir={tmp_path}/sweep", "--dry_run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "runs would train" in r.stdout and not (tmp_path / "sweep").exists()

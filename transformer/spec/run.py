@@ -1,0 +1,81 @@
+"""A whole run resolved and checked: model, train and mesh specs, and the config dict written to DIR/config.json.
+
+`RunSpec` is built by the resolve step (training/resolve.py: ConfigDict + devices + tokenizer) or read back from
+a run's config.json (`from_json`); its constructor runs the checks that join the parts (sequence length against
+the model's positions, the batch and the model dimensions against the mesh). Standard library and numpy only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from transformer.files import write_json
+from transformer.spec.errors import ConfigError, MissingInputError, check_positive_int
+from transformer.spec.accounting import padded_vocab_size
+from transformer.spec.mesh import MeshSpec
+from transformer.spec.model import ModelConfig
+from transformer.spec.schedule import TrainSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """model: the checked ModelConfig (vocab_size filled in); train: the train.* settings; mesh: the mesh for
+    this many devices; seq_len: data.seq_len; config: the resolved config as written to DIR/config.json."""
+
+    model: ModelConfig
+    train: TrainSpec
+    mesh: MeshSpec
+    seq_len: int
+    config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    process_count: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive_int("data.seq_len", self.seq_len)
+        self.mesh.check_batch(self.train.batch_size, self.process_count)
+        m = self.model
+        if m.positional != "none" and self.seq_len > m.max_len:
+            what = ("the position table" if m.positional in ("learned", "sinusoidal") else
+                    "the context length the model declares, e.g. max_position_embeddings on export")
+            raise ConfigError(f"data.seq_len={self.seq_len} exceeds model.max_len={m.max_len} "
+                              f"({what}, positional={m.positional!r}); raise model.max_len or lower seq_len")
+        self.mesh.check_model(m)
+
+    @classmethod
+    def from_dict(cls, config: dict, num_devices: int = 1, process_count: int = 1) -> "RunSpec":
+        """From a resolved config dict (config.json's content: model.vocab_size already filled in)."""
+        model = ModelConfig.from_dict(config["model"], dtype=config["train"].get("compute_dtype", "float32"))
+        return cls(model=model, train=TrainSpec.from_config(config["train"]),
+                   mesh=MeshSpec.from_config(config["mesh"], num_devices), seq_len=config["data"]["seq_len"],
+                   config=config, process_count=process_count)
+
+    @classmethod
+    def from_json(cls, path: str, num_devices: int = 1, process_count: int = 1) -> "RunSpec":
+        """From a run's config.json (`path`: the file or its workdir). The model's attention_impl is the one the
+        config named ("auto" stays "auto": the layers resolve it for the platform)."""
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise MissingInputError(f"{path} does not exist: not a run directory (no config.json)")
+        with open(path) as f:
+            return cls.from_dict(json.load(f), num_devices, process_count)
+
+    def to_json(self, path: str) -> None:
+        """Writes `config` (the resolved config) to `path` atomically, as the loop writes DIR/config.json."""
+        write_json(path, self.config, indent=2, sort_keys=True)
+
+
+def model_spec(config: Any, vocab_size: int) -> ModelConfig:
+    """The checked ModelConfig of `config` (a ConfigDict or dict) for a tokenizer of `vocab_size` ids: when
+    model.vocab_size is 0, that vocabulary padded to a multiple of 128 (an explicit size is used as is, and must
+    hold the tokenizer's); the compute dtype from train.compute_dtype (its one setting). Registry names and
+    attention_impl="auto" are left to the layers (training/resolve.model_config)."""
+    model, train = config["model"], config["train"]
+    d = dict(model.to_dict() if hasattr(model, "to_dict") else model)
+    if not d.get("vocab_size"):
+        d["vocab_size"] = padded_vocab_size(vocab_size)
+    elif d["vocab_size"] < vocab_size:
+        raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the tokenizer's vocabulary "
+                          f"({vocab_size}); use 0 (take the tokenizer's) or at least {vocab_size}")
+    return ModelConfig.from_dict(d, dtype=train["compute_dtype"] if "compute_dtype" in train else "float32")
