@@ -1,7 +1,7 @@
 """Run a sweep: python -m experiments.sweep --config=configs/sweeps/NAME.py --workdir=DIR
     [--parallel=K] [--launcher=local|slurm] [--dry_run] [--retry_failed] [--verbose] [--config.KEY=V ...]
 
-Expands the sweep config into runs (transformer/sweeps/grid.py), writes DIR/sweep.json, trains every
+Expands the sweep config into runs (transformer/design/grid.py), writes DIR/sweep.json, trains every
 run not yet in DIR/results.jsonl (in this process by default; --parallel=K worker processes; or a SLURM
 job array with --launcher=slurm), then fits: DIR/fit/ for IsoFLOP sweeps, DIR/lr_fit.json for LR scans.
 Rerunning the command skips finished runs and resumes interrupted ones. --dry_run prints the runs and
@@ -61,7 +61,7 @@ def _worker(workdir: str, index: int) -> None:
 
 
 def _dry_run(workdir: str, config) -> None:
-    from transformer.sweeps import plan
+    from transformer.design import plan
 
     rows = {r["run_id"]: r for r in runner.results.read_results(workdir)} if os.path.isdir(workdir) else {}
     prediction = outcome.load_prediction(workdir) if rows else None

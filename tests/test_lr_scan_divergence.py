@@ -16,7 +16,8 @@ from configs.sweeps import common
 from sweep_fixture import law
 from transformer.spec import ConfigError
 from transformer.scaling import lr_scan
-from transformer.sweeps import outcome, plan, results, runner
+from transformer.design import plan
+from transformer.sweeps import outcome, results, runner
 
 LR_C, LR_K = 0.4, -0.5  # the law's best learning rate, c·N^k (N total)
 NONFINITE = ("NonFiniteError: non-finite loss or gradient at step 7 (loss=nan); first non-finite gradient: "

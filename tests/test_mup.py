@@ -295,7 +295,7 @@ def test_sp_ignores_the_mup_settings_and_export_refuses_a_mup_model():
 
 def test_mup_transfer_sweep_designs_the_same_scan_under_both_parametrizations():
     from configs.sweeps import mup_transfer
-    from transformer.sweeps.plan import design
+    from transformer.design.plan import design
 
     scans = {}
     for parametrization in ("sp", "mup"):

@@ -19,7 +19,8 @@ from configs.sweeps import quick
 from transformer.sweeps import run_groups, runner
 from transformer.spec import ConfigError
 from transformer.scaling import lr_scan
-from transformer.sweeps import grid, plan, results
+from transformer.design import grid, plan
+from transformer.sweeps import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,7 +12,8 @@ import time
 
 from configs.sweeps import quick
 from transformer.sweeps import runner
-from transformer.sweeps import claims, plan, results
+from transformer.design import plan
+from transformer.sweeps import claims, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": REPO}

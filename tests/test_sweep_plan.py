@@ -1,4 +1,4 @@
-"""The staged sweep plan (transformer/sweeps/plan.py), run against a known loss law instead of training: the
+"""The staged sweep plan (transformer/design/plan.py), run against a known loss law instead of training: the
 LR calibration finds the law's best rate, re-centring follows the law's optimum where the prior is wrong,
 wsd runs branch from the previous budget, and the validation run is designed from predictions.json, which is
 written first."""
@@ -14,7 +14,8 @@ from ml_collections import ConfigDict
 
 from configs.sweeps import common
 from sweep_fixture import law
-from transformer.sweeps import outcome, plan, results, runner
+from transformer.design import plan
+from transformer.sweeps import outcome, results, runner
 from transformer.training.optimizer import decay_start
 
 LR_C, LR_K = 0.4, -0.5  # the law's best learning rate, c·N^k (N total)

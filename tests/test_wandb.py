@@ -16,7 +16,8 @@ import pytest
 
 from test_reliability import tiny_config
 from transformer.spec import ConfigError
-from transformer.sweeps import grid, runner
+from transformer.design import grid
+from transformer.sweeps import runner
 from transformer.training.loop import train
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.resolve import resolve

@@ -3,7 +3,7 @@
 A sweep config is a ConfigDict with two sections:
   sweep  how to expand the sweep into runs (IsoFLOP grid or LR scan) and how to run them
   base   a full training config (configs/lm.py); every run is `base` with its shape, steps, learning
-         rate, warm-up and batch size filled in by transformer/sweeps/grid.py
+         rate, warm-up and batch size filled in by transformer/design/grid.py
 Both are overridable from the command line: --config.sweep.budgets=1e11,3e11 --config.base.train.batch_size=32.
 
 IsoFLOP grid (Hoffmann et al. 2022, approach 2): for each budget C, `sizes_per_budget` shapes from the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import lm
-from transformer.sweeps.defaults import MODES, PARAM_COUNTS, sweep_defaults  # noqa: F401 (re-exported)
+from transformer.design.defaults import MODES, PARAM_COUNTS, sweep_defaults  # noqa: F401 (re-exported)
 
 def tiny_lm_base(seq_len: int, batch_size: int) -> ml_collections.ConfigDict:
     """A GPT-2-shaped decoder on the built-in corpus with the byte tokenizer (the CPU sweeps' base)."""

@@ -3,7 +3,7 @@
 `model.parametrization="mup"` with `model.mup_base_width` = the d_model at which μP equals the standard
 parametrization ("sp"), so hyperparameters tuned in SP at that width carry over, and the optimal learning
 rate stays put as the model widens. Every width (d_model, d_ff, heads × head_dim) is taken to grow by the one
-width multiplier m = d_model / mup_base_width, as the sweep ladders grow them (transformer/sweeps/grid.py).
+width multiplier m = d_model / mup_base_width, as the sweep ladders grow them (transformer/design/grid.py).
 
 Each weight is classified from its logical axis names (nn.with_logical_partitioning, the names the mesh rules
 use; a stacked "layers" axis is ignored). Kernels are (in, out) and embedding tables (rows, embed), so:

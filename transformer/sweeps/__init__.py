@@ -1,2 +1,4 @@
-"""Sweeps: a sweep config expanded into runs (grid), their execution and bookkeeping (runner, run_groups,
-claims, results). Above training (it trains runs) and below experiments/ (the command lines)."""
+"""A sweep's execution: runs trained in process, in worker processes or on SLURM (runner, execute, run_groups,
+slurm), their claims and results (DIR/results.jsonl exactly once), progress and the outcome (fit, prediction
+check). Above training (it trains runs) and below experiments/ (the command lines); the design it executes is
+transformer/design/."""

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from transformer.data import token_cache
-from transformer.sweeps.grid import format_flops
+from transformer.design.grid import format_flops
 
 
 class Progress:

@@ -37,7 +37,7 @@ WORKER_MODULE = "experiments.sweep"
 def sweep_document(config: ml_collections.ConfigDict, p: Any) -> dict[str, Any]:
     """What DIR/sweep.json holds: the resolved sweep section and base, the plan's notes and what it waits for,
     and every run designed so far (plan.design) with its time estimate."""
-    from transformer.sweeps.plan import estimate_seconds
+    from transformer.design.plan import estimate_seconds
 
     estimates = [estimate_seconds(r, config.sweep) for r in p.runs]
     return {"name": config.sweep.name, "mode": config.sweep.mode,
@@ -245,7 +245,8 @@ OTHER_RUNNERS = 5  # run_sweep: runs of this stage are left to other runners on 
 
 def plan_and_write(workdir: str, config: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
     """The plan from DIR's recorded results (plan.design) and its DIR/sweep.json."""
-    from transformer.sweeps import outcome, plan
+    from transformer.design import plan
+    from transformer.sweeps import outcome
 
     rows = {r["run_id"]: r for r in results.read_results(workdir)}
     p = plan.design(config, rows, outcome.load_prediction(workdir))

@@ -1,5 +1,5 @@
 """A sweep on a SLURM cluster: DIR/sweep.sbatch, a job array of workers, one task per run that is ready to train
-(a staged sweep, transformer/sweeps/plan.py, submits its stages one at a time: rerun the command when a stage's
+(a staged sweep, transformer/design/plan.py, submits its stages one at a time: rerun the command when a stage's
 jobs have finished to submit the next)."""
 from __future__ import annotations
 

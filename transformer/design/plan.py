@@ -1,6 +1,6 @@
 """A sweep's plan: its runs, stage by stage, each stage designed from the recorded results of those before.
 
-An IsoFLOP sweep's stages, in order (all but the budgets optional; transformer/sweeps/defaults.py has the keys):
+An IsoFLOP sweep's stages, in order (all but the budgets optional; transformer/design/defaults.py has the keys):
   lr         sweep.lr_calibration: a few sizes at the smallest budget's compute (so at the tokens per parameter
              the sweep uses), each at the rule's learning rate × each multiplier, extended by one step on the
              side where a size's best rate is at the edge; lr_opt = c·N^k refitted from the optima sets every
@@ -32,8 +32,8 @@ import numpy as np
 from transformer.spec import ConfigError, TrainSpec, decay_start, model_spec
 from transformer.scaling import isoflop, lr_scan
 from transformer.scaling.points import from_arrays
-from transformer.sweeps import grid
-from transformer.sweeps.grid import Run, Shape, format_flops, size_of
+from transformer.design import grid
+from transformer.design.grid import Run, Shape, format_flops, size_of
 
 RECENTER_SLOPE_RANGE = 0.2   # a re-centring power law's exponent stays within prior_exponent ± this
 

@@ -1,6 +1,6 @@
 """Every key a sweep config's `sweep` section may have, with its default (the one source of them).
 
-configs/sweeps/*.py start from `sweep_defaults()` and override what they need; transformer/sweeps/grid.py
+configs/sweeps/*.py start from `sweep_defaults()` and override what they need; transformer/design/grid.py
 rejects any key not listed here. The `base` section is a full training config (configs/lm.py).
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import ml_collections
 import numpy as np
 
-from transformer.sweeps.defaults import MODES, PARAM_COUNTS, sweep_defaults
+from transformer.design.defaults import MODES, PARAM_COUNTS, sweep_defaults
 from transformer.spec import (SCHEDULES, ConfigError, MissingInputError, flops_per_token, model_defaults, model_spec,
                               param_counts)
 
@@ -122,7 +122,7 @@ def validate_sweep(config: ml_collections.ConfigDict) -> None:
     """Checks the sweep section's keys and values; raises ConfigError naming the setting."""
     if "sweep" not in config or "base" not in config:
         raise ConfigError("a sweep config needs a `sweep` section and a `base` training config "
-                          "(see transformer/sweeps/defaults.py)")
+                          "(see transformer/design/defaults.py)")
     s = config.sweep
     _check_keys(s, sweep_defaults(), "sweep.")
     if s.mode not in MODES:
