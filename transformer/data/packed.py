@@ -130,6 +130,20 @@ class PackedRows:
                 "positions": positions_CR.astype(np.int32)}
 
 
+def lm_features(tokens_R: np.ndarray, segment_ids_R: np.ndarray, positions_R: np.ndarray) -> dict[str, np.ndarray]:
+    """Packed rows [..., R = T + 1] -> the model's [..., T] features: inputs, targets (the next token),
+    segment_ids, positions (int32) and weights (float32, 1 where the target is the next token of the same
+    document; transformer/data/pipeline.py describes them)."""
+    seg_in_T, seg_out_T = segment_ids_R[..., :-1], segment_ids_R[..., 1:]
+    return {
+        "inputs": tokens_R[..., :-1].astype(np.int32),
+        "targets": tokens_R[..., 1:].astype(np.int32),
+        "segment_ids": seg_in_T.astype(np.int32),
+        "positions": positions_R[..., :-1].astype(np.int32),
+        "weights": ((seg_in_T != 0) & (seg_in_T == seg_out_T)).astype(np.float32),
+    }
+
+
 RowTransform = Callable[[dict[str, np.ndarray], list[np.random.Generator]], dict[str, np.ndarray]]
 """(a batch's [B, T] LM features, one generator per row) -> the batch's features for the task."""
 
@@ -141,8 +155,6 @@ class PackedBatches:
 
     def __init__(self, rows: PackedRows, global_batch_size: int, process_index: int, process_count: int,
                  transform: RowTransform | None = None, transform_seed: int = 0):
-        from transformer.data.pipeline import lm_features  # the one definition of the features
-
         self._features = lm_features
         self.rows, self.G = rows, global_batch_size
         self.B = global_batch_size // process_count

@@ -23,19 +23,8 @@ import numpy as np
 import scipy.stats
 
 from transformer.data import batches, packed, sources, token_cache, tokenizers
+from transformer.data.packed import lm_features  # noqa: F401 - the features, defined with the packing
 from transformer.models.config import ConfigError
-
-
-def lm_features(tokens_R: np.ndarray, segment_ids_R: np.ndarray, positions_R: np.ndarray) -> dict[str, np.ndarray]:
-    """Packed rows [..., R = T + 1] -> the model's [..., T] features (see the module docstring)."""
-    seg_in_T, seg_out_T = segment_ids_R[..., :-1], segment_ids_R[..., 1:]
-    return {
-        "inputs": tokens_R[..., :-1].astype(np.int32),
-        "targets": tokens_R[..., 1:].astype(np.int32),
-        "segment_ids": seg_in_T.astype(np.int32),
-        "positions": positions_R[..., :-1].astype(np.int32),
-        "weights": ((seg_in_T != 0) & (seg_in_T == seg_out_T)).astype(np.float32),
-    }
 
 
 def shuffle_seed(data_cfg: ml_collections.ConfigDict, seed: int) -> int:
