@@ -39,8 +39,11 @@ class BatchIterator(grain.DatasetIterator):
 
     `get_state()` is `{"next_batch": s}`; `set_state` restarts the reading at batch s (with `worker_count`
     grain worker processes, or threads in this process when 0). `split_tokens`: the tokens of the split
-    the batches are packed from (None when they are not packed text), for the run's accounting.
+    the batches are packed from (None when they are not packed text), for the run's accounting;
+    `eval_train_overlap_documents`: eval documents also in the train split (token_cache; None when unknown).
     """
+
+    eval_train_overlap_documents: int | None = None
 
     def __init__(self, batches: grain.MapDataset, *, worker_count: int = 0, split_tokens: int | None = None):
         super().__init__()

@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 
 from transformer.data import batches, tokenizers
+from transformer.data.identity import RunData, resolve_data
 from transformer.data.pipeline import make_lm_iterator
 
 SELECT_RATE = 0.15
@@ -78,12 +79,13 @@ def transform_seed(data_cfg: ml_collections.ConfigDict, seed: int, salt: int) ->
 
 def make_mlm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
                       process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                      repeat: bool = True) -> batches.BatchIterator:
+                      repeat: bool = True, data: RunData | None = None) -> batches.BatchIterator:
     """A checkpointable iterator over this process's masked [B, T] batches (see the module docstring).
 
     Arguments as `make_lm_iterator`; `seed` also seeds the masking.
     """
+    data = data if data is not None else resolve_data(data_cfg)
     return make_lm_iterator(data_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
                             process_index=process_index, process_count=process_count, shuffle=shuffle,
-                            repeat=repeat, transform=_BertMask(tokenizers.get_tokenizer(data_cfg)),
-                            transform_seed=transform_seed(data_cfg, seed, salt=1))
+                            repeat=repeat, transform=_BertMask(data.tokenizer),
+                            transform_seed=transform_seed(data_cfg, seed, salt=1), data=data)

@@ -261,6 +261,12 @@ def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer | 
     if expected and tok.fingerprint != expected:
         raise ConfigError(f"{path} has fingerprint {tok.fingerprint}, but {workdir}/config.json records "
                           f"data.tokenizer_fingerprint={expected}")
+    if kind != "sentencepiece" and os.path.exists(os.path.expanduser(kind)):  # the file the run was started with
+        configured = load_tokenizer_file(kind)
+        if configured.fingerprint != tok.fingerprint:
+            raise ConfigError(f"data.tokenizer={kind!r} is another tokenizer ({configured.fingerprint}) than the one "
+                              f"the run in {workdir} was trained with ({tok.fingerprint}, its copy {path}): resuming "
+                              f"would tokenize new data with it; point data.tokenizer at {path}, or use a new workdir")
     return tok
 
 
@@ -327,7 +333,8 @@ def get_tokenizer(data_cfg: ml_collections.ConfigDict, workdir: str | None = Non
     """The tokenizer named by `data.tokenizer`; a SentencePiece model is trained once and cached.
 
     `workdir`: a run directory; the tokenizer the run recorded there (`record_tokenizer`) is used when
-    present, so a run needs nothing outside its workdir.
+    present, so a run needs nothing outside its workdir (a moved tokenizer file is not needed); a
+    data.tokenizer file that holds another tokenizer than the recorded one is a ConfigError.
     """
     if workdir is not None and (recorded := _recorded(data_cfg, workdir)) is not None:
         return recorded

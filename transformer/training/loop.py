@@ -101,10 +101,12 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
     tokens_per_step = t.batch_size * config.data.seq_len  # per run
 
-    data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.data.shuffle_seed + c.train.seed,
-                      process_index=pid, process_count=nproc, shuffle=True, repeat=True) for c in configs]
+    # the data order: (data.shuffle_seed, train.seed) mixed by the pipeline (pipeline.shuffle_seed), never summed
+    data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.train.seed, data=run.data,
+                      process_index=pid, process_count=nproc, shuffle=True, repeat=True) for c, run in zip(configs, runs)]
     data_its = [task.make_iterator(c, **a) for c, a in zip(configs, data_args)]
     train_split_tokens = getattr(data_its[0], "split_tokens", None)  # packed text: for `epochs`
+    overlap = getattr(data_its[0], "eval_train_overlap_documents", None)  # packed text: eval documents seen in train
     token_bytes_V = tokenizer.byte_lengths() if task.name == "lm" else None  # for eval_bits_per_byte
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
         for workdir, d in zip(workdirs, resolved):
@@ -304,7 +306,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         evals = None
                         if is_eval:
                             t_eval = time.time()
-                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
+                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V, runs[0].data)
                             eval_seconds += time.time() - t_eval
                         extra = ""
                         for p, r in enumerate(live):
@@ -322,7 +324,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                                     print(f"warning: {workdirs[r]}: loss spike at step {spike[0]}: {spike[1]:.2f}x the "
                                           f"median of the last {len(spikes[r].history) - 1} logged losses; its batch is "
                                           f"number {spike[0] - 1} of split {configs[r].data.train_split!r} shuffled with "
-                                          f"seed {data_args[r]['seed']} (runs with the same seed saw the same batch)",
+                                          f"data.shuffle_seed={configs[r].data.shuffle_seed}, train.seed="
+                                          f"{configs[r].train.seed} (runs with both the same saw the same batch)",
                                           flush=True)
                             if evals is not None:
                                 row.update({k: pick(v, p) for k, v in evals.items()})
@@ -338,7 +341,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         last_saved = step
                 if live and step == t.steps and any(last[r].get("eval_loss") is None for r in live):
                     # resumed at the end
-                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
+                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V, runs[0].data)
                     for p, r in enumerate(live):
                         last[r].update({k: pick(v, p) for k, v in final.items()})
         except Preempted:
@@ -366,7 +369,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 tokens_per_step=tokens_per_step, fpt=fpt, last=last[r], task_name=task.name, skipped=skipped[r],
                 seconds={k: v / R for k, v in seconds.items()},
                 tps=timed_tokens / timed_seconds if timed_seconds else None, num_devices=len(devices),
-                mesh_shape=mesh_shape, train_split_tokens=train_split_tokens,
+                mesh_shape=mesh_shape, train_split_tokens=train_split_tokens, eval_train_overlap_documents=overlap,
                 **({"multirun": R} if grouped else {})) for r in range(R)]
             if primary:
                 for workdir, summary, writer in zip(workdirs, summaries, writers):

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any
 
 from transformer.data import get_tokenizer
+from transformer.data.identity import IDENTITY_KEY, RunData, check_settings, resolvable, resolve_data
 from transformer.models.config import ModelConfig
 from transformer.tasks import model_vocab_size
 from transformer.training import validate
@@ -14,11 +15,13 @@ from transformer.training import validate
 class Resolved:
     """model_cfg: the validated ModelConfig; mesh_shape: (data, fsdp, tensor); config: the dict written to
     DIR/config.json (the config with model.vocab_size filled in from the tokenizer where it was 0, and
-    data.tokenizer_fingerprint)."""
+    data.tokenizer_fingerprint and data.identity); data: the run's resolved data (identity.RunData: tokenizer,
+    fingerprints, cache), None in a dry run whose tokenizer or documents are not built yet."""
 
     model_cfg: ModelConfig
     mesh_shape: tuple[int, ...]
     config: dict
+    data: RunData | None = None
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:
@@ -31,4 +34,9 @@ def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = 
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
     if getattr(tokenizer, "fingerprint", None):  # which tokenizer the run used (its copy is in the workdir)
         resolved["data"]["tokenizer_fingerprint"] = tokenizer.fingerprint
-    return Resolved(model_cfg, tuple(mesh_shape), resolved)
+    data = resolve_data(config.data, tokenizer) if resolvable(config.data, tokenizer) else None
+    if data is None:
+        check_settings(config.data)  # evaluation on training data is refused even in a dry run
+    else:
+        resolved["data"][IDENTITY_KEY] = data.identity()  # the documents and tokenizer, checked on resuming
+    return Resolved(model_cfg, tuple(mesh_shape), resolved, data)

@@ -15,7 +15,7 @@ import numpy as np
 
 from transformer import files
 from transformer.config import ConfigError
-from transformer.data import token_cache
+from transformer.data import identity, token_cache
 from transformer.training import hardware, optimizer, sharding
 
 
@@ -44,7 +44,10 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
         return None
     with open(path) as f:
         existing = json.load(f)
-    existing, resolved = ({k: v for k, v in d.items() if k not in LAUNCH_SECTIONS} for d in (existing, resolved))
+    identity.check_same(f"workdir {workdir}", existing.get("data", {}).get(identity.IDENTITY_KEY),
+                        resolved.get("data", {}).get(identity.IDENTITY_KEY))  # names the files or the tokenizer
+    existing, resolved = ({k: ({**v, identity.IDENTITY_KEY: None} if k == "data" else v) for k, v in d.items()
+                           if k not in LAUNCH_SECTIONS} for d in (existing, resolved))  # compared just above
     if existing == resolved:
         return None
     old, new = flatten_keys(existing), flatten_keys(resolved)
@@ -103,17 +106,18 @@ def abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtyp
 
 
 def evaluate(eval_fn: Callable, params: Any, task, config: Any, batch_sharding, process_index: int,
-             process_count: int, token_bytes_V: np.ndarray | None = None) -> dict[str, Any]:
+             process_count: int, token_bytes_V: np.ndarray | None = None, data: Any = None) -> dict[str, Any]:
     """Token-mean loss and accuracy over the first `train.eval_steps` batches of the eval split, shuffled
     with a fixed seed so they sample the whole split (and are the same batches at every evaluation).
 
     `token_bytes_V` (the tokenizer's byte_lengths, for next-token prediction): also `eval_bits_per_byte`,
     the summed loss in bits over the UTF-8 bytes of the very targets it was taken on (each weighted
-    target's byte length, summed over every process's rows), comparable across tokenizers.
+    target's byte length, summed over every process's rows), comparable across tokenizers. `data`: the run's
+    resolved data (identity.RunData), so the iterator re-derives nothing.
     """
     it = task.make_iterator(config, split=config.data.eval_split, global_batch_size=config.train.batch_size,
                             seed=config.data.shuffle_seed, process_index=process_index,
-                            process_count=process_count, shuffle=True, repeat=True)
+                            process_count=process_count, shuffle=True, repeat=True, data=data)
     sums = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
     target_bytes = 0.0  # this process's rows
     try:
