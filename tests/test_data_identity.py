@@ -1,0 +1,121 @@
+"""A run's data identity (documents + tokenizer = the token cache's key) is recorded in config.json and its
+checkpoints; resuming with other documents or another tokenizer is refused naming what changed, and the
+pipeline uses the run's one tokenizer (issue 19, hole 3)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from test_data_files import _texts, data_config, train_sp_model, write_mixed_folder
+
+from configs.lm import get_config
+from transformer.data import tokenizers
+from transformer.models.config import ConfigError
+from transformer.training.loop import train
+from transformer.training.resolve import resolve
+from transformer.training.run_io import check_workdir_config
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A run on local files with a SentencePiece file as tokenizer, checkpointed at step 1 of 2."""
+    root = tmp_path_factory.mktemp("identity")
+    folder = str(root / "docs")
+    write_mixed_folder(folder, _texts(60))
+    model = str(root / "sp.model")
+    train_sp_model(model, _texts(200, seed=2))
+    config = get_config("gpt2_tiny")
+    config.data = data_config(root, folder, tokenizer=model)
+    config.train.update(steps=2, warmup_steps=1, batch_size=8, eval_every=2, eval_steps=1, checkpoint_every=1,
+                        log_every=1)
+    workdir = str(root / "run")
+    assert train(config, workdir, verbose=False, stop_at=1)["status"] == "preempted"
+    return config, workdir, folder, model
+
+
+def test_the_identity_is_recorded_in_config_json_and_the_checkpoint(stopped_run):
+    from transformer.data import identity
+
+    config, workdir, folder, model = stopped_run
+    with open(os.path.join(workdir, "config.json")) as f:
+        recorded = json.load(f)["data"]["identity"]
+    with open(os.path.join(workdir, "checkpoints", "1", "config", "metadata")) as f:
+        assert json.load(f)["data"]["identity"] == recorded
+    assert recorded["tokenizer"] == tokenizers.load_tokenizer_file(model).fingerprint
+    assert sorted(path for _, path, _ in recorded["files"]) == sorted(
+        os.path.join(folder, n) for n in os.listdir(folder))
+    assert os.path.basename(identity.resolve_data(config.data).ensure_cache(verbose=False)) == recorded["cache_key"]
+
+
+def test_resuming_with_an_added_file_is_refused_naming_it(stopped_run):
+    config, workdir, folder, _ = stopped_run
+    added = os.path.join(folder, "e_new.txt")
+    with open(added, "w") as f:
+        f.write("a document that was not there when the run started")
+    try:
+        with pytest.raises(ConfigError, match=rf"other data .*data.files: added {added}"):
+            train(config, workdir, verbose=False)
+    finally:
+        os.remove(added)
+
+
+def test_resuming_with_a_changed_file_is_refused_naming_it(stopped_run):
+    config, workdir, folder, _ = stopped_run
+    path = os.path.join(folder, "d000.txt")
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write(text + " and a new ending")
+    try:
+        with pytest.raises(ConfigError, match=rf"data.files: changed {path}"):
+            train(config, workdir, verbose=False)
+    finally:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def test_resuming_with_another_tokenizer_in_the_file_is_refused(stopped_run, tmp_path):
+    config, workdir, _, model = stopped_run
+    saved = str(tmp_path / "saved.model")
+    shutil.copy(model, saved)
+    train_sp_model(model, _texts(300, seed=5))  # the same path, another model
+    try:
+        with pytest.raises(ConfigError, match=r"data.tokenizer=.* is another tokenizer"):
+            train(config, workdir, verbose=False)
+    finally:
+        shutil.copy(saved, model)
+
+
+def test_a_wsd_run_is_not_continued_on_other_data(stopped_run, tmp_path):
+    config, _, folder, _ = stopped_run
+    wsd = config.copy_and_resolve_references()
+    wsd.train.update(schedule="wsd", decay_fraction=0.5)
+    workdir = str(tmp_path / "wsd")
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(resolve(wsd, 1, 1).config, f)
+    longer = wsd.copy_and_resolve_references()
+    longer.train.steps = 4
+    assert check_workdir_config(workdir, json.loads(json.dumps(resolve(longer, 1, 1).config))) is not None
+    added = os.path.join(folder, "e_more.txt")
+    with open(added, "w") as f:
+        f.write("more text for the longer run")
+    try:
+        with pytest.raises(ConfigError, match=rf"data.files: added {added}"):
+            check_workdir_config(workdir, json.loads(json.dumps(resolve(longer, 1, 1).config)))
+    finally:
+        os.remove(added)
+
+
+def test_a_moved_tokenizer_file_resumes_on_the_recorded_copy(stopped_run, tmp_path):
+    """The pipeline tokenizes with the run's recorded tokenizer: the file it was started with may go."""
+    config, workdir, _, model = stopped_run
+    moved = str(tmp_path / "moved.model")
+    shutil.move(model, moved)
+    try:
+        summary = train(config, workdir, verbose=False)
+    finally:
+        shutil.move(moved, model)
+    assert summary["status"] == "ok" and summary["step"] == 2
+    assert summary["eval_train_overlap_documents"] == 0  # held out by content: never both
