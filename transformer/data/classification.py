@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from transformer.data import corpus, tokenizers
-from transformer.data.batches import BatchIterator, local_batch_size
+from transformer.data.batches import BatchIterator, RowBlocks, default_rows, local_batch_size
 from transformer.data.identity import RunData
 from transformer.data.mlm import transform_seed
 from transformer.models.config import ConfigError
@@ -162,13 +162,25 @@ class _PaddedTo:
         return {k: np.zeros_like(v) for k, v in self._source[0].items()}
 
 
+class _SelectRows:
+    """A global batch -> this process's rows of it (picklable, for grain's worker processes)."""
+
+    def __init__(self, rows: RowBlocks):
+        self._index = np.concatenate([np.arange(a, b) for a, b in rows])
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v[self._index] for k, v in batch.items()}
+
+
 def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
                                  seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                                 repeat: bool = True, data: RunData | None = None) -> BatchIterator:
+                                 repeat: bool = True, data: RunData | None = None,
+                                 rows: RowBlocks | None = None) -> BatchIterator:
     """A checkpointable iterator over this process's labelled [B, T] batches (see the module docstring).
 
     `split` is data.train_split or data.eval_split, read as the classification split "train" or
-    "validation". `data`: the run's resolved data (its tokenizer; identity.resolve_data).
+    "validation". `data`: the run's resolved data (its tokenizer; identity.resolve_data); `rows`: the rows of
+    each global batch this process feeds (batches.process_rows), default rows [p·B, (p+1)·B).
     """
     name = "validation" if split == data_cfg.eval_split else "train" if split == data_cfg.train_split else split
     batch_B = local_batch_size(global_batch_size, process_count)
@@ -181,6 +193,8 @@ def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: 
     else:  # whole global batches: the last one padded
         padded = -(-len(snippets) // global_batch_size) * global_batch_size
         snippets = grain.MapDataset.source(_PaddedTo(snippets, padded))
-    # item k of batch(B) is snippets [k·B, (k+1)·B): process p's part of global batch s is item s·n + p
-    return BatchIterator(snippets.batch(batch_B)[process_index::process_count],
-                         worker_count=int(data_cfg.get("worker_count", 0)))
+    workers = int(data_cfg.get("worker_count", 0))
+    if rows is None or tuple(rows) == default_rows(global_batch_size, process_index, process_count):
+        # item k of batch(B) is snippets [k·B, (k+1)·B): process p's part of global batch s is item s·n + p
+        return BatchIterator(snippets.batch(batch_B)[process_index::process_count], worker_count=workers)
+    return BatchIterator(snippets.batch(global_batch_size).map(_SelectRows(rows)), worker_count=workers)

@@ -79,7 +79,8 @@ def transform_seed(data_cfg: ml_collections.ConfigDict, seed: int, salt: int) ->
 
 def make_mlm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
                       process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                      repeat: bool = True, data: RunData | None = None) -> batches.BatchIterator:
+                      repeat: bool = True, data: RunData | None = None,
+                      rows: batches.RowBlocks | None = None) -> batches.BatchIterator:
     """A checkpointable iterator over this process's masked [B, T] batches (see the module docstring).
 
     Arguments as `make_lm_iterator`; `seed` also seeds the masking.
@@ -88,4 +89,4 @@ def make_mlm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global
     return make_lm_iterator(data_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
                             process_index=process_index, process_count=process_count, shuffle=shuffle,
                             repeat=repeat, transform=_BertMask(data.tokenizer),
-                            transform_seed=transform_seed(data_cfg, seed, salt=1), data=data)
+                            transform_seed=transform_seed(data_cfg, seed, salt=1), data=data, rows=rows)

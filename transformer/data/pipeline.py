@@ -45,24 +45,24 @@ def _check(data_cfg: ml_collections.ConfigDict, process_index: int, process_coun
 def make_lm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
                      process_index: int = 0, process_count: int = 1, shuffle: bool = True, repeat: bool = True,
                      transform: packed.RowTransform | None = None, transform_seed: int = 0,
-                     data: RunData | None = None) -> batches.BatchIterator:
+                     data: RunData | None = None, rows: batches.RowBlocks | None = None) -> batches.BatchIterator:
     """A checkpointable iterator over this process's [B, T] LM batches (see the module docstring).
 
-    Process p of n reads rows [p·B, (p+1)·B) of each global batch; B = global_batch_size // n. Its state
+    Process p of n reads rows [p·B, (p+1)·B) of each global batch (B = global_batch_size // n), or `rows`. Its state
     is the next global batch index (batches.py). `shuffle`: each epoch a seeded permutation of the
     documents (else in order); `repeat=False`: one pass, the last batch padded with all-zero rows
     (weights 0). `transform`: a per-row random transform of the features (packed.RowTransform).
     `data`: the run's resolved data (identity.resolve_data: its tokenizer, its fingerprints), so nothing is
-    re-derived; default: resolved here from `data_cfg`.
+    re-derived; default: resolved here from `data_cfg`. `rows`: the rows of each global batch this process
+    feeds (batches.process_rows of the batch sharding), default rows [p·B, (p+1)·B).
     """
     _check(data_cfg, process_index, process_count)
-    batches.local_batch_size(global_batch_size, process_count)
+    rows = batches.default_rows(global_batch_size, process_index, process_count) if rows is None else rows
     split_name = sources.cache_split(data_cfg, split)
     path = (data if data is not None else resolve_data(data_cfg)).ensure_cache()
     dataset = packed.make_packed_batches(
         path, split_name, seq_len=int(data_cfg.seq_len), global_batch_size=global_batch_size,
-        seed=shuffle_seed(data_cfg, seed), process_index=process_index, process_count=process_count,
-        shuffle=shuffle, repeat=repeat, transform=transform, transform_seed=transform_seed)
+        seed=shuffle_seed(data_cfg, seed), row_blocks=rows, shuffle=shuffle, repeat=repeat, transform=transform, transform_seed=transform_seed)
     meta = token_cache.read_meta(path)
     it = batches.BatchIterator(dataset, worker_count=int(data_cfg.worker_count),
                                split_tokens=int(meta[split_name]["tokens"]))

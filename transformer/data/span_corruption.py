@@ -163,7 +163,8 @@ def span_corruption_vocab_size(data_cfg: ml_collections.ConfigDict, tokenizer: t
 
 def make_span_corruption_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
                                   seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                                  repeat: bool = True, data: RunData | None = None) -> batches.BatchIterator:
+                                  repeat: bool = True, data: RunData | None = None,
+                                  rows: batches.RowBlocks | None = None) -> batches.BatchIterator:
     """A checkpointable iterator over this process's span-corrupted batches (see the module docstring).
 
     Needs data.noise_density and data.mean_noise_span_length besides the LM pipeline's settings; `data` as
@@ -178,4 +179,4 @@ def make_span_corruption_iterator(data_cfg: ml_collections.ConfigDict, *, split:
     return make_lm_iterator(raw_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
                             process_index=process_index, process_count=process_count, shuffle=shuffle,
                             repeat=repeat, transform=corrupt_fn, transform_seed=transform_seed(data_cfg, seed, salt=2),
-                            data=data)
+                            data=data, rows=rows)
