@@ -211,6 +211,19 @@ class HFTokenizer:
         self.__init__(state["json"])
 
 
+def special_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """int64 [S], sorted: the ids that stand for no text (pad, bos, eos; a tokenizer.json's special tokens;
+    SentencePiece control and unknown pieces). Bytes and the trained models: 0, 1, 2 (and unk 3 for the
+    latter); a file's tokenizer: wherever it put them."""
+    ids = {tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id}
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        sp = tokenizer._sp
+        ids |= {i for i in range(tokenizer.vocab_size) if sp.is_control(i) or sp.is_unknown(i)}
+    elif isinstance(tokenizer, HFTokenizer):
+        ids |= {t["id"] for t in json.loads(tokenizer.json_text).get("added_tokens", []) if t.get("special")}
+    return np.asarray(sorted(ids), np.int64)
+
+
 def load_tokenizer_file(path: str, setting: str = "data.tokenizer") -> Tokenizer:
     """A SentencePiece `.model` or a Hugging Face `tokenizer.json` (or a folder holding one)."""
     full = os.path.abspath(os.path.expanduser(path))
