@@ -119,3 +119,31 @@ def test_a_moved_tokenizer_file_resumes_on_the_recorded_copy(stopped_run, tmp_pa
         shutil.move(moved, model)
     assert summary["status"] == "ok" and summary["step"] == 2
     assert summary["eval_train_overlap_documents"] == 0  # held out by content: never both
+
+
+def test_a_sweep_refuses_to_go_on_with_other_data(tmp_path):
+    """sweep.json records the data identity of the sweep's runs; a new plan on other data is refused, and a
+    run of the sweep (its config carries the recorded data.identity) resolves only to that data."""
+    from configs.sweeps import common
+    from transformer.sweeps import runner
+
+    folder = str(tmp_path / "docs")
+    write_mixed_folder(folder, _texts(60))
+    base = common.tiny_lm_base(seq_len=16, batch_size=8)
+    base.data = data_config(tmp_path, folder)
+    c = common.make(dict(name="identity", budgets=(1e11,), d_models=tuple(range(8, 257, 8)), head_dim=8, num_layers=2,
+                         sizes_per_budget=5, size_span=6.0, prior_tokens_per_param=100.0, min_steps=5), base)
+    workdir = str(tmp_path / "sweep")
+    _, doc = runner.plan_and_write(workdir, c)
+    recorded = runner.load_sweep(workdir)["data_identity"]
+    assert recorded["files"] and recorded == doc["data_identity"]
+    run_cfg = runner.run_config(workdir, doc["runs"][0])
+    run_cfg.data.identity = recorded  # what runner.train_run gives each run
+    resolve(run_cfg, 1, 1)  # the same data: fine
+    added = os.path.join(folder, "e_late.txt")
+    with open(added, "w") as f:
+        f.write("a file that arrived while the sweep was running")
+    with pytest.raises(ConfigError, match=rf"data.identity .*data.files: added {added}"):
+        resolve(run_cfg, 1, 1)
+    with pytest.raises(ConfigError, match=rf"the sweep in {workdir} was trained on other data.*added {added}"):
+        runner.plan_and_write(workdir, c)

@@ -12,7 +12,9 @@ The data identity (recorded in DIR/config.json as `data.identity`, and so in eve
 `resolve_data` computes it once per run (the files are globbed and hashed once; the pipeline, every
 evaluation and the tasks take the RunData instead of re-deriving the tokenizer and the fingerprints).
 `describe_change` says how two identities differ: a resumed, continued (wsd) or sweep run whose data or
-tokenizer changed is refused with it (training/run_io.check_workdir_config).
+tokenizer changed is refused with it (training/run_io.check_workdir_config; a config whose data.identity is
+set, as a sweep sets it from sweep.json, must resolve to it: training/resolve.py; a sweep's plan compares
+sweep.json's `data_identity` with the data's now: sweeps/runner.write_sweep).
 `check_settings` refuses evaluation on training data before anything is read: data.eval_split equal to
 data.train_split, or data.eval_files naming a file of data.files (the same path, or the same content).
 """
@@ -102,6 +104,16 @@ def resolvable(data_cfg: ml_collections.ConfigDict, tokenizer: Any) -> bool:
     """Whether resolve_data can run without building anything: a tokenizer with a fingerprint (a dry run's
     stand-in for an untrained SentencePiece model has none) and documents readable as they are."""
     return bool(getattr(tokenizer, "fingerprint", None)) and sources.is_available(data_cfg)
+
+
+def peek(data_cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+    """The data identity when it can be computed without building or training anything (a sweep records it in
+    sweep.json before its first run), else None: an untrained SentencePiece model, an unprepared dataset."""
+    if data_cfg.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data_cfg)):
+        return None
+    if not sources.is_available(data_cfg):
+        return None
+    return resolve_data(data_cfg).identity()
 
 
 def describe_change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str | None:

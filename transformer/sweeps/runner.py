@@ -54,7 +54,12 @@ def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
     os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
     path = os.path.join(workdir, "sweep.json")
     if os.path.exists(path):
-        old_ids = [r["run_id"] for r in load_sweep(workdir)["runs"]]
+        old_doc = load_sweep(workdir)
+        if old_doc.get("data_identity"):  # the data its runs trained on: other data is refused, naming the change
+            from transformer.data import identity
+            identity.check_same(f"the sweep in {workdir}", old_doc["data_identity"], doc.get("data_identity"))
+            doc["data_identity"] = doc.get("data_identity") or old_doc["data_identity"]
+        old_ids = [r["run_id"] for r in old_doc["runs"]]
         new_ids = [r["run_id"] for r in doc["runs"]]
         if new_ids[:len(old_ids)] != old_ids and set(new_ids) != set(old_ids):
             differ = sorted(set(old_ids) ^ set(new_ids)) or [i for i, j in zip(old_ids, new_ids) if i != j]
@@ -114,6 +119,9 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
 
     t0 = time.time()
     config = run_config(workdir, run)
+    recorded = load_sweep(workdir).get("data_identity")
+    if recorded:  # resolve refuses the run unless its data is the sweep's (data/identity.py)
+        config.data.identity = recorded
     seed_branch(workdir, run, verbose)
     for attempt in range(max_retries + 1):
         try:
@@ -332,11 +340,12 @@ OTHER_RUNNERS = 5  # run_sweep: runs of this stage are left to other runners on 
 
 def plan_and_write(workdir: str, config: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
     """The plan from DIR's recorded results (plan.design) and its DIR/sweep.json."""
+    from transformer.data import identity
     from transformer.sweeps import outcome, plan
 
     rows = {r["run_id"]: r for r in results.read_results(workdir)}
     p = plan.design(config, rows, outcome.load_prediction(workdir))
-    doc = sweep_document(config, p)
+    doc = {**sweep_document(config, p), "data_identity": identity.peek(config.base.data)}  # None until built
     write_sweep(workdir, doc)
     return p, doc
 

@@ -5,7 +5,7 @@ import dataclasses
 from typing import Any
 
 from transformer.data import get_tokenizer
-from transformer.data.identity import IDENTITY_KEY, RunData, check_settings, resolvable, resolve_data
+from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models.config import ModelConfig
 from transformer.tasks import model_vocab_size
 from transformer.training import validate
@@ -38,5 +38,8 @@ def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = 
     if data is None:
         check_settings(config.data)  # evaluation on training data is refused even in a dry run
     else:
+        expected = config.data.get(IDENTITY_KEY)  # a sweep's recorded data (or an earlier run's config.json)
+        check_same("data.identity (the data this run must train on, e.g. its sweep's)",
+                   expected.to_dict() if hasattr(expected, "to_dict") else expected, data.identity())
         resolved["data"][IDENTITY_KEY] = data.identity()  # the documents and tokenizer, checked on resuming
     return Resolved(model_cfg, tuple(mesh_shape), resolved, data)
