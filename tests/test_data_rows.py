@@ -68,3 +68,29 @@ def test_row_blocks_read_those_rows_of_the_global_batch(task, tmp_path):
         w, p = next(whole), next(part)
         for k in w:
             np.testing.assert_array_equal(p[k], np.concatenate([w[k][0:4], w[k][8:12]]), err_msg=k)
+
+
+def test_two_processes_with_the_tensor_axis_across_them_train_like_one(tmp_path, corpus_dir):
+    """2 processes x 2 CPU devices with mesh tensor=4 (the tensor axis spans the processes; the batch is not
+    sharded, every device holds all rows): both processes feed every row and the run equals 1 process x 4
+    devices. Feeding rows [p·B, (p+1)·B) gave each process half a batch that is not the other's replica."""
+    import subprocess
+    import sys
+
+    from test_multihost import REPO, _distributed, _env, _free_port, _rows, _wait
+
+    settings = {"data.data_dir": corpus_dir, "data.seq_len": 32, "train.steps": 4, "train.batch_size": 8,
+                "train.warmup_steps": 1, "train.log_every": 2, "train.eval_every": 4, "train.eval_steps": 1,
+                "train.checkpoint_every": 4, "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 4}
+
+    def cli(workdir: str, devices: int, process: tuple[int, int, int] | None = None) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "experiments.train", "--config=configs/lm.py:gpt2_tiny", f"--workdir={workdir}",
+               *(f"--config.{k}={v}" for k, v in settings.items()), *(_distributed(*process) if process else [])]
+        return subprocess.Popen(cmd, cwd=REPO, env=_env(devices), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+
+    one, two, port = str(tmp_path / "one"), str(tmp_path / "two"), _free_port()
+    _wait([cli(two, 2, (i, 2, port)) for i in range(2)] + [cli(one, 4)])
+    losses = [[r["train_loss"] for r in _rows(d)] for d in (one, two)]
+    assert len(losses[0]) == 2
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
