@@ -83,6 +83,9 @@ def test_resuming_with_another_tokenizer_in_the_file_is_refused(stopped_run, tmp
     try:
         with pytest.raises(ConfigError, match=r"data.tokenizer=.* is another tokenizer"):
             train(config, workdir, verbose=False)
+        # sampling and export read the run's recorded copy, whatever the file holds now
+        assert tokenizers.get_tokenizer(config.data, workdir).fingerprint == tokenizers.load_tokenizer_file(
+            saved).fingerprint
     finally:
         shutil.copy(saved, model)
 

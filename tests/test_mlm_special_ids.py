@@ -10,14 +10,15 @@ from transformer.data import mlm, tokenizers
 
 
 def _tokenizer_with_specials_last(path: str, texts: list[str]) -> None:
-    """A byte-level BPE tokenizer.json with few merges: regular tokens first (ids 0, 1, 2 are the characters !, ", #), then
-    <|endoftext|> and <pad> as special tokens."""
+    """A byte-level BPE tokenizer.json with few merges: regular tokens first (ids 0, 1, 2 are the characters
+    !, ", #), then <|endoftext|> and <pad> as special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=262, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    trainer = trainers.BpeTrainer(vocab_size=262, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
     tok.add_special_tokens(["<|endoftext|>", "<pad>"])
     tok.save(path)
 

@@ -62,7 +62,8 @@ def make_lm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_
     path = (data if data is not None else resolve_data(data_cfg)).ensure_cache()
     dataset = packed.make_packed_batches(
         path, split_name, seq_len=int(data_cfg.seq_len), global_batch_size=global_batch_size,
-        seed=shuffle_seed(data_cfg, seed), row_blocks=rows, shuffle=shuffle, repeat=repeat, transform=transform, transform_seed=transform_seed)
+        seed=shuffle_seed(data_cfg, seed), row_blocks=rows, shuffle=shuffle, repeat=repeat, transform=transform,
+        transform_seed=transform_seed)
     meta = token_cache.read_meta(path)
     it = batches.BatchIterator(dataset, worker_count=int(data_cfg.worker_count),
                                split_tokens=int(meta[split_name]["tokens"]))

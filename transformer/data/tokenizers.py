@@ -262,8 +262,9 @@ def record_tokenizer(tokenizer: Tokenizer, workdir: str) -> None:
     os.replace(tmp, path)
 
 
-def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer | None:
-    """The tokenizer a run in `workdir` recorded, if it matches `data.tokenizer`'s kind and fingerprint."""
+def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str, training: bool) -> Tokenizer | None:
+    """The tokenizer a run in `workdir` recorded, if it matches `data.tokenizer`'s kind and fingerprint
+    (`training`: and the data.tokenizer file, where it still exists, holds the same tokenizer)."""
     kind = str(data_cfg.tokenizer)
     name = "tokenizer.json" if kind.endswith(".json") or os.path.isdir(os.path.expanduser(kind)) else "tokenizer.model"
     path = os.path.join(workdir, name)
@@ -274,7 +275,7 @@ def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer | 
     if expected and tok.fingerprint != expected:
         raise ConfigError(f"{path} has fingerprint {tok.fingerprint}, but {workdir}/config.json records "
                           f"data.tokenizer_fingerprint={expected}")
-    if kind != "sentencepiece" and os.path.exists(os.path.expanduser(kind)):  # the file the run was started with
+    if training and kind != "sentencepiece" and os.path.exists(os.path.expanduser(kind)):  # the run's first file
         configured = load_tokenizer_file(kind)
         if configured.fingerprint != tok.fingerprint:
             raise ConfigError(f"data.tokenizer={kind!r} is another tokenizer ({configured.fingerprint}) than the one "
@@ -342,14 +343,15 @@ def sentencepiece_path(data_cfg: ml_collections.ConfigDict) -> str:
     return os.path.join(corpus.resolve_data_dir(data_cfg), "tokenizers", name.replace("/", "_"))
 
 
-def get_tokenizer(data_cfg: ml_collections.ConfigDict, workdir: str | None = None) -> Tokenizer:
+def get_tokenizer(data_cfg: ml_collections.ConfigDict, workdir: str | None = None, training: bool = False) -> Tokenizer:
     """The tokenizer named by `data.tokenizer`; a SentencePiece model is trained once and cached.
 
     `workdir`: a run directory; the tokenizer the run recorded there (`record_tokenizer`) is used when
-    present, so a run needs nothing outside its workdir (a moved tokenizer file is not needed); a
-    data.tokenizer file that holds another tokenizer than the recorded one is a ConfigError.
+    present, so a run needs nothing outside its workdir (a moved tokenizer file is not needed). `training`
+    (a run that trains on): a data.tokenizer file that holds another tokenizer than the recorded one is a
+    ConfigError (sampling and export read the recorded copy whatever the file holds now).
     """
-    if workdir is not None and (recorded := _recorded(data_cfg, workdir)) is not None:
+    if workdir is not None and (recorded := _recorded(data_cfg, workdir, training)) is not None:
         return recorded
     if data_cfg.tokenizer == "bytes":
         return ByteTokenizer()

@@ -76,7 +76,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                          "(no dropout, no train.init_from)")
     devices = jax.devices()[:1] if grouped else jax.devices()
     config, t = configs[0], configs[0].train
-    tokenizer = get_tokenizer(config.data, workdir=workdirs[0])  # the run's recorded copy when resuming
+    tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
     runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
     model_cfg, mesh_shape, resolved = runs[0].model_cfg, runs[0].mesh_shape, [r.config for r in runs]
     previous, continue_from = [], []
@@ -277,7 +277,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         rows = [next(data_its[r]) for r in live]
                         batch = global_batch({k: np.stack([b[k] for b in rows]) for k in rows[0]}, train_batch_s)
                     else:
-                        batch = global_batch(next(data_its[0]), batch_s, t.batch_size)  # host work overlaps the previous step
+                        batch = global_batch(next(data_its[0]), batch_s, t.batch_size)  # overlaps the previous step
                     state, m = train_fn(state, batch)                      # dispatched asynchronously
                     if serialize_steps:
                         jax.block_until_ready(m)
@@ -310,7 +310,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         evals = None
                         if is_eval:
                             t_eval = time.time()
-                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V, runs[0].data, rows)
+                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V,
+                                             runs[0].data, rows)
                             eval_seconds += time.time() - t_eval
                         extra = ""
                         for p, r in enumerate(live):
@@ -345,7 +346,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         last_saved = step
                 if live and step == t.steps and any(last[r].get("eval_loss") is None for r in live):
                     # resumed at the end
-                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V, runs[0].data, rows)
+                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V,
+                                     runs[0].data, rows)
                     for p, r in enumerate(live):
                         last[r].update({k: pick(v, p) for k, v in final.items()})
         except Preempted:
