@@ -150,3 +150,26 @@ def test_a_sweep_refuses_to_go_on_with_other_data(tmp_path):
         resolve(run_cfg, 1, 1)
     with pytest.raises(ConfigError, match=rf"the sweep in {workdir} was trained on other data.*added {added}"):
         runner.plan_and_write(workdir, c)
+
+
+def test_iterators_of_a_resolved_run_reread_neither_files_nor_tokenizer(tmp_path, monkeypatch):
+    """Resolved once (identity.resolve_data), the data is not globbed, hashed or tokenizer-loaded again by the
+    train, eval or masked-LM iterators (the old pipeline re-derived all three per iterator and evaluation)."""
+    from transformer.data import documents, identity, mlm, pipeline
+
+    folder = str(tmp_path / "docs")
+    write_mixed_folder(folder, _texts(40))
+    cfg = data_config(tmp_path, folder)
+    run_data = identity.resolve_data(cfg)
+    run_data.ensure_cache(verbose=False)  # built once (reading the files); then only read
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("re-derived after resolve_data")
+
+    for module, name in ((documents, "split_files"), (documents, "files_fingerprint"), (tokenizers, "get_tokenizer")):
+        monkeypatch.setattr(module, name, forbidden)
+    kw = dict(global_batch_size=4, seed=0, data=run_data)
+    for it in (pipeline.make_lm_iterator(cfg, split=cfg.train_split, **kw),
+               pipeline.make_lm_iterator(cfg, split=cfg.eval_split, **kw),
+               mlm.make_mlm_iterator(cfg, split=cfg.train_split, **kw)):
+        assert next(it)["inputs"].shape == (4, cfg.seq_len)
