@@ -1,13 +1,15 @@
 """Batches addressed by a global index, and the checkpointable iterator over them.
 
 Every training and evaluation pipeline is a grain MapDataset whose item s is this process's rows of
-global batch s (rows [s·G + p·G/n, s·G + (p+1)·G/n) for process p of n, G the global batch): the global
-batch of a step depends on (config, seed, s) alone, never on the number of processes or devices.
+global batch s (by default rows [s·G + p·G/n, s·G + (p+1)·G/n) for process p of n, G the global batch;
+under a mesh whose tensor or fsdp axis spans processes, the rows its devices hold: process_rows): the
+global batch of a step depends on (config, seed, s) alone, never on the number of processes or devices.
 The iterator's whole state is the next global batch index, `{"next_batch": s}`: the same in every
 process, so a checkpoint written by any number of processes restores under any other.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grain
@@ -18,12 +20,51 @@ READ_THREADS = 2   # threads computing batches ahead of the training step
 PREFETCH = 4       # batches computed ahead (per iterator: evaluation makes a new one each time)
 
 
+RowBlocks = tuple[tuple[int, int], ...]
+"""The rows of each global batch a process feeds: sorted, disjoint [start, stop) blocks (its local batch is
+their rows, concatenated in order)."""
+
+
 def local_batch_size(global_batch_size: int, process_count: int) -> int:
     """Rows each process loads; the global batch must split evenly across processes."""
     if global_batch_size <= 0 or global_batch_size % process_count:
         raise ConfigError(f"train.batch_size={global_batch_size} must be a positive multiple of the "
                           f"process count ({process_count})")
     return global_batch_size // process_count
+
+
+def default_rows(global_batch_size: int, process_index: int, process_count: int) -> RowBlocks:
+    """Process p of n feeds rows [p·B, (p+1)·B), B = G/n: right when the batch axes split the processes'
+    devices process by process (every mesh of a single process, and data parallelism across processes)."""
+    B = local_batch_size(global_batch_size, process_count)
+    return ((process_index * B, (process_index + 1) * B),)
+
+
+def rows_from_indices(indices: Iterable[tuple[slice, ...]], global_batch_size: int) -> RowBlocks:
+    """The row blocks covered by devices' index tuples (their first, batch dimension), merged and sorted:
+    what a process must feed so that each of its devices finds its rows (jax.make_array_from_process_local_data
+    maps a process's addressed slices, in order, onto its local data)."""
+    spans = sorted({(i[0].indices(global_batch_size)[0], i[0].indices(global_batch_size)[1])
+                    for i in indices} if indices else set())
+    merged: list[list[int]] = []
+    for start, stop in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    return tuple((a, b) for a, b in merged)
+
+
+def process_rows(batch_sharding: Any, global_shape: Sequence[int]) -> RowBlocks:
+    """The rows of a [G, ...] global batch this process feeds under `batch_sharding` (a jax Sharding): the
+    union of its addressable devices' rows. When a tensor or fsdp axis spans processes, replicas of one
+    batch shard live in several processes, and each of them feeds those same rows."""
+    shape = tuple(int(d) for d in global_shape)
+    return rows_from_indices(list(batch_sharding.addressable_devices_indices_map(shape).values()), shape[0])
+
+
+def row_count(rows: RowBlocks) -> int:
+    return sum(b - a for a, b in rows)
 
 
 def _ensure_absl_flags_parsed() -> None:
@@ -39,8 +80,11 @@ class BatchIterator(grain.DatasetIterator):
 
     `get_state()` is `{"next_batch": s}`; `set_state` restarts the reading at batch s (with `worker_count`
     grain worker processes, or threads in this process when 0). `split_tokens`: the tokens of the split
-    the batches are packed from (None when they are not packed text), for the run's accounting.
+    the batches are packed from (None when they are not packed text), for the run's accounting;
+    `eval_train_overlap_documents`: eval documents also in the train split (token_cache; None when unknown).
     """
+
+    eval_train_overlap_documents: int | None = None
 
     def __init__(self, batches: grain.MapDataset, *, worker_count: int = 0, split_tokens: int | None = None):
         super().__init__()

@@ -29,7 +29,8 @@ import ml_collections
 import numpy as np
 
 from transformer.data import corpus, tokenizers
-from transformer.data.batches import BatchIterator, local_batch_size
+from transformer.data.batches import BatchIterator, RowBlocks, default_rows, local_batch_size
+from transformer.data.identity import RunData
 from transformer.data.mlm import transform_seed
 from transformer.spec import ConfigError
 
@@ -65,12 +66,15 @@ def _snippets(ids_L: np.ndarray, seq_len: int, bos_id: int) -> list[np.ndarray]:
             for i in range(0, len(ids_L), body) if len(ids_L[i:i + body]) * 2 >= body]
 
 
+_TOKENIZERS: dict[str, tokenizers.Tokenizer] = {}  # fingerprint -> tokenizer, for _load's memo key
+
+
 @functools.lru_cache(maxsize=8)
-def _load(data_cfg_json: str, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens_NT, lengths_N, labels_N) of `split`, cached per data settings."""
+def _load(data_cfg_json: str, split: str, tokenizer_fingerprint: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens_NT, lengths_N, labels_N) of `split`, cached per data settings and tokenizer."""
     data_cfg = ml_collections.ConfigDict(json.loads(data_cfg_json))
+    tokenizer = _TOKENIZERS[tokenizer_fingerprint]
     classes, seq_len = classes_of(data_cfg), int(data_cfg.seq_len)
-    tokenizer = tokenizers.get_tokenizer(data_cfg)
     tokens, lengths, labels = [], [], []
     for corpus_split in (data_cfg.train_split, data_cfg.eval_split):
         source = corpus.load_split(data_cfg, corpus_split)
@@ -96,8 +100,10 @@ def _load(data_cfg_json: str, split: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.stack(tokens)[keep_N], np.asarray(lengths, np.int32)[keep_N], labels_N[keep_N]
 
 
-def load_snippets(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens_NT int32, lengths_N, labels_N) of the classification split ("train" | "validation")."""
+def load_snippets(data_cfg: ml_collections.ConfigDict, split: str,
+                  tokenizer: tokenizers.Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens_NT int32, lengths_N, labels_N) of the classification split ("train" | "validation"), tokenized
+    with `tokenizer` (default: the one data.tokenizer names)."""
     if data_cfg.tfds_name != corpus.BUILTIN_NAME:
         raise ConfigError(f"classification needs data.tfds_name={corpus.BUILTIN_NAME!r} (labels come from its "
                           f"`path` feature), got {data_cfg.tfds_name!r}")
@@ -106,7 +112,9 @@ def load_snippets(data_cfg: ml_collections.ConfigDict, split: str) -> tuple[np.n
     d = data_cfg.to_dict()
     d["classes"] = list(classes_of(data_cfg))
     d["data_dir"] = corpus.resolve_data_dir(data_cfg)
-    return _load(json.dumps(d, sort_keys=True, default=str), split)
+    tokenizer = tokenizer if tokenizer is not None else tokenizers.get_tokenizer(data_cfg)
+    _TOKENIZERS[tokenizer.fingerprint] = tokenizer
+    return _load(json.dumps(d, sort_keys=True, default=str), split, tokenizer.fingerprint)
 
 
 def class_counts(data_cfg: ml_collections.ConfigDict, split: str) -> dict[str, int]:
@@ -154,17 +162,30 @@ class _PaddedTo:
         return {k: np.zeros_like(v) for k, v in self._source[0].items()}
 
 
+class _SelectRows:
+    """A global batch -> this process's rows of it (picklable, for grain's worker processes)."""
+
+    def __init__(self, rows: RowBlocks):
+        self._index = np.concatenate([np.arange(a, b) for a, b in rows])
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v[self._index] for k, v in batch.items()}
+
+
 def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
                                  seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                                 repeat: bool = True) -> BatchIterator:
+                                 repeat: bool = True, data: RunData | None = None,
+                                 rows: RowBlocks | None = None) -> BatchIterator:
     """A checkpointable iterator over this process's labelled [B, T] batches (see the module docstring).
 
     `split` is data.train_split or data.eval_split, read as the classification split "train" or
-    "validation".
+    "validation". `data`: the run's resolved data (its tokenizer; identity.resolve_data); `rows`: the rows of
+    each global batch this process feeds (batches.process_rows), default rows [p·B, (p+1)·B).
     """
     name = "validation" if split == data_cfg.eval_split else "train" if split == data_cfg.train_split else split
     batch_B = local_batch_size(global_batch_size, process_count)
-    snippets = grain.MapDataset.source(_Snippets(*load_snippets(data_cfg, name)))
+    snippets = grain.MapDataset.source(_Snippets(*load_snippets(data_cfg, name,
+                                                                 data.tokenizer if data is not None else None)))
     if shuffle:
         snippets = snippets.shuffle(seed=transform_seed(data_cfg, seed, salt=3))
     if repeat:
@@ -172,6 +193,8 @@ def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: 
     else:  # whole global batches: the last one padded
         padded = -(-len(snippets) // global_batch_size) * global_batch_size
         snippets = grain.MapDataset.source(_PaddedTo(snippets, padded))
-    # item k of batch(B) is snippets [k·B, (k+1)·B): process p's part of global batch s is item s·n + p
-    return BatchIterator(snippets.batch(batch_B)[process_index::process_count],
-                         worker_count=int(data_cfg.get("worker_count", 0)))
+    workers = int(data_cfg.get("worker_count", 0))
+    if rows is None or tuple(rows) == default_rows(global_batch_size, process_index, process_count):
+        # item k of batch(B) is snippets [k·B, (k+1)·B): process p's part of global batch s is item s·n + p
+        return BatchIterator(snippets.batch(batch_B)[process_index::process_count], worker_count=workers)
+    return BatchIterator(snippets.batch(global_batch_size).map(_SelectRows(rows)), worker_count=workers)

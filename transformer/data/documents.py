@@ -164,12 +164,25 @@ def _file_digest(path: str, stat_key: tuple[int, ...]) -> str:
     return h.hexdigest()
 
 
-def files_fingerprint(data_cfg: ml_collections.ConfigDict) -> str:
+def file_digests(split: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
+    """{path: SHA-256 of its content} of every file of `split` (split_files' result)."""
+    out = {}
+    for _, paths in split.values():
+        for path in paths:
+            st = os.stat(path)
+            out[path] = _file_digest(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return out
+
+
+def files_fingerprint(data_cfg: ml_collections.ConfigDict,
+                      split: dict[str, tuple[str, list[str]]] | None = None) -> str:
     """A hash of what defines the documents: every file's path, size, mtime and content, the text
-    field and the split rule. A changed file gives another fingerprint."""
+    field and the split rule. A changed file gives another fingerprint. `split`: split_files(data_cfg),
+    when the caller has it (the files are then not globbed again)."""
+    split = split_files(data_cfg) if split is None else split
     h = hashlib.sha256()
-    for split, (setting, paths) in sorted(split_files(data_cfg).items()):
-        h.update(f"{split}|{setting}\n".encode())
+    for name, (setting, paths) in sorted(split.items()):
+        h.update(f"{name}|{setting}\n".encode())
         for path in paths:
             st = os.stat(path)
             digest = _file_digest(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))

@@ -5,8 +5,9 @@ each epoch in its own seeded permutation (or in file order, unshuffled); stream 
 [i·R, (i+1)·R) with R = T + 1, computed by offset arithmetic alone. A document cut by a row boundary
 continues in the next row as a new segment whose positions restart at 0. Shuffled, the rows are read in a
 seeded order too, block by block (PackedRows.rows), so a batch mixes rows from all over the corpus. Batch s
-of the global batch G is read rows [s·G, (s+1)·G); process p of n reads read rows [s·G + p·G/n,
-s·G + (p+1)·G/n): the global batch of a step depends on (config, seed, s) alone.
+of the global batch G is read rows [s·G, (s+1)·G); a process reads its rows of it (batches.RowBlocks; by
+default process p of n reads rows [s·G + p·G/n, s·G + (p+1)·G/n)): the global batch of a step depends on
+(config, seed, s) alone.
 A random per-row transform (BERT masking, span corruption) draws from a generator seeded by
 (transform seed, global row index), so its result does not depend on the process count either.
 """
@@ -19,6 +20,7 @@ import grain
 import numpy as np
 
 from transformer.data import token_cache
+from transformer.data.batches import RowBlocks, row_count
 
 _EPOCHS_KEPT = 2            # per-epoch permutations kept (a batch spans at most two epochs)
 _REPEAT_BATCHES = 1 << 62   # "forever" as a grain source length
@@ -130,23 +132,33 @@ class PackedRows:
                 "positions": positions_CR.astype(np.int32)}
 
 
+def lm_features(tokens_R: np.ndarray, segment_ids_R: np.ndarray, positions_R: np.ndarray) -> dict[str, np.ndarray]:
+    """Packed rows [..., R = T + 1] -> the model's [..., T] features: inputs, targets (the next token),
+    segment_ids, positions (int32) and weights (float32, 1 where the target is the next token of the same
+    document; transformer/data/pipeline.py describes them)."""
+    seg_in_T, seg_out_T = segment_ids_R[..., :-1], segment_ids_R[..., 1:]
+    return {
+        "inputs": tokens_R[..., :-1].astype(np.int32),
+        "targets": tokens_R[..., 1:].astype(np.int32),
+        "segment_ids": seg_in_T.astype(np.int32),
+        "positions": positions_R[..., :-1].astype(np.int32),
+        "weights": ((seg_in_T != 0) & (seg_in_T == seg_out_T)).astype(np.float32),
+    }
+
+
 RowTransform = Callable[[dict[str, np.ndarray], list[np.random.Generator]], dict[str, np.ndarray]]
 """(a batch's [B, T] LM features, one generator per row) -> the batch's features for the task."""
 
 
 class PackedBatches:
-    """A grain random-access source: item s = this process's [B, T] features of global batch s (the LM
-    features, or what `transform` makes of them with row b's generator seeded by (transform_seed,
-    global row index of b))."""
+    """A grain random-access source: item s = this process's [B, T] features of global batch s, its rows
+    `row_blocks` (batches.RowBlocks: [start, stop) within a global batch) concatenated (the LM features, or
+    what `transform` makes of them with row b's generator seeded by (transform_seed, global row index of b))."""
 
-    def __init__(self, rows: PackedRows, global_batch_size: int, process_index: int, process_count: int,
+    def __init__(self, rows: PackedRows, global_batch_size: int, row_blocks: RowBlocks,
                  transform: RowTransform | None = None, transform_seed: int = 0):
-        from transformer.data.pipeline import lm_features  # the one definition of the features
-
-        self._features = lm_features
-        self.rows, self.G = rows, global_batch_size
-        self.B = global_batch_size // process_count
-        self.first = process_index * self.B
+        self.rows, self.G, self.blocks = rows, global_batch_size, tuple(row_blocks)
+        self.B = row_count(self.blocks)
         self.transform, self.transform_seed = transform, transform_seed
         self._len = _REPEAT_BATCHES if rows.repeat else -(-rows.num_rows // global_batch_size)
 
@@ -154,22 +166,22 @@ class PackedBatches:
         return self._len
 
     def __getitem__(self, s: int) -> dict[str, np.ndarray]:
-        first = int(s) * self.G + self.first
-        r = self.rows.rows(first, self.B)
-        features = self._features(r["tokens"], r["segment_ids"], r["positions"])
+        base = int(s) * self.G
+        parts = [self.rows.rows(base + a, b - a) for a, b in self.blocks]
+        r = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        features = lm_features(r["tokens"], r["segment_ids"], r["positions"])
         if self.transform is None:
             return features
-        rngs = [np.random.default_rng([self.transform_seed, first + b]) for b in range(self.B)]
+        rngs = [np.random.default_rng([self.transform_seed, base + g]) for a, b in self.blocks for g in range(a, b)]
         return self.transform(features, rngs)
 
     def __repr__(self) -> str:
-        return f"PackedBatches({self.rows._args}, G={self.G}, B={self.B}, first={self.first})"
+        return f"PackedBatches({self.rows._args}, G={self.G}, rows={self.blocks})"
 
 
 def make_packed_batches(cache_path: str, split: str, *, seq_len: int, global_batch_size: int, seed: int,
-                        process_index: int, process_count: int, shuffle: bool, repeat: bool,
+                        row_blocks: RowBlocks, shuffle: bool, repeat: bool,
                         transform: RowTransform | None = None, transform_seed: int = 0) -> grain.MapDataset:
     """Batches from the cache as a grain MapDataset indexed by the global batch (batches.BatchIterator)."""
     rows = PackedRows(cache_path, split, seq_len + 1, seed, shuffle, repeat)
-    return grain.MapDataset.source(PackedBatches(rows, global_batch_size, process_index, process_count,
-                                                 transform, transform_seed))
+    return grain.MapDataset.source(PackedBatches(rows, global_batch_size, row_blocks, transform, transform_seed))

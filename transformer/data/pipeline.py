@@ -22,20 +22,10 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from transformer.data import batches, packed, sources, token_cache, tokenizers
+from transformer.data import batches, packed, sources, token_cache
+from transformer.data.identity import RunData, resolve_data
+from transformer.data.packed import lm_features  # noqa: F401 - the features, defined with the packing
 from transformer.spec import ConfigError
-
-
-def lm_features(tokens_R: np.ndarray, segment_ids_R: np.ndarray, positions_R: np.ndarray) -> dict[str, np.ndarray]:
-    """Packed rows [..., R = T + 1] -> the model's [..., T] features (see the module docstring)."""
-    seg_in_T, seg_out_T = segment_ids_R[..., :-1], segment_ids_R[..., 1:]
-    return {
-        "inputs": tokens_R[..., :-1].astype(np.int32),
-        "targets": tokens_R[..., 1:].astype(np.int32),
-        "segment_ids": seg_in_T.astype(np.int32),
-        "positions": positions_R[..., :-1].astype(np.int32),
-        "weights": ((seg_in_T != 0) & (seg_in_T == seg_out_T)).astype(np.float32),
-    }
 
 
 def shuffle_seed(data_cfg: ml_collections.ConfigDict, seed: int) -> int:
@@ -54,37 +44,45 @@ def _check(data_cfg: ml_collections.ConfigDict, process_index: int, process_coun
 
 def make_lm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
                      process_index: int = 0, process_count: int = 1, shuffle: bool = True, repeat: bool = True,
-                     transform: packed.RowTransform | None = None, transform_seed: int = 0) -> batches.BatchIterator:
+                     transform: packed.RowTransform | None = None, transform_seed: int = 0,
+                     data: RunData | None = None, rows: batches.RowBlocks | None = None) -> batches.BatchIterator:
     """A checkpointable iterator over this process's [B, T] LM batches (see the module docstring).
 
-    Process p of n reads rows [p·B, (p+1)·B) of each global batch; B = global_batch_size // n. Its state
+    Process p of n reads rows [p·B, (p+1)·B) of each global batch (B = global_batch_size // n), or `rows`. Its state
     is the next global batch index (batches.py). `shuffle`: each epoch a seeded permutation of the
     documents (else in order); `repeat=False`: one pass, the last batch padded with all-zero rows
     (weights 0). `transform`: a per-row random transform of the features (packed.RowTransform).
+    `data`: the run's resolved data (identity.resolve_data: its tokenizer, its fingerprints), so nothing is
+    re-derived; default: resolved here from `data_cfg`. `rows`: the rows of each global batch this process
+    feeds (batches.process_rows of the batch sharding), default rows [p·B, (p+1)·B).
     """
     _check(data_cfg, process_index, process_count)
-    batches.local_batch_size(global_batch_size, process_count)
-    path = token_cache.ensure_cache(data_cfg, tokenizers.get_tokenizer(data_cfg))
+    rows = batches.default_rows(global_batch_size, process_index, process_count) if rows is None else rows
     split_name = sources.cache_split(data_cfg, split)
+    path = (data if data is not None else resolve_data(data_cfg)).ensure_cache()
     dataset = packed.make_packed_batches(
         path, split_name, seq_len=int(data_cfg.seq_len), global_batch_size=global_batch_size,
-        seed=shuffle_seed(data_cfg, seed), process_index=process_index, process_count=process_count,
-        shuffle=shuffle, repeat=repeat, transform=transform, transform_seed=transform_seed)
-    return batches.BatchIterator(dataset, worker_count=int(data_cfg.worker_count),
-                                 split_tokens=int(token_cache.read_meta(path)[split_name]["tokens"]))
+        seed=shuffle_seed(data_cfg, seed), row_blocks=rows, shuffle=shuffle, repeat=repeat, transform=transform,
+        transform_seed=transform_seed)
+    meta = token_cache.read_meta(path)
+    it = batches.BatchIterator(dataset, worker_count=int(data_cfg.worker_count),
+                               split_tokens=int(meta[split_name]["tokens"]))
+    it.eval_train_overlap_documents = token_cache.overlap_documents(path)  # for summary.json
+    return it
 
 
-def unigram_entropy(data_cfg: ml_collections.ConfigDict, split: str, max_tokens: int = 1_000_000) -> float:
+def unigram_entropy(data_cfg: ml_collections.ConfigDict, split: str, max_tokens: int = 1_000_000,
+                    data: RunData | None = None) -> float:
     """Entropy (nats/token) of the unigram distribution of the targets (tokens + eos) in `split`.
 
     A model that ignores context cannot do better than this loss; reads documents in order until
     `max_tokens` tokens.
     """
-    tokenizer = tokenizers.get_tokenizer(data_cfg)
+    data = data if data is not None else resolve_data(data_cfg)
     # the cached documents (bos + ids + eos) in order, bos left out
-    cached = token_cache.open_split(token_cache.ensure_cache(data_cfg, tokenizer), sources.cache_split(data_cfg, split))
+    cached = token_cache.open_split(data.ensure_cache(), sources.cache_split(data_cfg, split))
     n = min(max_tokens + len(cached.offsets), len(cached.tokens))
     is_bos_N = np.zeros(n, bool)
     is_bos_N[cached.offsets[cached.offsets < n]] = True
     ids_N = np.asarray(cached.tokens[:n])[~is_bos_N][:max_tokens]
-    return float(scipy.stats.entropy(np.bincount(ids_N, minlength=tokenizer.vocab_size)))
+    return float(scipy.stats.entropy(np.bincount(ids_N, minlength=data.tokenizer.vocab_size)))

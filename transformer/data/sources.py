@@ -17,8 +17,18 @@ from transformer.spec import ConfigError
 CACHE_SPLITS = ("train", "eval")
 
 
+def check_splits(data_cfg: ml_collections.ConfigDict) -> None:
+    """A TFDS dataset's data.eval_split must be another split than data.train_split (local files have their
+    own rule: data.eval_files or data.eval_fraction, identity.check_settings)."""
+    if not documents.uses_files(data_cfg) and data_cfg.eval_split == data_cfg.train_split:
+        raise ConfigError(f"data.eval_split={data_cfg.eval_split!r} is data.train_split: evaluation would be on the "
+                          f"training data; choose another split of data.tfds_name={data_cfg.tfds_name!r} "
+                          f"(e.g. 'validation' or 'test')")
+
+
 def cache_split(data_cfg: ml_collections.ConfigDict, split: str) -> str:
     """The cache split ("train"/"eval") that `split` names: data.train_split or data.eval_split."""
+    check_splits(data_cfg)
     if split == data_cfg.train_split:
         return "train"
     if split == data_cfg.eval_split:

@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 
 from transformer.data import batches, tokenizers
+from transformer.data.identity import RunData, resolve_data
 from transformer.data.mlm import transform_seed
 from transformer.data.pipeline import make_lm_iterator
 from transformer.spec import ConfigError
@@ -162,16 +163,20 @@ def span_corruption_vocab_size(data_cfg: ml_collections.ConfigDict, tokenizer: t
 
 def make_span_corruption_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
                                   seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-                                  repeat: bool = True) -> batches.BatchIterator:
+                                  repeat: bool = True, data: RunData | None = None,
+                                  rows: batches.RowBlocks | None = None) -> batches.BatchIterator:
     """A checkpointable iterator over this process's span-corrupted batches (see the module docstring).
 
-    Needs data.noise_density and data.mean_noise_span_length besides the LM pipeline's settings.
+    Needs data.noise_density and data.mean_noise_span_length besides the LM pipeline's settings; `data` as
+    make_lm_iterator's.
     """
+    data = data if data is not None else resolve_data(data_cfg)
     raw, targets_length, _ = span_corruption_lengths(data_cfg)
     raw_cfg = copy.deepcopy(data_cfg)
     raw_cfg.seq_len = raw
-    corrupt_fn = _SpanCorrupt(tokenizers.get_tokenizer(data_cfg), int(data_cfg.seq_len), targets_length,
+    corrupt_fn = _SpanCorrupt(data.tokenizer, int(data_cfg.seq_len), targets_length,
                               float(data_cfg.noise_density), float(data_cfg.mean_noise_span_length))
     return make_lm_iterator(raw_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
                             process_index=process_index, process_count=process_count, shuffle=shuffle,
-                            repeat=repeat, transform=corrupt_fn, transform_seed=transform_seed(data_cfg, seed, salt=2))
+                            repeat=repeat, transform=corrupt_fn, transform_seed=transform_seed(data_cfg, seed, salt=2),
+                            data=data, rows=rows)

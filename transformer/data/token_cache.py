@@ -6,7 +6,9 @@ tokenizer's fingerprint, so a changed file, dataset or tokenizer makes a new cac
 for each split of sources.CACHE_SPLITS ("train", "eval"):
   {split}.tokens   raw uint16 (vocab <= 65536) or uint32: every document as bos + ids + eos, concatenated
   {split}.offsets.npy  int64 [D + 1]: document d is tokens[offsets[d]:offsets[d + 1]]
-  meta.json        counts (documents, tokens, UTF-8 bytes), dtype, fingerprints, tokenize rate
+  meta.json        counts (documents, tokens, UTF-8 bytes), dtype, fingerprints, tokenize rate, and
+                   eval_train_overlap_documents: eval documents whose tokens (SHA-1) are also a train document's
+                   (explicit data.eval_files with any is a ConfigError; summary.json reports the count)
 The cache is written into a temporary directory and renamed into place when complete, so a cache
 left half-written by a killed process is never read (and a directory without meta.json is rebuilt).
 """
@@ -31,6 +33,7 @@ from transformer.data.tokenizers import Tokenizer
 from transformer.spec import ConfigError
 
 SPLITS = sources.CACHE_SPLITS
+OVERLAP_KEY = "eval_train_overlap_documents"  # meta.json and summary.json: eval documents also in train
 _BATCH_BYTES = 1 << 22  # text handed to the tokenizer at once (its batch encoders run in parallel)
 
 
@@ -42,9 +45,16 @@ class TokenSplit:
     num_bytes: int
 
 
-def cache_path(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> str:
-    key = hashlib.sha256(f"{sources.fingerprint(data_cfg)}|{tokenizer.fingerprint}".encode()).hexdigest()
-    return os.path.join(sources.cache_root(data_cfg), "tokens", key[:24])
+def cache_key(source_fingerprint: str, tokenizer_fingerprint: str) -> str:
+    """The cache directory's name: a hash of the documents' and the tokenizer's fingerprints."""
+    return hashlib.sha256(f"{source_fingerprint}|{tokenizer_fingerprint}".encode()).hexdigest()[:24]
+
+
+def cache_path(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, source_fingerprint: str | None = None) -> str:
+    """Where the cache of (documents, tokenizer) lives; `source_fingerprint`: sources.fingerprint(data_cfg) when
+    the caller has it (identity.RunData: computed once per run)."""
+    source = source_fingerprint if source_fingerprint is not None else sources.fingerprint(data_cfg)
+    return os.path.join(sources.cache_root(data_cfg), "tokens", cache_key(source, tokenizer.fingerprint))
 
 
 def _check_writable(root: str) -> None:
@@ -69,10 +79,27 @@ def _batches(texts: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
+def document_hash(doc_tokens: np.ndarray) -> int:
+    """A document's identity for the eval/train overlap check: the first 8 bytes of the SHA-1 of its cached
+    tokens (bos + ids + eos; one tokenizer maps one text to one token sequence)."""
+    return int.from_bytes(hashlib.sha1(np.ascontiguousarray(doc_tokens).tobytes()).digest()[:8], "big")
+
+
+def _split_hashes(split: TokenSplit) -> np.ndarray:
+    """uint64 [D]: document_hash of each document of a built split."""
+    o = split.offsets
+    return np.asarray([document_hash(split.tokens[o[d]:o[d + 1]]) for d in range(len(o) - 1)], np.uint64)
+
+
+def _overlap(hashes: dict[str, np.ndarray]) -> int:
+    return int(np.isin(hashes["eval"], hashes["train"]).sum())
+
+
 def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str, out_dir: str,
-                    dtype: np.dtype, verbose: bool) -> dict:
-    """Streams the split's documents through the tokenizer into out_dir/{split}.tokens."""
-    offsets, num_tokens, num_bytes = [0], 0, 0
+                    dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray]:
+    """Streams the split's documents through the tokenizer into out_dir/{split}.tokens; returns its counts
+    and each document's hash (uint64 [D], document_hash)."""
+    offsets, num_tokens, num_bytes, hashes = [0], 0, 0, []
     bos, eos = np.array([tokenizer.bos_id], dtype), np.array([tokenizer.eos_id], dtype)
     start = time.perf_counter()
     bar = tqdm.tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not verbose, mininterval=1.0)
@@ -83,6 +110,7 @@ def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, s
                     raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocab_size {tokenizer.vocab_size}")
                 doc = np.concatenate([bos, ids.astype(dtype), eos])
                 f.write(doc.tobytes())
+                hashes.append(document_hash(doc))
                 num_tokens += len(doc)
                 offsets.append(num_tokens)
             num_bytes += sum(len(t.encode("utf-8", errors="replace")) for t in batch)
@@ -95,13 +123,25 @@ def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, s
     if verbose:
         print(f"tokenized {split}: {len(offsets) - 1} documents, {num_tokens} tokens, {num_bytes} bytes in "
               f"{seconds:.1f} s ({num_tokens / max(seconds, 1e-9):,.0f} tokens/s)", flush=True)
-    return {"documents": len(offsets) - 1, "tokens": num_tokens, "bytes": num_bytes,
-            "seconds": seconds, "tokens_per_second": num_tokens / max(seconds, 1e-9)}
+    return ({"documents": len(offsets) - 1, "tokens": num_tokens, "bytes": num_bytes,
+             "seconds": seconds, "tokens_per_second": num_tokens / max(seconds, 1e-9)}, np.asarray(hashes, np.uint64))
 
 
-def ensure_cache(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, verbose: bool = True) -> str:
-    """The cache directory for (files, tokenizer), built on first use; safe across processes."""
-    path = cache_path(data_cfg, tokenizer)
+def _check_overlap(data_cfg: ml_collections.ConfigDict, overlap: int, eval_documents: int) -> None:
+    """Explicit data.eval_files must hold no document of data.files (a held-out document is in one split by
+    construction; two TFDS splits may share a few duplicates, which the summary reports)."""
+    if overlap and str(data_cfg.get("eval_files", "") or "").strip():
+        raise ConfigError(f"data.eval_files: {overlap} of its {eval_documents} documents are also documents of "
+                          f"data.files (same text): evaluation would be on training data; remove them from one "
+                          f"side, or leave data.eval_files empty to hold out data.eval_fraction of data.files")
+
+
+def ensure_cache(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, verbose: bool = True,
+                 source_fingerprint: str | None = None) -> str:
+    """The cache directory for (files, tokenizer), built on first use; safe across processes.
+    `source_fingerprint`: as cache_path."""
+    source = source_fingerprint if source_fingerprint is not None else sources.fingerprint(data_cfg)
+    path = cache_path(data_cfg, tokenizer, source)
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
     root = os.path.dirname(path)
@@ -114,11 +154,18 @@ def ensure_cache(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, verb
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=root)
         try:
-            meta = {"source_fingerprint": sources.fingerprint(data_cfg),
+            meta = {"source_fingerprint": source,
                     "tokenizer_fingerprint": tokenizer.fingerprint, "dtype": dtype.name,
                     "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+            hashes = {}
             for split in SPLITS:
-                meta[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
+                meta[split], hashes[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
+            overlap = _overlap(hashes)
+            _check_overlap(data_cfg, overlap, len(hashes["eval"]))
+            meta[OVERLAP_KEY] = overlap
+            if overlap and verbose:
+                print(f"warning: {overlap} of the {len(hashes['eval'])} eval documents are also train documents "
+                      f"(same text)", flush=True)
             with open(os.path.join(tmp, "meta.json"), "w") as f:
                 json.dump(meta, f, indent=2)
             os.rename(tmp, path)
@@ -136,6 +183,24 @@ def open_split(path: str, split: str) -> TokenSplit:
     tokens = np.memmap(os.path.join(path, f"{split}.tokens"), dtype=np.dtype(meta["dtype"]), mode="r")
     offsets = np.load(os.path.join(path, f"{split}.offsets.npy"))
     return TokenSplit(tokens, offsets, int(meta[split]["bytes"]))
+
+
+def overlap_documents(path: str) -> int:
+    """Eval documents whose tokens (so text) are also a train document's, from the cache's meta; a cache
+    built before the count was recorded gets it now (computed from its tokens, added to its meta.json)."""
+    meta = read_meta(path)
+    if OVERLAP_KEY in meta:
+        return int(meta[OVERLAP_KEY])
+    meta[OVERLAP_KEY] = _overlap({s: _split_hashes(open_split(path, s)) for s in SPLITS})
+    try:
+        with file_lock(path + ".lock"):
+            tmp = os.path.join(path, f"meta.json.tmp{os.getpid()}")
+            with open(tmp, "w") as f:
+                json.dump(meta, f, indent=2)
+            os.replace(tmp, os.path.join(path, "meta.json"))
+    except OSError:  # a read-only cache: the count is computed again next time
+        pass
+    return int(meta[OVERLAP_KEY])
 
 
 def read_meta(path: str) -> dict:

@@ -211,6 +211,19 @@ class HFTokenizer:
         self.__init__(state["json"])
 
 
+def special_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """int64 [S], sorted: the ids that stand for no text (pad, bos, eos; a tokenizer.json's special tokens;
+    SentencePiece control and unknown pieces). Bytes and the trained models: 0, 1, 2 (and unk 3 for the
+    latter); a file's tokenizer: wherever it put them."""
+    ids = {tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id}
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        sp = tokenizer._sp
+        ids |= {i for i in range(tokenizer.vocab_size) if sp.is_control(i) or sp.is_unknown(i)}
+    elif isinstance(tokenizer, HFTokenizer):
+        ids |= {t["id"] for t in json.loads(tokenizer.json_text).get("added_tokens", []) if t.get("special")}
+    return np.asarray(sorted(ids), np.int64)
+
+
 def load_tokenizer_file(path: str, setting: str = "data.tokenizer") -> Tokenizer:
     """A SentencePiece `.model` or a Hugging Face `tokenizer.json` (or a folder holding one)."""
     full = os.path.abspath(os.path.expanduser(path))
@@ -249,8 +262,9 @@ def record_tokenizer(tokenizer: Tokenizer, workdir: str) -> None:
     os.replace(tmp, path)
 
 
-def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer | None:
-    """The tokenizer a run in `workdir` recorded, if it matches `data.tokenizer`'s kind and fingerprint."""
+def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str, training: bool) -> Tokenizer | None:
+    """The tokenizer a run in `workdir` recorded, if it matches `data.tokenizer`'s kind and fingerprint
+    (`training`: and the data.tokenizer file, where it still exists, holds the same tokenizer)."""
     kind = str(data_cfg.tokenizer)
     name = "tokenizer.json" if kind.endswith(".json") or os.path.isdir(os.path.expanduser(kind)) else "tokenizer.model"
     path = os.path.join(workdir, name)
@@ -261,6 +275,12 @@ def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer | 
     if expected and tok.fingerprint != expected:
         raise ConfigError(f"{path} has fingerprint {tok.fingerprint}, but {workdir}/config.json records "
                           f"data.tokenizer_fingerprint={expected}")
+    if training and kind != "sentencepiece" and os.path.exists(os.path.expanduser(kind)):  # the run's first file
+        configured = load_tokenizer_file(kind)
+        if configured.fingerprint != tok.fingerprint:
+            raise ConfigError(f"data.tokenizer={kind!r} is another tokenizer ({configured.fingerprint}) than the one "
+                              f"the run in {workdir} was trained with ({tok.fingerprint}, its copy {path}): resuming "
+                              f"would tokenize new data with it; point data.tokenizer at {path}, or use a new workdir")
     return tok
 
 
@@ -323,13 +343,15 @@ def sentencepiece_path(data_cfg: ml_collections.ConfigDict) -> str:
     return os.path.join(corpus.resolve_data_dir(data_cfg), "tokenizers", name.replace("/", "_"))
 
 
-def get_tokenizer(data_cfg: ml_collections.ConfigDict, workdir: str | None = None) -> Tokenizer:
+def get_tokenizer(data_cfg: ml_collections.ConfigDict, workdir: str | None = None, training: bool = False) -> Tokenizer:
     """The tokenizer named by `data.tokenizer`; a SentencePiece model is trained once and cached.
 
     `workdir`: a run directory; the tokenizer the run recorded there (`record_tokenizer`) is used when
-    present, so a run needs nothing outside its workdir.
+    present, so a run needs nothing outside its workdir (a moved tokenizer file is not needed). `training`
+    (a run that trains on): a data.tokenizer file that holds another tokenizer than the recorded one is a
+    ConfigError (sampling and export read the recorded copy whatever the file holds now).
     """
-    if workdir is not None and (recorded := _recorded(data_cfg, workdir)) is not None:
+    if workdir is not None and (recorded := _recorded(data_cfg, workdir, training)) is not None:
         return recorded
     if data_cfg.tokenizer == "bytes":
         return ByteTokenizer()

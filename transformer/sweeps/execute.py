@@ -6,6 +6,7 @@ Used by the runner (transformer/sweeps/runner.py: one run after another, worker 
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 import ml_collections
 
+from transformer.spec import MissingInputError
 from transformer.sweeps import claims, results
 
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
@@ -51,6 +53,14 @@ def run_config(workdir: str, run: dict[str, Any]) -> ml_collections.ConfigDict:
     return config
 
 
+def load_sweep(workdir: str) -> dict[str, Any]:
+    path = os.path.join(workdir, "sweep.json")
+    if not os.path.exists(path):
+        raise MissingInputError(f"{path}: no such file; run the sweep with --config first")
+    with open(path) as f:
+        return json.load(f)
+
+
 def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False,
               max_retries: int = 0) -> tuple[dict[str, Any] | None, int]:
     """Trains (or resumes) one run in this process and records it. A run that raises is tried again
@@ -63,6 +73,9 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
 
     t0 = time.time()
     config = run_config(workdir, run)
+    recorded = load_sweep(workdir).get("data_identity")
+    if recorded:  # resolve refuses the run unless its data is the sweep's (data/identity.py)
+        config.data.identity = recorded
     seed_branch(workdir, run, verbose)
     for attempt in range(max_retries + 1):
         try:

@@ -22,10 +22,10 @@ from typing import Any, Container, Sequence
 import ml_collections
 
 from transformer import files
-from transformer.spec import ConfigError, MissingInputError
+from transformer.spec import ConfigError
 from transformer.sweeps import claims, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
-    CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, record, result_row, run_config, seed_branch, train_run)
+    CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, load_sweep, record, result_row, run_config, seed_branch, train_run)
 from transformer.sweeps.progress import Progress
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,21 +54,18 @@ def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
     os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
     path = os.path.join(workdir, "sweep.json")
     if os.path.exists(path):
-        old_ids = [r["run_id"] for r in load_sweep(workdir)["runs"]]
+        old_doc = load_sweep(workdir)
+        if old_doc.get("data_identity"):  # the data its runs trained on: other data is refused, naming the change
+            from transformer.data import identity
+            identity.check_same(f"the sweep in {workdir}", old_doc["data_identity"], doc.get("data_identity"))
+            doc["data_identity"] = doc.get("data_identity") or old_doc["data_identity"]
+        old_ids = [r["run_id"] for r in old_doc["runs"]]
         new_ids = [r["run_id"] for r in doc["runs"]]
         if new_ids[:len(old_ids)] != old_ids and set(new_ids) != set(old_ids):
             differ = sorted(set(old_ids) ^ set(new_ids)) or [i for i, j in zip(old_ids, new_ids) if i != j]
             raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(differ)} runs differ, "
                               f"e.g. {differ[0]}); use a new --workdir, or the same settings to resume")
     files.write_json(path, doc, indent=1)
-
-
-def load_sweep(workdir: str) -> dict[str, Any]:
-    path = os.path.join(workdir, "sweep.json")
-    if not os.path.exists(path):
-        raise MissingInputError(f"{path}: no such file; run the sweep with --config first")
-    with open(path) as f:
-        return json.load(f)
 
 
 def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
@@ -245,12 +242,13 @@ OTHER_RUNNERS = 5  # run_sweep: runs of this stage are left to other runners on 
 
 def plan_and_write(workdir: str, config: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
     """The plan from DIR's recorded results (plan.design) and its DIR/sweep.json."""
+    from transformer.data import identity
     from transformer.design import plan
     from transformer.sweeps import outcome
 
     rows = {r["run_id"]: r for r in results.read_results(workdir)}
     p = plan.design(config, rows, outcome.load_prediction(workdir))
-    doc = sweep_document(config, p)
+    doc = {**sweep_document(config, p), "data_identity": identity.peek(config.base.data)}  # None until built
     write_sweep(workdir, doc)
     return p, doc
 

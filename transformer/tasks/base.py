@@ -17,8 +17,10 @@ class Task(Protocol):
         """Global-batch array shapes and dtypes, keyed like the iterator's batches."""
 
     def make_iterator(self, config: Any, *, split: str, global_batch_size: int, seed: int, process_index: int,
-                      process_count: int, shuffle: bool, repeat: bool) -> Any:
-        """A checkpointable grain iterator of this process's rows (dicts of numpy arrays)."""
+                      process_count: int, shuffle: bool, repeat: bool, data: Any = None) -> Any:
+        """A checkpointable grain iterator of this process's rows (dicts of numpy arrays). `data`: the run's
+        resolved data (transformer.data.identity.RunData: the one tokenizer and fingerprints), None: resolved
+        from config.data."""
 
     def init_inputs(self, config: Any) -> tuple[np.ndarray, ...]:
         """Positional arguments for `model.init` (batch of 1)."""

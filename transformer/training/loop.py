@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 
 from transformer.spec import ConfigError
 from transformer.data import get_tokenizer, record_tokenizer
+from transformer.data.batches import process_rows
 from transformer.models import build_model
 from transformer.spec import flops_per_token, param_counts
 from transformer.tasks import get_task, model_vocab_size
@@ -75,7 +76,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                          "(no dropout, no train.init_from)")
     devices = jax.devices()[:1] if grouped else jax.devices()
     config, t = configs[0], configs[0].train
-    tokenizer = get_tokenizer(config.data, workdir=workdirs[0])  # the run's recorded copy when resuming
+    tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
     runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
     model_cfg, mesh_shape, resolved = runs[0].model_cfg, runs[0].mesh_shape, [r.config for r in runs]
     previous, continue_from = [], []
@@ -101,10 +102,15 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
     tokens_per_step = t.batch_size * config.data.seq_len  # per run
 
-    data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.data.shuffle_seed + c.train.seed,
-                      process_index=pid, process_count=nproc, shuffle=True, repeat=True) for c in configs]
+    # this process's rows of a global batch: those its devices hold (a tensor/fsdp axis may span processes)
+    rows = process_rows(sharding.batch_sharding(mesh, rules), (t.batch_size, config.data.seq_len))
+    # the data order: (data.shuffle_seed, train.seed) mixed by the pipeline (pipeline.shuffle_seed), never summed
+    data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.train.seed, data=run.data,
+                      rows=rows, process_index=pid, process_count=nproc, shuffle=True, repeat=True)
+                 for c, run in zip(configs, runs)]
     data_its = [task.make_iterator(c, **a) for c, a in zip(configs, data_args)]
     train_split_tokens = getattr(data_its[0], "split_tokens", None)  # packed text: for `epochs`
+    overlap = getattr(data_its[0], "eval_train_overlap_documents", None)  # packed text: eval documents seen in train
     token_bytes_V = tokenizer.byte_lengths() if task.name == "lm" else None  # for eval_bits_per_byte
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
         for workdir, d in zip(workdirs, resolved):
@@ -182,10 +188,10 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 found = ckpts[0].restore(abstract, it)
                 from_step, st = found if found is not None else (0, fresh_state(config))
                 for _ in range(from_step, bad_step - 1):
-                    st, _ = train_fn(st, global_batch(next(it), batch_s))
+                    st, _ = train_fn(st, global_batch(next(it), batch_s, t.batch_size))
                 grad_fn = nonfinite.make_grad_fn(model, task, seed=t.seed, use_dropout=use_dropout,
                                                  loss_chunk_size=t.get("loss_chunk_size", 0))
-                _, grads = grad_fn(st.params, global_batch(next(it), batch_s), st.step)
+                _, grads = grad_fn(st.params, global_batch(next(it), batch_s, t.batch_size), st.step)
                 return nonfinite.describe(bad_step, bad_loss, nonfinite.nonfinite_leaves(grads),
                                           from_step if found is not None else None)
             except Exception as e:  # noqa: BLE001 - the diagnosis must not hide the fault itself
@@ -271,7 +277,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         rows = [next(data_its[r]) for r in live]
                         batch = global_batch({k: np.stack([b[k] for b in rows]) for k in rows[0]}, train_batch_s)
                     else:
-                        batch = global_batch(next(data_its[0]), batch_s)  # host work overlaps the previous step
+                        batch = global_batch(next(data_its[0]), batch_s, t.batch_size)  # overlaps the previous step
                     state, m = train_fn(state, batch)                      # dispatched asynchronously
                     if serialize_steps:
                         jax.block_until_ready(m)
@@ -304,7 +310,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         evals = None
                         if is_eval:
                             t_eval = time.time()
-                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
+                            evals = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V,
+                                             runs[0].data, rows)
                             eval_seconds += time.time() - t_eval
                         extra = ""
                         for p, r in enumerate(live):
@@ -322,7 +329,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                                     print(f"warning: {workdirs[r]}: loss spike at step {spike[0]}: {spike[1]:.2f}x the "
                                           f"median of the last {len(spikes[r].history) - 1} logged losses; its batch is "
                                           f"number {spike[0] - 1} of split {configs[r].data.train_split!r} shuffled with "
-                                          f"seed {data_args[r]['seed']} (runs with the same seed saw the same batch)",
+                                          f"data.shuffle_seed={configs[r].data.shuffle_seed}, train.seed="
+                                          f"{configs[r].train.seed} (runs with both the same saw the same batch)",
                                           flush=True)
                             if evals is not None:
                                 row.update({k: pick(v, p) for k, v in evals.items()})
@@ -338,7 +346,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         last_saved = step
                 if live and step == t.steps and any(last[r].get("eval_loss") is None for r in live):
                     # resumed at the end
-                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V)
+                    final = evaluate(eval_fn, state.params, task, config, batch_s, pid, nproc, token_bytes_V,
+                                     runs[0].data, rows)
                     for p, r in enumerate(live):
                         last[r].update({k: pick(v, p) for k, v in final.items()})
         except Preempted:
@@ -367,7 +376,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 tokens_per_step=tokens_per_step, fpt=fpt, last=last[r], task_name=task.name, skipped=skipped[r],
                 seconds={k: v / R for k, v in seconds.items()},
                 tps=timed_tokens / timed_seconds if timed_seconds else None, num_devices=len(devices),
-                mesh_shape=mesh_shape, train_split_tokens=train_split_tokens,
+                mesh_shape=mesh_shape, train_split_tokens=train_split_tokens, eval_train_overlap_documents=overlap,
                 **({"multirun": R} if grouped else {})) for r in range(R)]
             if primary:
                 for workdir, summary, writer in zip(workdirs, summaries, writers):

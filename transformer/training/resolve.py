@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from transformer.data import get_tokenizer
+from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models import resolve as resolve_names
 from transformer.spec import MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec
 from transformer.tasks import model_vocab_size
@@ -21,12 +22,15 @@ from transformer.training import profiler, wandb_run
 class Resolved:
     """model_cfg: the validated ModelConfig; mesh_shape: (data, fsdp, tensor); config: the dict written to
     DIR/config.json (the config with model.vocab_size filled in from the tokenizer where it was 0, and
-    data.tokenizer_fingerprint); spec: all of it as a RunSpec."""
+    data.tokenizer_fingerprint and data.identity); spec: all of it as a RunSpec; data: the run's resolved data
+    (identity.RunData: tokenizer, fingerprints, cache), None in a dry run whose tokenizer or documents are not
+    built yet."""
 
     model_cfg: ModelConfig
     mesh_shape: tuple[int, ...]
     config: dict
     spec: RunSpec
+    data: RunData | None = None
 
 
 def model_config(config: Any, vocab_size: int) -> ModelConfig:
@@ -57,5 +61,13 @@ def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = 
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
     if getattr(tokenizer, "fingerprint", None):  # which tokenizer the run used (its copy is in the workdir)
         resolved["data"]["tokenizer_fingerprint"] = tokenizer.fingerprint
+    data = resolve_data(config.data, tokenizer) if resolvable(config.data, tokenizer) else None
+    if data is None:
+        check_settings(config.data)  # evaluation on training data is refused even in a dry run
+    else:
+        expected = config.data.get(IDENTITY_KEY)  # a sweep's recorded data (or an earlier run's config.json)
+        check_same("data.identity (the data this run must train on, e.g. its sweep's)",
+                   expected.to_dict() if hasattr(expected, "to_dict") else expected, data.identity())
+        resolved["data"][IDENTITY_KEY] = data.identity()  # the documents and tokenizer, checked on resuming
     spec = run_spec(config, model_cfg, num_devices, process_count, resolved)
-    return Resolved(model_cfg, spec.mesh.shape, resolved, spec)
+    return Resolved(model_cfg, spec.mesh.shape, resolved, spec, data)

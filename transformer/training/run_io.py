@@ -15,7 +15,7 @@ import numpy as np
 
 from transformer import files
 from transformer.spec import ConfigError, ModelConfig, padding_params
-from transformer.data import token_cache
+from transformer.data import identity, token_cache
 from transformer.training import hardware, optimizer, sharding
 
 
@@ -44,7 +44,10 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
         return None
     with open(path) as f:
         existing = json.load(f)
-    existing, resolved = ({k: v for k, v in d.items() if k not in LAUNCH_SECTIONS} for d in (existing, resolved))
+    identity.check_same(f"workdir {workdir}", existing.get("data", {}).get(identity.IDENTITY_KEY),
+                        resolved.get("data", {}).get(identity.IDENTITY_KEY))  # names the files or the tokenizer
+    existing, resolved = ({k: ({**v, identity.IDENTITY_KEY: None} if k == "data" else v) for k, v in d.items()
+                           if k not in LAUNCH_SECTIONS} for d in (existing, resolved))  # compared just above
     if existing == resolved:
         return None
     old, new = flatten_keys(existing), flatten_keys(resolved)
@@ -91,9 +94,12 @@ class Progress:
               f"ETA {int(eta // 60):d}m{int(eta % 60):02d}s{extra}", flush=True)
 
 
-def global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
-    """Host-local rows (this process's shard) → one global array per key."""
-    return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local.items()}
+def global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding,
+                 global_rows: int | None = None) -> dict[str, jax.Array]:
+    """Host-local rows (this process's rows, data.batches.process_rows) → one global array per key of
+    `global_rows` rows (needed when processes hold replicas of the same rows; None: inferred)."""
+    return {k: jax.make_array_from_process_local_data(
+        batch_sharding, v, None if global_rows is None else (global_rows, *v.shape[1:])) for k, v in local.items()}
 
 
 def abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
@@ -103,17 +109,20 @@ def abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtyp
 
 
 def evaluate(eval_fn: Callable, params: Any, task, config: Any, batch_sharding, process_index: int,
-             process_count: int, token_bytes_V: np.ndarray | None = None) -> dict[str, Any]:
+             process_count: int, token_bytes_V: np.ndarray | None = None, data: Any = None,
+             rows: Any = None) -> dict[str, Any]:
     """Token-mean loss and accuracy over the first `train.eval_steps` batches of the eval split, shuffled
     with a fixed seed so they sample the whole split (and are the same batches at every evaluation).
 
     `token_bytes_V` (the tokenizer's byte_lengths, for next-token prediction): also `eval_bits_per_byte`,
     the summed loss in bits over the UTF-8 bytes of the very targets it was taken on (each weighted
-    target's byte length, summed over every process's rows), comparable across tokenizers.
+    target's byte length, summed over every process's rows), comparable across tokenizers. `data`: the run's
+    resolved data (identity.RunData), so the iterator re-derives nothing; `rows`: this process's rows of a
+    global batch (data.batches.process_rows), default by process index.
     """
     it = task.make_iterator(config, split=config.data.eval_split, global_batch_size=config.train.batch_size,
                             seed=config.data.shuffle_seed, process_index=process_index,
-                            process_count=process_count, shuffle=True, repeat=True)
+                            process_count=process_count, shuffle=True, repeat=True, data=data, rows=rows)
     sums = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0}
     target_bytes = 0.0  # this process's rows
     try:
@@ -121,7 +130,7 @@ def evaluate(eval_fn: Callable, params: Any, task, config: Any, batch_sharding, 
             local = next(it)
             if token_bytes_V is not None:
                 target_bytes += float(np.sum(token_bytes_V[local["targets"]] * local["weights"], dtype=np.float64))
-            out = jax.device_get(eval_fn(params, global_batch(local, batch_sharding)))
+            out = jax.device_get(eval_fn(params, global_batch(local, batch_sharding, config.train.batch_size)))
             for k in sums:
                 sums[k] = sums[k] + np.asarray(out[k], np.float64)
     finally:

@@ -1,0 +1,157 @@
+"""A run's data resolved once: the documents' identity, the tokenizer, and the token cache they key.
+
+The data identity (recorded in DIR/config.json as `data.identity`, and so in every checkpoint's config):
+  source     sources.fingerprint: what defines the documents of both cache splits (local files: each
+             file's path, size, mtime and content and the split rule; a TFDS dataset: its full name,
+             splits and sizes)
+  tokenizer  the tokenizer's fingerprint
+  cache_key  token_cache.cache_key(source, tokenizer): the token cache's directory name
+  files      local files only: [[setting, path, SHA-256 of the content], ...], to say what changed (up to
+             MAX_LISTED_FILES files; beyond, [] and a change is named by the source fingerprint alone; a list,
+             not a mapping, because config.json is read back as a ConfigDict, whose keys hold no dots)
+`resolve_data` computes it once per run (the files are globbed and hashed once; the pipeline, every
+evaluation and the tasks take the RunData instead of re-deriving the tokenizer and the fingerprints).
+`describe_change` says how two identities differ: a resumed, continued (wsd) or sweep run whose data or
+tokenizer changed is refused with it (training/run_io.check_workdir_config; a config whose data.identity is
+set, as a sweep sets it from sweep.json, must resolve to it: training/resolve.py; a sweep's plan compares
+sweep.json's `data_identity` with the data's now: sweeps/runner.write_sweep).
+`check_settings` refuses evaluation on training data before anything is read: data.eval_split equal to
+data.train_split, or data.eval_files naming a file of data.files (the same path, or the same content).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import ml_collections
+
+from transformer.data import documents, sources, token_cache, tokenizers
+from transformer.data.tokenizers import Tokenizer
+from transformer.spec import ConfigError
+
+IDENTITY_KEY = "identity"  # config.json: data.identity
+MAX_LISTED_FILES = 1000    # more files: only the source fingerprint is recorded (config.json stays small)
+
+
+def check_settings(data_cfg: ml_collections.ConfigDict,
+                   split: dict[str, tuple[str, list[str]]] | None = None) -> None:
+    """ConfigError when evaluation would read training data (see the module docstring). `split`:
+    documents.split_files(data_cfg), when the caller has it."""
+    sources.check_splits(data_cfg)
+    if not documents.uses_files(data_cfg) or not str(data_cfg.get("eval_files", "") or "").strip():
+        return
+    split = documents.split_files(data_cfg) if split is None else split
+    train, evals = split["train"][1], split["eval"][1]
+    same_path = sorted(set(map(os.path.realpath, train)) & set(map(os.path.realpath, evals)))
+    if same_path:
+        raise ConfigError(f"data.eval_files names {len(same_path)} file(s) of data.files ({', '.join(same_path[:3])}"
+                          f"{', ...' if len(same_path) > 3 else ''}): evaluation would be on training data; make "
+                          f"the two globs disjoint, or leave data.eval_files empty to hold out data.eval_fraction")
+    digests = documents.file_digests(split)
+    train_by_digest = {digests[p]: p for p in train}
+    same_content = [(p, train_by_digest[digests[p]]) for p in evals if digests[p] in train_by_digest]
+    if same_content:
+        pairs = ", ".join(f"{e} = {t}" for e, t in same_content[:3])
+        raise ConfigError(f"data.eval_files: {len(same_content)} file(s) have the content of a file of data.files "
+                          f"({pairs}{', ...' if len(same_content) > 3 else ''}): evaluation would be on training "
+                          f"data; remove the copies from one side")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunData:
+    """The resolved data of a run: `config` (its data section), the one `tokenizer`, the documents'
+    `source` fingerprint and (local files) `files` = {setting: {path: content SHA-256}}."""
+
+    config: ml_collections.ConfigDict
+    tokenizer: Tokenizer
+    source: str
+    files: dict[str, dict[str, str]]
+
+    @property
+    def cache_key(self) -> str:
+        return token_cache.cache_key(self.source, self.tokenizer.fingerprint)
+
+    def identity(self) -> dict[str, Any]:
+        """What config.json records as data.identity (JSON types only)."""
+        rows = [[setting, path, digest] for setting, paths in sorted(self.files.items())
+                for path, digest in sorted(paths.items())]
+        return {"source": self.source, "tokenizer": self.tokenizer.fingerprint, "cache_key": self.cache_key,
+                "files": rows if len(rows) <= MAX_LISTED_FILES else []}
+
+    def ensure_cache(self, verbose: bool = True) -> str:
+        """The token cache of these documents and this tokenizer, built on first use."""
+        return token_cache.ensure_cache(self.config, self.tokenizer, verbose, source_fingerprint=self.source)
+
+
+def resolve_data(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer | None = None,
+                 workdir: str | None = None) -> RunData:
+    """Checks the data settings and resolves them once: the files globbed and hashed, the tokenizer (default:
+    tokenizers.get_tokenizer(data_cfg, workdir)) and the source fingerprint."""
+    split = documents.split_files(data_cfg) if documents.uses_files(data_cfg) else None
+    check_settings(data_cfg, split)
+    tokenizer = tokenizer if tokenizer is not None else tokenizers.get_tokenizer(data_cfg, workdir)
+    if split is None:
+        return RunData(data_cfg, tokenizer, sources.fingerprint(data_cfg), {})
+    digests = documents.file_digests(split)
+    files: dict[str, dict[str, str]] = {}
+    for setting, paths in split.values():
+        files.setdefault(setting, {}).update({p: digests[p] for p in paths})
+    return RunData(data_cfg, tokenizer, documents.files_fingerprint(data_cfg, split), files)
+
+
+def resolvable(data_cfg: ml_collections.ConfigDict, tokenizer: Any) -> bool:
+    """Whether resolve_data can run without building anything: a tokenizer with a fingerprint (a dry run's
+    stand-in for an untrained SentencePiece model has none) and documents readable as they are."""
+    return bool(getattr(tokenizer, "fingerprint", None)) and sources.is_available(data_cfg)
+
+
+def peek(data_cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+    """The data identity when it can be computed without building or training anything (a sweep records it in
+    sweep.json before its first run), else None: an untrained SentencePiece model, an unprepared dataset."""
+    if data_cfg.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data_cfg)):
+        return None
+    if not sources.is_available(data_cfg):
+        return None
+    return resolve_data(data_cfg).identity()
+
+
+def describe_change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str | None:
+    """How data identity `new` differs from the recorded `old` (None: the same data, or nothing recorded).
+
+    Local files compare by content: a file only touched (same content, new mtime) is the same data."""
+    if not old or not new:
+        return None
+    changes = []
+    if old.get("tokenizer") != new.get("tokenizer"):
+        changes.append(f"the tokenizer changed (data.tokenizer: recorded {old.get('tokenizer')}, now "
+                       f"{new.get('tokenizer')})")
+    old_files, new_files = (_by_setting(d.get("files")) for d in (old, new))
+    if old_files or new_files:
+        for setting in sorted(set(old_files) | set(new_files)):
+            was, now = old_files.get(setting, {}), new_files.get(setting, {})
+            added, removed = sorted(set(now) - set(was)), sorted(set(was) - set(now))
+            changed = sorted(p for p in set(was) & set(now) if was[p] != now[p])
+            for what, paths in (("added", added), ("removed", removed), ("changed", changed)):
+                if paths:
+                    changes.append(f"{setting}: {what} {', '.join(paths[:5])}{', ...' if len(paths) > 5 else ''}")
+    elif old.get("source") != new.get("source"):
+        changes.append(f"the documents changed (source fingerprint {old.get('source')} -> {new.get('source')})")
+    return "; ".join(changes) or None
+
+
+def _by_setting(rows: Any) -> dict[str, dict[str, str]]:
+    """identity()["files"] rows -> {setting: {path: digest}}."""
+    out: dict[str, dict[str, str]] = {}
+    for setting, path, digest in rows or []:
+        out.setdefault(setting, {})[path] = digest
+    return out
+
+
+def check_same(where: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+    """ConfigError when the data identity `new` differs from the one `where` recorded."""
+    change = describe_change(old, new)
+    if change:
+        raise ConfigError(f"{where} was trained on other data or with another tokenizer: {change}. Its checkpoints, "
+                          f"embedding and bits per byte belong to the recorded data; restore it, or use a new "
+                          f"workdir for the new data")
