@@ -10,6 +10,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -18,6 +19,11 @@ from transformer.training import multirun, sharding
 from transformer.models.config import ConfigError
 from transformer.training.losses import chunked_cross_entropy, cross_entropy
 from transformer.training.state import TrainState
+
+
+def global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+    """Host-local rows (this process's shard) → one global array per key."""
+    return {k: jax.make_array_from_process_local_data(batch_sharding, v) for k, v in local.items()}
 
 
 def make_loss_fn(model: nn.Module, task: Task, *, seed: int, use_dropout: bool,
