@@ -28,7 +28,7 @@ from jax.experimental import multihost_utils
 
 from transformer.tasks import get_task
 from transformer.training import guards, multirun, nonfinite, run_setup, sharding, steps
-from transformer.training.evaluation import evaluate
+from transformer.training.evaluation import Evaluator
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.profiler import ProfileWindow
 from transformer.training.run_io import (Preempted, Progress, abstract_batch, check_workdir_config,  # noqa: F401
@@ -69,6 +69,8 @@ class Loop:
         self.train_jit, self.eval_fn = steps.jit_steps(train_step, steps.make_eval_step(setup.model, setup.task),
                                                        setup.shardings, setup.mesh, setup.rules,
                                                        runs=self.R if grouped else 0)
+        self.evaluator = Evaluator(self.eval_fn, setup.task, setup.config, self.batch_s, jax.process_index(),
+                                   jax.process_count(), setup.token_bytes_V)  # one eval iterator for the run
         self.train_fn: Any = None
         self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose)
         histories = [read_metrics(w) if runs.primary and start_step else [] for w in runs.workdirs]  # to the ckpt
@@ -166,9 +168,7 @@ class Loop:
 
     def _evaluate(self) -> dict:
         t0 = time.time()
-        s = self.s
-        out = evaluate(self.eval_fn, self.state.params, s.task, s.config, self.batch_s, jax.process_index(),
-                       jax.process_count(), s.token_bytes_V)
+        out = self.evaluator(self.state.params)
         self.eval_seconds += time.time() - t0
         return out
 
@@ -278,6 +278,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                         writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
     finally:
         profile.close()
+        if loop is not None:
+            loop.evaluator.close()
         for ck in runs.ckpts:
             ck.close()
         for w in runs.writers:
