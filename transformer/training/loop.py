@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.tasks import get_task
@@ -206,8 +207,13 @@ class Loop:
         self.window_start, self.window_steps = time.time(), 0
 
     def _final_evaluation_missing(self) -> bool:
-        return bool(self.runs.live) and self.step == self.t.steps and any(
+        """Resumed at the last step without its evaluation in metrics.jsonl? Only process 0 reads the history,
+        so its answer is every process's: the evaluation is a collective that all of them run, or none."""
+        missing = bool(self.runs.live) and self.step == self.t.steps and any(
             self.runs.last[r].get("eval_loss") is None for r in self.runs.live)
+        if jax.process_count() > 1:
+            missing = bool(multihost_utils.broadcast_one_to_all(np.array(missing, np.int32)))
+        return missing
 
     def _diagnose(self, bad_step: int, bad_loss: float) -> str:
         s, t = self.s, self.t
