@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -35,17 +36,26 @@ def preemption_signals() -> Iterator[dict]:
             signal.signal(s, h)
 
 
+PREEMPTION_CHECK_SECONDS = 10.0  # with several processes: how often (wall time) they agree on whether to stop
+
+
 class Preemption:
     """Whether to stop before the next step: a signal arrived (in any process) or `stop_at` was reached.
 
-    Every process must stop at the same step: with several, the flags are gathered at sync points (every
-    `log_every` steps), so the one that got the signal and the others stop together. Use as a context
-    manager: the signal handlers are installed inside it."""
+    Every process must stop at the same step. Alone, the flag is read before every step. With several, the
+    flags are gathered (a collective, which also waits for the steps in flight) about every `check_seconds`
+    of wall time, independent of train.log_every: each process proposes the step of the next check from its
+    own measured seconds per step, and all take the smallest proposal, so they agree without any other
+    message. A scheduler's grace period after SIGTERM needs to exceed `check_seconds` plus one checkpoint.
+    Use as a context manager: the signal handlers are installed inside it."""
 
-    def __init__(self, stop_at: int | None, process_count: int, log_every: int):
-        self.stop_at, self.process_count, self.log_every = stop_at, process_count, log_every
+    def __init__(self, stop_at: int | None, process_count: int, check_seconds: float | None = None):
+        self.stop_at, self.process_count = stop_at, process_count
+        self.check_seconds = PREEMPTION_CHECK_SECONDS if check_seconds is None else check_seconds
         self._signals = contextlib.ExitStack()
         self.flag: dict = {"signal": None}
+        self.next_check = 0  # the step of the next gathering (the first step of this invocation: at once)
+        self._last: tuple[int, float] | None = None  # (step, time) of the previous gathering
 
     def __enter__(self) -> Preemption:
         self.flag = self._signals.enter_context(preemption_signals())
@@ -54,17 +64,27 @@ class Preemption:
     def __exit__(self, *exc: Any) -> None:
         self._signals.close()
 
-    def should_stop(self, step: int, start_step: int) -> bool:
+    def should_stop(self, step: int) -> bool:
         if self.stop_at is not None and step >= self.stop_at:
             return True
         if self.process_count == 1:
             return self.flag["signal"] is not None
-        if not (step == start_step or step % self.log_every == 0):
+        if step < self.next_check:
             return False
-        flags = multihost_utils.process_allgather(np.array([self.flag["signal"] is not None], np.int32))
-        if np.any(flags) and self.flag["signal"] is None:
+        now = time.monotonic()
+        if self._last is None or step == self._last[0]:
+            proposal = step + 1  # no measured step yet
+        else:
+            seconds_per_step = max((now - self._last[1]) / (step - self._last[0]), 1e-6)
+            proposal = step + max(1, int(self.check_seconds / seconds_per_step))
+        self._last = (step, now)
+        gathered = multihost_utils.process_allgather(
+            np.array([self.flag["signal"] is not None, proposal], np.int64)).reshape(-1, 2)
+        self.next_check = int(gathered[:, 1].min())
+        stop = bool(np.any(gathered[:, 0]))
+        if stop and self.flag["signal"] is None:
             self.flag["signal"] = "another process's"
-        return bool(np.any(flags))
+        return stop
 
     def reason(self) -> str:
         signum = self.flag["signal"]

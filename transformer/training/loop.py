@@ -96,7 +96,7 @@ class Loop:
             self._compile(len(self.runs.live))
             self.window_start, self.window_steps = time.time(), 0
             while self.step < self.t.steps and self.runs.live:
-                if self.preemption.should_stop(self.step, self.start_step):
+                if self.preemption.should_stop(self.step):
                     raise Preempted()
                 m = self._train_one_step()
                 is_log = self.step % self.t.log_every == 0 or self.step == self.t.steps
@@ -246,7 +246,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         return previous
     t = setup.config.train
     profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0
-    preemption = guards.Preemption(stop_at, nproc, t.log_every)
+    preemption = guards.Preemption(stop_at, nproc)
     loop: Loop | None = None
     step = 0
     try:
