@@ -19,8 +19,9 @@ Legend: R runs, p a position on the state's run axis, r a run's index in `config
 from __future__ import annotations
 
 import os
+import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -226,7 +227,10 @@ class Loop:
             to_global=lambda b: global_batch(b, self.batch_s))
 
     def skipped_now(self) -> None:
-        """Each live run's skipped updates from the state (train.nonfinite="skip"), for its summary."""
+        """Each live run's skipped updates from the state (train.nonfinite="skip"), for its summary; those
+        logged last when a failed step had consumed (donated) the state."""
+        if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(self.state.opt_state)):
+            return
         final_skipped = nonfinite.skipped_updates(self.state.opt_state)
         if final_skipped is not None:
             for p, r in enumerate(self.runs.live):
@@ -248,55 +252,74 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0
     preemption = guards.Preemption(stop_at, nproc)
     loop: Loop | None = None
-    step = 0
+    completed = False  # False while an error is on its way out: closing must not replace it
     try:
         with preemption:
             start_step, state = run_setup.restore_or_init(setup, runs, verbose)
-            step = start_step
             if verbose and runs.primary:
                 run_setup.announce(setup, runs, start_step)
             runs.writers = [MetricsWriter(w, enabled=runs.primary, resume_step=start_step, config=d)  # + W&B
                             for w, d in zip(workdirs, runs.resolved)]
             loop = Loop(setup, runs, state, start_step, preemption, profile, verbose)
             del state
-            try:
-                try:
-                    loop.run()
-                finally:
-                    step = loop.step
-            except Preempted:
-                loop.stop()
-                if runs.primary:
-                    lead = runs.live[0]
-                    print(f"{preemption.reason()}: checkpointed step {step}, exiting"
-                          if runs.status[lead] == "preempted" else f"{preemption.reason()}: {runs.errors[lead]}",
-                          flush=True)
-            except Exception as e:
-                for r in runs.live:
-                    runs.status[r], runs.errors[r] = "failed", f"{type(e).__name__}: {e}"
-                raise
-            finally:
-                loop.skipped_now()
-                summaries = _summaries(setup, runs, loop, step, time.time() - t_start)
-                if runs.primary:
-                    for workdir, summary, writer in zip(workdirs, summaries, runs.writers):
-                        write_json(os.path.join(workdir, "summary.json"), summary)
-                        writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
+            error = _train(loop, preemption)
+            loop.skipped_now()
+            summaries = _summaries(setup, runs, loop, loop.step, time.time() - t_start)
+            if runs.primary:
+                for workdir, summary, writer in zip(workdirs, summaries, runs.writers):
+                    write_json(os.path.join(workdir, "summary.json"), summary)
+                    writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
+            if error is not None:
+                raise error
+        completed = True
     finally:
-        profile.close()
-        if loop is not None:
-            loop.evaluator.close()
-        for ck in runs.ckpts:
-            ck.close()
-        for w in runs.writers:
-            w.close()
+        closers = [profile.close, *([loop.evaluator.close] if loop is not None else []),
+                   *(ck.close for ck in runs.ckpts), *(w.close for w in runs.writers)]
         if nproc > 1:
-            multihost_utils.sync_global_devices("train_done")
+            closers.append(lambda: multihost_utils.sync_global_devices("train_done"))
+        _close_all(closers, raise_errors=completed)
     if verbose and runs.primary and all(s["status"] == "ok" for s in summaries):
         losses = ", ".join("-" if s["eval_loss"] is None else f"{s['eval_loss']:.4f}" for s in summaries)
         print(f"done: eval_loss {losses}, {summaries[0]['wall_seconds'] * R:.0f}s wall, "
               f"{(summaries[0]['tokens_per_second'] or 0):,.0f} tok/s", flush=True)
     return summaries
+
+
+def _train(loop: Loop, preemption: guards.Preemption) -> BaseException | None:
+    """Runs the loop to its end or a preemption (checkpointed). Returns the error that ended it instead (its
+    live runs marked failed with it), to be raised once their summaries are written."""
+    runs = loop.runs
+    try:
+        try:
+            loop.run()
+        except Preempted:
+            loop.stop()
+            if runs.primary:
+                lead = runs.live[0]
+                print(f"{preemption.reason()}: checkpointed step {loop.step}, exiting"
+                      if runs.status[lead] == "preempted" else f"{preemption.reason()}: {runs.errors[lead]}",
+                      flush=True)
+        return None
+    except BaseException as e:  # noqa: BLE001 - recorded in summary.json, then raised
+        for r in runs.live:
+            runs.status[r], runs.errors[r] = "failed", f"{type(e).__name__}: {e}"
+        return e
+
+
+def _close_all(closers: list[Callable[[], Any]], raise_errors: bool) -> None:
+    """Calls every closer. The first error is raised after all ran; when another error is already on its way
+    (`raise_errors` False) it is only printed: the caller must see the run's own error."""
+    first = None
+    for close in closers:
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            first = first or e
+            if not raise_errors:
+                print(f"warning: while closing after the run's error: {type(e).__name__}: {e}", file=sys.stderr,
+                      flush=True)
+    if first is not None and raise_errors:
+        raise first
 
 
 def _summaries(setup: Setup, runs: Runs, loop: Loop, step: int, wall: float) -> list[dict]:
