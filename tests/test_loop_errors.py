@@ -47,3 +47,35 @@ def test_an_error_after_a_donated_step_is_raised_and_recorded(tmp_path, corpus_d
         summary = json.load(f)
     assert summary["status"] == "failed" and summary["error"].startswith("StepFault: a fault after the step")
     assert summary["step"] == 1 and summary["skipped_updates"] is None  # never logged
+
+
+def test_summary_says_ok_only_once_the_last_checkpoint_is_durable(tmp_path, corpus_dir, monkeypatch):
+    pending: list[int] = []  # saves handed to orbax's background thread and not yet awaited
+    seen = {}
+
+    class Recording(checkpointing.Checkpointer):
+        def save(self, step, *args, **kwargs):
+            pending.append(step)
+            return super().save(step, *args, **kwargs)
+
+        def wait(self):
+            super().wait()
+            pending.clear()
+
+        def close(self):
+            super().close()
+            pending.clear()
+
+    write_json = loop.write_json
+
+    def checking(path, obj):
+        if path.endswith("summary.json"):
+            seen.update(status=obj["status"], pending=list(pending),
+                        marker=os.path.exists(os.path.join(os.path.dirname(path), "checkpoints", "4",
+                                                           checkpointing.COMMIT_MARKER)))
+        write_json(path, obj)
+
+    monkeypatch.setattr(checkpointing, "Checkpointer", Recording)
+    monkeypatch.setattr(loop, "write_json", checking)
+    assert loop.train(_config(corpus_dir), str(tmp_path / "run"), verbose=False)["status"] == "ok"
+    assert seen == {"status": "ok", "pending": [], "marker": True}, seen

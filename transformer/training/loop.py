@@ -263,6 +263,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
             loop = Loop(setup, runs, state, start_step, preemption, profile, verbose)
             del state
             error = _train(loop, preemption)
+            error = _await_checkpoints(runs, error)  # before any summary says "ok" (or "preempted")
             loop.skipped_now()
             summaries = _summaries(setup, runs, loop, loop.step, time.time() - t_start)
             if runs.primary:
@@ -304,6 +305,19 @@ def _train(loop: Loop, preemption: guards.Preemption) -> BaseException | None:
         for r in runs.live:
             runs.status[r], runs.errors[r] = "failed", f"{type(e).__name__}: {e}"
         return e
+
+
+def _await_checkpoints(runs: Runs, error: BaseException | None) -> BaseException | None:
+    """Waits for the runs' asynchronous saves: their last checkpoints are durable before a summary.json says
+    so. A save that failed fails its run (if nothing failed it before); returns the error to raise."""
+    for r, ck in enumerate(runs.ckpts):
+        try:
+            ck.wait()
+        except Exception as e:  # noqa: BLE001 - recorded in summary.json, then raised
+            if runs.status[r] != "failed":
+                runs.status[r], runs.errors[r] = "failed", f"the last checkpoint was not saved: {type(e).__name__}: {e}"
+            error = error or e
+    return error
 
 
 def _close_all(closers: list[Callable[[], Any]], raise_errors: bool) -> None:
