@@ -346,4 +346,5 @@ def _summaries(setup: Setup, runs: Runs, loop: Loop, step: int, wall: float) -> 
         skipped=runs.skipped[r], seconds={k: v / R for k, v in seconds.items()},
         tps=loop.timed_tokens / loop.timed_seconds if loop.timed_seconds else None,
         num_devices=len(setup.devices), mesh_shape=setup.mesh_shape, train_split_tokens=setup.train_split_tokens,
+        split_tokens_per_step=setup.split_tokens_per_step,
         **({"multirun": R} if runs.grouped else {})) for r in range(R)]

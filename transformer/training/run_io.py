@@ -95,10 +95,13 @@ def abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtyp
 
 def make_summary(*, status: str, error: str | None, step: int, steps: int, counts: dict, tokens_per_step: int,
                  fpt: float, last: dict, task_name: str, skipped: int | None, seconds: dict, tps: float | None,
-                 num_devices: int, mesh_shape: Any, train_split_tokens: int | None = None, **extra: Any) -> dict:
+                 num_devices: int, mesh_shape: Any, train_split_tokens: int | None = None,
+                 split_tokens_per_step: int | None = None, **extra: Any) -> dict:
     """summary.json: what a run reached and measured. `last`: its last train_loss/eval_loss/eval_accuracy/
     eval_bits_per_byte; `seconds`: wall/compile/train/eval seconds; `tps`: tokens/s of the timed steps (mfu
-    follows); `train_split_tokens`: tokens of the training split (None when not packed text), for `epochs`."""
+    follows); `epochs` = step · `split_tokens_per_step` (the split's tokens a step reads: a packed row of T
+    targets is T + 1 tokens of the split, run_setup.split_tokens_per_step) / `train_split_tokens` (the training
+    split's tokens; None when not packed text)."""
     peak = hardware.peak_flops(jax.devices()[0])
     summary = {
         "status": status, "error": error, "step": step, "steps": steps,
@@ -106,7 +109,8 @@ def make_summary(*, status: str, error: str | None, step: int, steps: int, count
         "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
         "eval_loss": last.get("eval_loss"), "eval_accuracy": last.get("eval_accuracy"),
         "eval_bits_per_byte": last.get("eval_bits_per_byte"), "train_split_tokens": train_split_tokens,
-        "epochs": token_cache.epochs(step * tokens_per_step, train_split_tokens),
+        "epochs": token_cache.epochs(step * split_tokens_per_step, train_split_tokens) if split_tokens_per_step
+        else None,
         "train_loss": last.get("train_loss"), "task": task_name, "skipped_updates": skipped,
         **{f"{k}_seconds": v for k, v in seconds.items()}, "tokens_per_second": tps,
         "mfu": (tps * fpt / (peak["flops"] * num_devices)) if (tps and peak["flops"]) else None,

@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer.config import ConfigError
 from transformer.data import get_tokenizer, record_tokenizer
+from transformer.data.span_corruption import span_corruption_lengths
 from transformer.models import build_model
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.training import checkpointing, multirun, optimizer, sharding
@@ -92,6 +93,7 @@ class Setup:
     tokens_per_step: int
     token_bytes_V: Any
     train_split_tokens: int | None
+    split_tokens_per_step: int  # for `epochs`: see split_tokens_per_step()
     decay_start: int | None
 
     def fresh_state(self, c: Any, announce: bool = False) -> Any:
@@ -105,6 +107,13 @@ class Setup:
                       f"{len(copied['kept'])} freshly initialised ({', '.join(copied['kept'][:4])}"
                       f"{', ...' if len(copied['kept']) > 4 else ''})", flush=True)
         return state
+
+
+def split_tokens_per_step(task_name: str, config: Any) -> int:
+    """Tokens of the training split one step reads (for `epochs`): B packed rows of data.seq_len + 1 tokens each
+    (T inputs and one more target; span corruption packs rows of its raw length + 1, then corrupts them)."""
+    row = span_corruption_lengths(config.data)[0] if task_name == "span_corruption" else int(config.data.seq_len)
+    return int(config.train.batch_size) * (row + 1)
 
 
 def check_group(configs: Sequence[Any], nproc: int) -> None:
@@ -167,6 +176,7 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                   tokens_per_step=t.batch_size * config.data.seq_len,  # per run
                   token_bytes_V=tokenizer.byte_lengths() if task.name == "lm" else None,  # for eval_bits_per_byte
                   train_split_tokens=getattr(data_its[0], "split_tokens", None),  # packed text: for `epochs`
+                  split_tokens_per_step=split_tokens_per_step(task.name, config),
                   decay_start=decay_start)
     runs = Runs(configs=list(configs), workdirs=list(workdirs), resolved=resolved, data_args=data_args,
                 data_its=data_its, ckpts=ckpts, grouped=grouped, primary=primary)
