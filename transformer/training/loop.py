@@ -191,6 +191,8 @@ class Loop:
             row = {"train_loss": float(mp["loss"]), "learning_rate": float(runs.schedules[r](step - 1)),
                    "grad_norm": float(mp["grad_norm"]), "tokens": step * self.s.tokens_per_step,
                    "flops": step * self.s.tokens_per_step * self.s.fpt, "tokens_per_second": tps}
+            row.update({f"rms/{kind}/{module}": float(v) for kind, per_module in mp["rms"].items()
+                        for module, v in per_module.items()})  # per-module RMS (steps.module_rms)
             if counts_skipped is not None:
                 row["skipped_updates"] = runs.skipped[r] = runs.pick(counts_skipped, p)
             spike = self.spikes.check(r, [(s, runs.part(x, p)) for s, x in fetched], row["train_loss"])

@@ -20,10 +20,10 @@ from transformer.data.span_corruption import span_corruption_lengths
 from transformer.models import build_model
 from transformer.scaling.accounting import flops_per_token, param_counts
 from transformer.training import checkpointing, multirun, optimizer, sharding
-from transformer.training.optimizer import make_schedule, with_peak_lrs
+from transformer.training.optimizer import make_schedule
 from transformer.training.resolve import resolve
 from transformer.training.run_io import check_workdir_config, write_json
-from transformer.training.state import abstract_state, init_state, model_optimizer
+from transformer.training.state import abstract_state, fresh_state, model_optimizer
 from transformer.training.steps import global_batch
 from transformer.training.warm_start import warm_start
 
@@ -98,8 +98,7 @@ class Setup:
 
     def fresh_state(self, c: Any, announce: bool = False) -> Any:
         """Step 0: initialised from the run's seed with its peak learning rate, warm-started when asked."""
-        state, _ = init_state(self.model, self.tx, c.train.seed, self.task.init_inputs(c), self.mesh, self.rules)
-        state = state.replace(opt_state=with_peak_lrs(state.opt_state, float(c.train.learning_rate)))
+        state = fresh_state(self.model, self.tx, c.train, self.task.init_inputs(c), self.mesh, self.rules)
         if c.train.get("init_from"):
             state, copied = warm_start(state, c.train.init_from)
             if announce:
