@@ -245,12 +245,12 @@ def test_tfds_split_is_tokenized_once_into_a_cache_next_to_the_dataset(data_cfg)
 
 
 def test_eval_batches_identical_across_calls(data_cfg):
-    """Evaluation itself (run_io.evaluate, as the loop calls it), twice: it feeds the eval step the same
+    """Evaluation itself (the one evaluation.Evaluator a run keeps), twice: it feeds the eval step the same
     train.eval_steps batches at every evaluation (distinct batches of the eval split), so its results agree."""
     from configs import lm
     from transformer.tasks import get_task
     from transformer.training import sharding
-    from transformer.training.run_io import evaluate
+    from transformer.training.evaluation import Evaluator
 
     c = lm.get_config("gpt2_tiny")
     c.data.data_dir, c.data.seq_len = data_cfg.data_dir, 64
@@ -266,10 +266,13 @@ def test_eval_batches_identical_across_calls(data_cfg):
         return {"loss_sum": np.float32(np.sum(host["targets"] * w)), "weight_sum": np.float32(np.sum(w)),
                 "correct_sum": np.float32(np.sum(host["inputs"][:, 0]))}
 
-    results = []
-    for _ in range(2):
-        fed.append([])
-        results.append(evaluate(eval_fn, None, get_task(c), c, batch_sharding, 0, 1))
+    results, evaluator = [], Evaluator(eval_fn, get_task(c), c, batch_sharding, 0, 1)
+    try:
+        for _ in range(2):
+            fed.append([])
+            results.append(evaluator(None))
+    finally:
+        evaluator.close()
     first, second = fed
     assert len(first) == len(second) == 3 and first[0]["inputs"].shape == (8, 64)
     assert not np.array_equal(first[0]["inputs"], first[1]["inputs"])  # three batches, not one thrice

@@ -219,7 +219,7 @@ def test_train_on_mixed_files_with_a_tokenizer_file(kind, folder, tmp_path):
     assert (meta["bos_id"], meta["eos_id"]) == (tok.bos_id, tok.eos_id)
     # accounting: the split's tokens and passes over them; bits per byte of the evaluated targets
     assert summary["train_split_tokens"] == meta["train"]["tokens"]
-    assert summary["epochs"] == pytest.approx(3 * 8 * 16 / meta["train"]["tokens"], rel=1e-12)
+    assert summary["epochs"] == pytest.approx(3 * 8 * (16 + 1) / meta["train"]["tokens"], rel=1e-12)  # rows of T + 1
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         assert json.loads(f.readlines()[-1])["eval_bits_per_byte"] == summary["eval_bits_per_byte"]
     if kind.endswith(".json"):  # the eval batch, its targets' bytes as the tokenizer decodes them one by one
@@ -506,7 +506,7 @@ def test_bits_per_byte_divides_the_loss_by_the_bytes_of_the_evaluated_targets(ki
     import jax
 
     from transformer.tasks.lm import LMTask
-    from transformer.training.run_io import evaluate
+    from transformer.training.evaluation import evaluate
 
     tok = _tokenizer(kind, tmp_path)
     setting = str(tmp_path / "tokenizer.json") if kind == "tokenizer.json" else "bytes"

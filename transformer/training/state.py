@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from transformer.layers import mup
 from transformer.training import sharding
-from transformer.training.optimizer import make_optimizer
+from transformer.training.optimizer import make_optimizer, with_peak_lrs
 
 
 @flax.struct.dataclass
@@ -73,3 +73,10 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, in
     # unboxing then adds no sharding constraints of its own to the (reshaped) initialisers.
     init = jax.jit(lambda r: nn.unbox(_init_boxed(model, tx, r, init_inputs)), out_shardings=shardings)
     return init(jax.random.PRNGKey(seed)), shardings
+
+
+def fresh_state(model: nn.Module, tx: optax.GradientTransformation, train_cfg: Any, init_inputs: tuple, mesh: Mesh,
+                mesh_rules: Any) -> TrainState:
+    """Step 0 of a run: initialised from train.seed (init_state), its peak learning rate in the optimizer state."""
+    state, _ = init_state(model, tx, int(train_cfg.seed), init_inputs, mesh, mesh_rules)
+    return state.replace(opt_state=with_peak_lrs(state.opt_state, float(train_cfg.learning_rate)))

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -18,6 +19,32 @@ from transformer.training import multirun, sharding
 from transformer.spec import ConfigError
 from transformer.training.losses import chunked_cross_entropy, cross_entropy
 from transformer.training.state import TrainState
+
+
+def global_batch(local: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding,
+                 global_rows: int | None = None) -> dict[str, jax.Array]:
+    """Host-local rows (this process's rows, data.batches.process_rows) → one global array per key of
+    `global_rows` rows (needed when processes hold replicas of the same rows; None: inferred)."""
+    return {k: jax.make_array_from_process_local_data(
+        batch_sharding, v, None if global_rows is None else (global_rows, *v.shape[1:])) for k, v in local.items()}
+
+
+def module_name(path: tuple) -> str:
+    """The module owning a parameter: its path without the parameter's own name ('blocks/layers_0/mlp/wi'
+    for .../wi/kernel and .../wi/bias); a top-level parameter is its own module."""
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    return "/".join(names[:-1] or names)
+
+
+def module_rms(tree: Any) -> dict[str, jax.Array]:
+    """Root mean square over each module's elements (all its parameters together), keyed by module_name."""
+    sums: dict[str, jax.Array] = {}
+    sizes: dict[str, int] = {}
+    for path, x in jax.tree_util.tree_leaves_with_path(tree):
+        module = module_name(path)
+        sums[module] = sums.get(module, 0.0) + jnp.sum(jnp.square(x.astype(jnp.float32)))
+        sizes[module] = sizes.get(module, 0) + x.size
+    return {m: jnp.sqrt(sums[m] / max(sizes[m], 1)) for m in sums}
 
 
 def make_loss_fn(model: nn.Module, task: Task, *, seed: int, use_dropout: bool,
@@ -45,7 +72,8 @@ def make_loss_fn(model: nn.Module, task: Task, *, seed: int, use_dropout: bool,
 
 def make_train_step(model: nn.Module, task: Task, tx: optax.GradientTransformation, *, seed: int,
                     use_dropout: bool, loss_chunk_size: int = 0) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """One optimizer update of `make_loss_fn`'s loss. Metrics: loss, grad_norm, tokens, finite."""
+    """One optimizer update of `make_loss_fn`'s loss. Metrics: loss, grad_norm, tokens, finite, and rms:
+    {"params" (after the update), "grads", "updates" (as applied, learning rate included): module_rms}."""
 
     loss_fn = make_loss_fn(model, task, seed=seed, use_dropout=use_dropout, loss_chunk_size=loss_chunk_size)
 
@@ -55,7 +83,9 @@ def make_train_step(model: nn.Module, task: Task, tx: optax.GradientTransformati
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": grad_norm, "tokens": weight_sum,
-                   "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm)}
+                   "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
+                   # device scalars, fetched by the loop at log steps only
+                   "rms": {"params": module_rms(params), "grads": module_rms(grads), "updates": module_rms(updates)}}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step

@@ -1,0 +1,215 @@
+"""The loop's set-up, built once before the first step: the runs resolved and their workdirs checked, the model,
+optimizer, mesh and abstract state (`Setup`), each run's data iterator, checkpointer and outcome (`Runs`), and
+the state restored from the newest checkpoints or freshly initialised.
+
+Legend: R runs, p a position on the state's run axis, r a run's index in `configs`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from transformer.spec import ConfigError, flops_per_token, param_counts
+from transformer.data import get_tokenizer, record_tokenizer
+from transformer.data.batches import process_rows
+from transformer.data.span_corruption import span_corruption_lengths
+from transformer.models import build_model
+from transformer.tasks import model_vocab_size
+from transformer.training import checkpointing, multirun, optimizer, sharding
+from transformer.training.optimizer import make_schedule
+from transformer.training.resolve import resolve
+from transformer.training.run_io import check_workdir_config, write_json
+from transformer.training.state import abstract_state, fresh_state, model_optimizer
+from transformer.training.steps import global_batch
+from transformer.training.warm_start import warm_start
+
+
+@dataclasses.dataclass
+class Runs:
+    """The R runs' own things (configs, workdirs, data iterators, checkpointers, writers) and outcomes.
+    `live[p]` is the run at position p of the state's run axis; a failed run leaves it."""
+    configs: list
+    workdirs: list[str]
+    resolved: list[dict]
+    data_args: list[dict]
+    data_its: list
+    ckpts: list
+    grouped: bool
+    primary: bool
+    writers: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        R = len(self.configs)
+        self.live = list(range(R))
+        self.status, self.errors = ["ok"] * R, [None] * R
+        self.skipped: list = [None] * R
+        self.last: list[dict] = [{} for _ in range(R)]  # each run's last logged values (LAST_KEYS)
+        self.schedules = [make_schedule(c.train) for c in self.configs]
+
+    def part(self, tree: Any, p: int) -> Any:
+        """Run p's slice of a tree of arrays (a group's), or the tree itself (a run alone)."""
+        return multirun.unstack(tree, p) if self.grouped else tree
+
+    def pick(self, values: Any, p: int) -> Any:
+        """Run p's entry of a group's list (evaluate's, skipped_updates'), or the value itself."""
+        return values[p] if self.grouped else values
+
+    def save(self, step: int, state: Any) -> None:
+        for p, r in enumerate(self.live):
+            if self.status[r] == "ok":
+                self.ckpts[r].save(step, self.part(state, p), self.data_its[r], self.resolved[r], force=True)
+
+    def next_batch(self, batch_s: Any, train_batch_s: Any) -> dict:
+        if not self.grouped:  # host work overlaps the previous step
+            return global_batch(next(self.data_its[0]), batch_s, self.configs[0].train.batch_size)
+        rows = [next(self.data_its[r]) for r in self.live]
+        return global_batch({k: np.stack([b[k] for b in rows]) for k in rows[0]}, train_batch_s)
+
+    def describe_batch(self, r: int, step: int) -> str:
+        c = self.configs[r]
+        return (f"number {step - 1} of split {c.data.train_split!r} shuffled with data.shuffle_seed="
+                f"{c.data.shuffle_seed}, train.seed={c.train.seed}")
+
+
+@dataclasses.dataclass
+class Setup:
+    """What every step needs, built once: the model and its steps, the mesh, the accounting."""
+    config: Any
+    task: Any
+    model: Any
+    model_cfg: Any
+    tx: Any
+    mesh: Any
+    rules: Any
+    mesh_shape: Any
+    devices: list
+    abstract: Any
+    shardings: Any
+    counts: dict
+    fpt: float
+    tokens_per_step: int
+    token_bytes_V: Any
+    train_split_tokens: int | None
+    split_tokens_per_step: int  # for `epochs`: see split_tokens_per_step()
+    decay_start: int | None
+    data: Any  # the run's resolved data (data.identity.RunData): tokenizer, fingerprints, cache; None: not packed
+    rows: Any  # this process's rows of a global batch (data.batches.process_rows)
+    vocab_size_unpadded: int  # the ids a token can have, before padding (summary.json)
+    eval_train_overlap_documents: int | None  # eval documents that are also train documents (packed text)
+
+    def fresh_state(self, c: Any, announce: bool = False) -> Any:
+        """Step 0: initialised from the run's seed with its peak learning rate, warm-started when asked."""
+        state = fresh_state(self.model, self.tx, c.train, self.task.init_inputs(c), self.mesh, self.rules)
+        if c.train.get("init_from"):
+            state, copied = warm_start(state, c.train.init_from)
+            if announce:
+                print(f"warm start from {c.train.init_from}: {len(copied['copied'])} parameters copied, "
+                      f"{len(copied['kept'])} freshly initialised ({', '.join(copied['kept'][:4])}"
+                      f"{', ...' if len(copied['kept']) > 4 else ''})", flush=True)
+        return state
+
+
+def split_tokens_per_step(task_name: str, config: Any) -> int:
+    """Tokens of the training split one step reads (for `epochs`): B packed rows of data.seq_len + 1 tokens each
+    (T inputs and one more target; span corruption packs rows of its raw length + 1, then corrupts them)."""
+    row = span_corruption_lengths(config.data)[0] if task_name == "span_corruption" else int(config.data.seq_len)
+    return int(config.train.batch_size) * (row + 1)
+
+
+def check_group(configs: Sequence[Any], nproc: int) -> None:
+    if len(configs) > 1 and nproc != 1:
+        raise ConfigError(f"sweep.multirun trains a group in one process, but this job has {nproc} processes; "
+                          f"set sweep.multirun=False")
+    if len(configs) > 1 and len({multirun.group_key(c) for c in configs} | {None}) != 2:
+        raise ValueError(f"a group's runs may differ only in train.{' and train.'.join(multirun.FREE_KEYS)} "
+                         "(no dropout, no train.init_from)")
+
+
+def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_task: Callable[[Any], Any]
+            ) -> tuple[Setup | None, Runs | None, list, list]:
+    """Resolves the runs and checks their workdirs; returns (None, None, previous summaries, []) when every run
+    has already finished, else the set-up, the runs (data found, config.json written) and continue-from steps."""
+    nproc, grouped = jax.process_count(), len(configs) > 1
+    primary = jax.process_index() == 0
+    devices = jax.devices()[:1] if grouped else jax.devices()
+    config, t = configs[0], configs[0].train
+    tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
+    resolved_runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
+    resolved = [r.config for r in resolved_runs]
+    previous, continue_from = [], []
+    for workdir, d in zip(workdirs, resolved):
+        os.makedirs(workdir, exist_ok=True)
+        continue_from.append(check_workdir_config(workdir, json.loads(json.dumps(d))))  # a wsd run made longer
+        path = os.path.join(workdir, "summary.json")
+        if os.path.exists(path) and continue_from[-1] is None:
+            with open(path) as f:
+                previous.append(json.load(f))
+        else:
+            previous.append(None)
+    if all(p is not None and p.get("status") == "ok" for p in previous):
+        if verbose and primary:
+            print(f"{', '.join(workdirs)} already finished (status ok); nothing to do", flush=True)
+        return None, None, previous, []
+
+    model_cfg, mesh_shape = resolved_runs[0].model_cfg, resolved_runs[0].mesh_shape
+    task, model = get_task(config), build_model(model_cfg)
+    tx = model_optimizer(model, t, task.init_inputs(config))  # with μP's per-parameter LRs (SP: none)
+    mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules(config.mesh)
+    # this process's rows of a global batch: those its devices hold (a tensor/fsdp axis may span processes)
+    rows = process_rows(sharding.batch_sharding(mesh, rules), (t.batch_size, config.data.seq_len))
+    # the data order: (data.shuffle_seed, train.seed) mixed by the pipeline (pipeline.shuffle_seed), never summed
+    data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.train.seed, data=r.data,
+                      rows=rows, process_index=jax.process_index(), process_count=nproc, shuffle=True, repeat=True)
+                 for c, r in zip(configs, resolved_runs)]
+    data_its = [task.make_iterator(c, **a) for c, a in zip(configs, data_args)]
+    if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
+        for workdir, d in zip(workdirs, resolved):
+            record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
+            write_json(os.path.join(workdir, "config.json"), d)
+    decay_start = optimizer.decay_start(t)  # wsd: checkpointed and kept, a longer run continues from it
+    ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints,
+                                        preserve=[decay_start] if decay_start else []) for w in workdirs]
+    for ck, step_from in zip(ckpts, continue_from):
+        if step_from is not None:
+            ck.set_aside_after(step_from, f"continuing to {t.steps} steps from the decay start {step_from}")
+    abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
+    setup = Setup(config=config, task=task, model=model, model_cfg=model_cfg, tx=tx, mesh=mesh, rules=rules,
+                  mesh_shape=mesh_shape, devices=devices, abstract=abstract, shardings=shardings,
+                  counts=param_counts(model_cfg), fpt=flops_per_token(model_cfg, config.data.seq_len)["with_attention"],
+                  tokens_per_step=t.batch_size * config.data.seq_len,  # per run
+                  token_bytes_V=tokenizer.byte_lengths() if task.name == "lm" else None,  # for eval_bits_per_byte
+                  train_split_tokens=getattr(data_its[0], "split_tokens", None),  # packed text: for `epochs`
+                  split_tokens_per_step=split_tokens_per_step(task.name, config),
+                  decay_start=decay_start, data=resolved_runs[0].data, rows=rows,
+                  vocab_size_unpadded=model_vocab_size(config, tokenizer),
+                  eval_train_overlap_documents=getattr(data_its[0], "eval_train_overlap_documents", None))
+    runs = Runs(configs=list(configs), workdirs=list(workdirs), resolved=resolved, data_args=data_args,
+                data_its=data_its, ckpts=ckpts, grouped=grouped, primary=primary)
+    return setup, runs, previous, continue_from
+
+
+def restore_or_init(setup: Setup, runs: Runs, verbose: bool) -> tuple[int, Any]:
+    """(start step, state): the runs' newest readable checkpoints, or fresh states; a group's stacked."""
+    restored = [ck.restore(setup.abstract, it) for ck, it in zip(runs.ckpts, runs.data_its)]
+    at = sorted({r[0] if r else 0 for r in restored})
+    if len(at) > 1:
+        raise multirun.GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
+    run_states = [r[1] if r else setup.fresh_state(c, announce=verbose and runs.primary)
+                  for r, c in zip(restored, runs.configs)]
+    if not runs.grouped:
+        return at[0], run_states[0]  # the iterators are at global batch at[0], under any process count
+    return at[0], jax.device_put(multirun.stack(run_states), multirun.with_run_axis(setup.shardings))
+
+
+def announce(setup: Setup, runs: Runs, start_step: int) -> None:
+    c = runs.configs
+    what = (f"group of {len(c)} runs (learning rates {', '.join(f'{x.train.learning_rate:.3g}' for x in c)})"
+            if runs.grouped else runs.workdirs[0])
+    print(f"{setup.model_cfg.family} model: {setup.counts['total']:,} params ({setup.counts['non_embedding']:,} "
+          f"non-embedding), {setup.fpt / 1e6:.2f} MFLOP/token; mesh {dict(zip(sharding.MESH_AXES, setup.mesh_shape))}; "
+          f"{'resuming from step ' + str(start_step) if start_step else 'starting'}: {what}", flush=True)
