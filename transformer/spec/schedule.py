@@ -2,7 +2,7 @@
 
 `lr_at(count, ...)` is the rate of the update made after `count` earlier updates, i.e. of training step
 count + 1. The optimizer (training/optimizer.py, with xp=jax.numpy inside the compiled step) and the logger
-(numpy) both evaluate it; nothing else computes a learning rate.
+(the metrics row's learning_rate, through optimizer.make_schedule) both evaluate it; nothing else computes one.
 
 Warm-up is linear and starts above 0: step 1 (count 0) trains at peak / warmup, step `warmup` at the peak
 (so no step is spent at learning rate 0). Then the decay to `final_lr_fraction` of the peak at `steps`:

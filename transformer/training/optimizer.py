@@ -2,7 +2,7 @@
 
 One form for every run: the schedule is built for a peak learning rate of 1 and the last stage,
 `scale_by_peak_lr`, multiplies the update by the run's peak rate, which its state holds. Every schedule
-here is linear in the peak (warm-up from 0, decay to a fixed fraction) and AdamW's update, weight decay
+here is linear in the peak (warm-up from peak/warmup, decay to a fixed fraction) and AdamW's update, weight decay
 included, is linear in the learning rate, so this equals AdamW built with that peak (up to float32
 rounding). Because the peak is state, not program, the runs of an LR scan that share a shape differ only
 in numbers: one compiled step trains them all (sweep.multirun), and a run's checkpoint has one layout
