@@ -26,7 +26,7 @@ from typing import Any
 
 import ml_collections
 
-from transformer.data import documents, sources, token_cache, tokenizers
+from transformer.data import corpus, documents, sources, token_cache, tokenizers
 from transformer.data.tokenizers import Tokenizer
 from transformer.spec import ConfigError
 
@@ -104,6 +104,14 @@ def resolvable(data_cfg: ml_collections.ConfigDict, tokenizer: Any) -> bool:
     """Whether resolve_data can run without building anything: a tokenizer with a fingerprint (a dry run's
     stand-in for an untrained SentencePiece model has none) and documents readable as they are."""
     return bool(getattr(tokenizer, "fingerprint", None)) and sources.is_available(data_cfg)
+
+
+def ensure_available(data_cfg: ml_collections.ConfigDict) -> None:
+    """Builds the TFDS dataset when it is not prepared yet (a first run on a machine), so that a training run
+    resolves and records its data identity from its first invocation on (a dry run never builds: `resolvable`).
+    Local files are read as they are."""
+    if not sources.is_available(data_cfg):
+        corpus.load_split(data_cfg, data_cfg.train_split)
 
 
 def peek(data_cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from transformer.spec import ConfigError, flops_per_token, param_counts
-from transformer.data import get_tokenizer, record_tokenizer
+from transformer.data import get_tokenizer, identity, record_tokenizer
 from transformer.data.batches import process_rows
 from transformer.data.span_corruption import span_corruption_lengths
 from transformer.models import build_model
@@ -138,6 +138,7 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     primary = jax.process_index() == 0
     devices = jax.devices()[:1] if grouped else jax.devices()
     config, t = configs[0], configs[0].train
+    identity.ensure_available(config.data)  # a first run builds the dataset: its identity is recorded at once
     tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
     resolved_runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
     resolved = [r.config for r in resolved_runs]
