@@ -16,7 +16,8 @@ import pytest
 from configs import lm
 from transformer.models import build_model
 from transformer.tasks import get_task
-from transformer.training import sharding, steps, validate
+from transformer.training import sharding, steps
+from transformer.training.resolve import model_config
 from transformer.training.state import fresh_state, model_optimizer
 
 B, T = 4, 32
@@ -81,7 +82,7 @@ def _one_step() -> dict[str, float]:
     c = lm.get_config("gpt2_tiny")
     c.data.seq_len = T
     c.train.update(batch_size=B, learning_rate=1e-3, warmup_steps=0, schedule="constant", seed=0)
-    model, task = build_model(validate.model_config(c, 259)), get_task(c)
+    model, task = build_model(model_config(c, 259)), get_task(c)
     mesh, rules = sharding.make_mesh(c.mesh, jax.devices()[:1]), sharding.rules(c.mesh)
     tx = model_optimizer(model, c.train, task.init_inputs(c))
     state = fresh_state(model, tx, c.train, task.init_inputs(c), mesh, rules)

@@ -13,7 +13,8 @@ from jax.sharding import NamedSharding
 from configs import lm
 from transformer.models import build_model
 from transformer.tasks import get_task
-from transformer.training import sharding, validate
+from transformer.training import sharding
+from transformer.training.resolve import model_config
 from transformer.training.optimizer import make_optimizer
 from transformer.training.restore import latest_step
 from transformer.training.state import init_state
@@ -33,7 +34,7 @@ def test_init_from_restores_into_the_target_shardings(tiny_lm_run, monkeypatch):
     c = lm.get_config("gpt2_tiny")
     c.data.seq_len = 32
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 4, 2
-    model = build_model(validate.model_config(c, 259))
+    model = build_model(model_config(c, 259))
     mesh, rules = sharding.make_mesh(c.mesh), sharding.rules(c.mesh)
     state, _ = init_state(model, make_optimizer(c.train), 1, get_task(c).init_inputs(c), mesh, rules)
     target = {jax.tree_util.keystr(p): x.sharding for p, x in jax.tree_util.tree_leaves_with_path(state.params)}

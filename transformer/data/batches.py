@@ -17,7 +17,7 @@ import grain
 from transformer.spec import ConfigError
 
 READ_THREADS = 2   # threads computing batches ahead of the training step
-PREFETCH = 4       # batches computed ahead (per iterator: evaluation makes a new one each time)
+PREFETCH = 4       # batches computed ahead (per iterator: a run's train iterator and its one eval iterator)
 
 
 RowBlocks = tuple[tuple[int, int], ...]

@@ -75,7 +75,9 @@ def print_table(doc: dict) -> None:
     """The dry run's table of runs (with epochs: passes over the training split's tokens) and the time
     estimate; warns where the data repeats."""
     known: dict = {}
-    epochs = [token_cache.epochs(r["tokens"], _train_split_tokens(r["config"]["data"], known)) for r in doc["runs"]]
+    # a step reads batch rows of seq_len + 1 split tokens (seq_len targets), as the run's summary counts them
+    epochs = [token_cache.epochs(r["steps"] * r["batch_size"] * (r["seq_len"] + 1),
+                                 _train_split_tokens(r["config"]["data"], known)) for r in doc["runs"]]
     print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
     print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'epochs':>7} {'steps':>7} {'batch':>5} {'lr':>9} "
           f"{'C (FLOPs)':>10} {'est.':>8}")
