@@ -11,6 +11,7 @@ they are given.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Iterator, Mapping
 
 from transformer.spec.errors import ConfigError
@@ -58,14 +59,17 @@ class DataSpec:
     extra: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0:
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, numbers.Integral) or self.seq_len <= 0:
             raise ConfigError(f"data.seq_len={self.seq_len!r} must be a positive integer")
-        if isinstance(self.worker_count, bool) or not isinstance(self.worker_count, int) or self.worker_count < 0:
+        if (isinstance(self.worker_count, bool) or not isinstance(self.worker_count, numbers.Integral)
+                or self.worker_count < 0):
             raise ConfigError(f"data.worker_count={self.worker_count!r} must be >= 0")
+        object.__setattr__(self, "seq_len", int(self.seq_len))
+        object.__setattr__(self, "worker_count", int(self.worker_count))
         uses_files = bool(str(self.files or "").strip())
         if uses_files and not str(self.eval_files or "").strip():
             fraction = self.eval_fraction
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
+            if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0.0 < fraction < 1.0:
                 raise ConfigError(f"data.eval_fraction={fraction!r} must be in (0, 1) when data.eval_files is empty")
         if not uses_files and self.eval_split == self.train_split:
             raise ConfigError(f"data.eval_split={self.eval_split!r} is data.train_split: evaluation would be on the "
