@@ -66,8 +66,9 @@ def empty_split_error(data_cfg: DataSpec, split: str) -> ConfigError:
 @functools.lru_cache(maxsize=64)
 def _tfds_fingerprint(data_json: str) -> str:
     """Memoised per process: a prepared TFDS dataset does not change while a run reads it."""
-    data_cfg = DataSpec.of(json.loads(data_json))
-    return corpus.fingerprint(data_cfg, [data_cfg.train_split, data_cfg.eval_split])
+    d = json.loads(data_json)  # the dataset (name, dir, feature) as a spec; its splits are hashed by name
+    dataset = DataSpec.of({k: d[k] for k in ("tfds_name", "text_feature", "data_dir")})
+    return corpus.fingerprint(dataset, [d["train_split"], d["eval_split"]])
 
 
 def fingerprint(data_cfg: DataSpec) -> str:
