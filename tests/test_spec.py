@@ -15,7 +15,7 @@ from ml_collections import ConfigDict
 
 from configs import lm
 from test_fits import isoflop_grid, write_csv
-from transformer.spec import (ConfigError, MeshSpec, ModelConfig, RunSpec, TrainSpec, lr_at, model_spec,
+from transformer.spec import (ConfigError, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, lr_at, model_spec,
                               padded_vocab_size)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,6 +129,87 @@ def test_a_run_spec_reads_back_from_the_config_json_it_writes(tmp_path):
     assert again == spec and again.config == spec.config
     with pytest.raises(ConfigError, match=r"model\.vocab_size=200 is smaller than the tokenizer's vocabulary \(259\)"):
         model_spec(ConfigDict({**c.to_dict(), "model": {**c.model.to_dict(), "vocab_size": 200}}), 259)
+
+
+# ---------------------------------------------------------------- DataSpec
+
+def test_a_data_spec_reads_like_the_config_data_block_it_came_from():
+    c = lm.get_config("gpt2_tiny")
+    data = DataSpec.of(c.data)
+    assert data.to_dict() == c.data.to_dict()  # the same keys and values, so data functions read either alike
+    assert (data.seq_len, data.get("eval_files", "x"), data["tfds_name"]) == (c.data.seq_len, "", "stdlib_py")
+    assert data.get("classes", ("a",)) == ("a",) and "classes" not in data  # unset optional settings
+    c.data.classes, c.data.my_note = ("json", "os"), "kept"
+    data = DataSpec.of(c.data)
+    assert data.classes == ("json", "os") and data.my_note == "kept" and data.to_dict()["my_note"] == "kept"
+    with pytest.raises(AttributeError, match="no setting 'nope'"):
+        data.nope
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(seq_len=0), r"data\.seq_len=0 must be a positive integer"),
+    (dict(worker_count=-1), r"data\.worker_count=-1 must be >= 0"),
+    (dict(eval_split="train"), r"data\.eval_split='train' is data\.train_split: evaluation would be on the training"),
+    (dict(files="/x/*.txt", eval_fraction=0.0), r"data\.eval_fraction=0\.0 must be in \(0, 1\) when data\.eval_files"),
+])
+def test_a_data_spec_refuses_each_bad_data_setting(changes, message):
+    c = lm.get_config("gpt2_tiny")
+    c.data.update(changes)
+    with pytest.raises(ConfigError, match=message):
+        DataSpec.of(c.data)
+
+
+def test_the_run_spec_carries_the_data_spec_read_back_from_config_json(tmp_path):
+    c = lm.get_config("gpt2_tiny")
+    config = c.to_dict()
+    config["model"]["vocab_size"] = 384
+    config["data"]["identity"] = {"source": "s", "tokenizer": "t", "cache_key": "k", "files": []}
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(config, f)
+    spec = RunSpec.from_json(str(tmp_path))
+    assert spec.data.seq_len == spec.seq_len == c.data.seq_len
+    assert spec.data.identity == config["data"]["identity"] and spec.data.tfds_name == c.data.tfds_name
+    # an eval split equal to the train split is refused when config.json is read back, as when it was resolved
+    config["data"]["eval_split"] = config["data"]["train_split"]
+    with pytest.raises(ConfigError, match=r"data\.eval_split='train' is data\.train_split"):
+        RunSpec.from_dict(config)
+
+
+# ---------------------------------------------------------------- no ConfigDict below the resolve step
+
+# Everything below the resolve step takes the spec: only configs/, experiments/, the resolve step and the sweeps
+# (which expand sweep ConfigDicts into run configs) see ml_collections.
+BELOW_RESOLVE = ["transformer/spec", "transformer/data", "transformer/tasks", "transformer/training/loop.py",
+                 "transformer/training/run_setup.py", "transformer/training/evaluation.py",
+                 "transformer/training/guards.py", "transformer/training/steps.py", "transformer/training/state.py",
+                 "transformer/training/optimizer.py", "transformer/training/checkpointing.py",
+                 "transformer/training/run_io.py", "transformer/training/resolve.py"]
+
+
+def _imported_modules(path: str) -> set[str]:
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    names = set()
+    for node in ast.walk(tree):  # imports inside functions too
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_layers_below_the_resolve_step_do_not_import_ml_collections():
+    files = []
+    for entry in BELOW_RESOLVE:
+        path = os.path.join(REPO, entry)
+        files += ([os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".py")]
+                  if os.path.isdir(path) else [path])
+    assert len(files) > 30
+    offenders = [os.path.relpath(f, REPO) for f in files
+                 if any(m.split(".")[0] == "ml_collections" for m in _imported_modules(f))]
+    assert not offenders, f"these modules below the resolve step import ml_collections: {offenders}"
 
 
 # ---------------------------------------------------------------- no JAX below the training layer

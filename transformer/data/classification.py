@@ -25,14 +25,13 @@ import hashlib
 import json
 
 import grain
-import ml_collections
 import numpy as np
 
 from transformer.data import corpus, tokenizers
 from transformer.data.batches import BatchIterator, RowBlocks, default_rows, local_batch_size
 from transformer.data.identity import RunData
 from transformer.data.mlm import transform_seed
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 DEFAULT_CLASSES = ("asyncio", "email", "encodings", "idlelib", "tkinter", "unittest")
 HOLDOUT_PERCENT = 20
@@ -53,7 +52,7 @@ def label_of(path: str, classes: tuple[str, ...]) -> int | None:
     return classes.index(top) if top in classes else None
 
 
-def classes_of(data_cfg: ml_collections.ConfigDict) -> tuple[str, ...]:
+def classes_of(data_cfg: DataSpec) -> tuple[str, ...]:
     classes = tuple(data_cfg.get("classes", DEFAULT_CLASSES))
     if len(classes) < 2 or len(set(classes)) != len(classes):
         raise ConfigError(f"data.classes={classes!r} must name at least two distinct top-level packages")
@@ -72,7 +71,7 @@ _TOKENIZERS: dict[str, tokenizers.Tokenizer] = {}  # fingerprint -> tokenizer, f
 @functools.lru_cache(maxsize=8)
 def _load(data_cfg_json: str, split: str, tokenizer_fingerprint: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens_NT, lengths_N, labels_N) of `split`, cached per data settings and tokenizer."""
-    data_cfg = ml_collections.ConfigDict(json.loads(data_cfg_json))
+    data_cfg = DataSpec.of(json.loads(data_cfg_json))
     tokenizer = _TOKENIZERS[tokenizer_fingerprint]
     classes, seq_len = classes_of(data_cfg), int(data_cfg.seq_len)
     tokens, lengths, labels = [], [], []
@@ -100,7 +99,7 @@ def _load(data_cfg_json: str, split: str, tokenizer_fingerprint: str) -> tuple[n
     return np.stack(tokens)[keep_N], np.asarray(lengths, np.int32)[keep_N], labels_N[keep_N]
 
 
-def load_snippets(data_cfg: ml_collections.ConfigDict, split: str,
+def load_snippets(data_cfg: DataSpec, split: str,
                   tokenizer: tokenizers.Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens_NT int32, lengths_N, labels_N) of the classification split ("train" | "validation"), tokenized
     with `tokenizer` (default: the one data.tokenizer names)."""
@@ -117,14 +116,14 @@ def load_snippets(data_cfg: ml_collections.ConfigDict, split: str,
     return _load(json.dumps(d, sort_keys=True, default=str), split, tokenizer.fingerprint)
 
 
-def class_counts(data_cfg: ml_collections.ConfigDict, split: str) -> dict[str, int]:
+def class_counts(data_cfg: DataSpec, split: str) -> dict[str, int]:
     """Snippets per class name in `split`."""
     labels = load_snippets(data_cfg, split)[2]
     counts = collections.Counter(labels.tolist())
     return {name: counts.get(i, 0) for i, name in enumerate(classes_of(data_cfg))}
 
 
-def majority_baseline(data_cfg: ml_collections.ConfigDict, split: str = "validation") -> float:
+def majority_baseline(data_cfg: DataSpec, split: str = "validation") -> float:
     """Accuracy of always predicting the most frequent class of `split`."""
     counts = class_counts(data_cfg, split)
     return max(counts.values()) / sum(counts.values())
@@ -172,7 +171,7 @@ class _SelectRows:
         return {k: v[self._index] for k, v in batch.items()}
 
 
-def make_classification_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
+def make_classification_iterator(data_cfg: DataSpec, *, split: str, global_batch_size: int,
                                  seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
                                  repeat: bool = True, data: RunData | None = None,
                                  rows: RowBlocks | None = None) -> BatchIterator:

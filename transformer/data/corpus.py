@@ -19,11 +19,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import ml_collections
 from etils import epath
 import tensorflow_datasets as tfds
 
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 BUILTIN_NAME = "stdlib_py"
 VALIDATION_PERCENT = 2  # of files, chosen by sha1 of the relative path
@@ -107,13 +106,13 @@ class StdlibPy(tfds.core.GeneratorBasedBuilder):
                 yield rel, {"text": f.read(), "path": rel}
 
 
-def resolve_data_dir(data_cfg: ml_collections.ConfigDict) -> str:
+def resolve_data_dir(data_cfg: DataSpec) -> str:
     """`data.data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
     d = data_cfg.data_dir or os.environ.get("TFDS_DATA_DIR") or os.path.join("~", "tensorflow_datasets")
     return os.path.abspath(os.path.expanduser(d))
 
 
-def dataset_key(data_cfg: ml_collections.ConfigDict) -> str:
+def dataset_key(data_cfg: DataSpec) -> str:
     """A file-name-safe name of the configured dataset (the built-in one includes its Python version)."""
     name = f"{BUILTIN_NAME}_{_config_name()}" if data_cfg.tfds_name == BUILTIN_NAME else data_cfg.tfds_name
     return name.replace("/", "_").replace(":", "_")
@@ -159,7 +158,7 @@ def _user_files(folder: str) -> list[str]:
     return sorted(e.name for e in os.scandir(folder) if e.is_file() and e.name.lower().endswith(_USER_FILE_EXTENSIONS))
 
 
-def check_data_dir(data_cfg: ml_collections.ConfigDict, data_dir: str) -> None:
+def check_data_dir(data_cfg: DataSpec, data_dir: str) -> None:
     """A ConfigError when `data.data_dir` is a folder of the user's own text files, not a TFDS data
     directory (TFDS would otherwise build the built-in corpus inside it)."""
     own = _user_files(data_dir)
@@ -218,7 +217,7 @@ class TextSource:
         return self._source.dataset_info
 
 
-def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
+def load_split(data_cfg: DataSpec, split: str) -> TextSource:
     """The records of `split` of `data.tfds_name`: `len(src)`, `src[i]["text"]` (bytes)."""
     data_dir = resolve_data_dir(data_cfg)
     if _looks_like_path(str(data_cfg.tfds_name)):
@@ -247,7 +246,7 @@ def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> TextSource:
     return TextSource(source, data_cfg.text_feature)
 
 
-def fingerprint(data_cfg: ml_collections.ConfigDict, splits: Sequence[str]) -> str:
+def fingerprint(data_cfg: DataSpec, splits: Sequence[str]) -> str:
     """A hash of what defines the documents of `splits`: the dataset's full name (name/config/version),
     each split's name, record count and size, the text feature and, for the built-in corpus, the Python
     version and byte counts it was built from. A prepared TFDS version does not change, so its records
@@ -263,7 +262,7 @@ def fingerprint(data_cfg: ml_collections.ConfigDict, splits: Sequence[str]) -> s
     return "tfds:" + h.hexdigest()[:20]
 
 
-def is_prepared(data_cfg: ml_collections.ConfigDict) -> bool:
+def is_prepared(data_cfg: DataSpec) -> bool:
     """Whether `data.tfds_name` is ready to read in the data dir, without building or writing anything."""
     data_dir = resolve_data_dir(data_cfg)
     try:
@@ -275,7 +274,7 @@ def is_prepared(data_cfg: ml_collections.ConfigDict) -> bool:
         return False
 
 
-def corpus_metadata(data_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+def corpus_metadata(data_cfg: DataSpec) -> dict[str, Any]:
     """Provenance of the built-in corpus (Python version, file counts, bytes); {} for other datasets."""
     if data_cfg.tfds_name != BUILTIN_NAME or str(data_cfg.get("files", "") or "").strip():
         return {}

@@ -18,15 +18,14 @@ import json
 import os
 from collections.abc import Iterator
 
-import ml_collections
 
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 _PARQUET_BATCH_ROWS = 1024
 
 
-def uses_files(data_cfg: ml_collections.ConfigDict) -> bool:
+def uses_files(data_cfg: DataSpec) -> bool:
     """True when `data.files` names local files (then `data.tfds_name` is not used)."""
     return bool(str(data_cfg.get("files", "") or "").strip())
 
@@ -117,20 +116,17 @@ def is_held_out(text: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") < fraction * 2.0 ** 64
 
 
-def split_files(data_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, list[str]]]:
+def split_files(data_cfg: DataSpec) -> dict[str, tuple[str, list[str]]]:
     """{"train"|"eval": (setting name, files)}; without eval files both read `data.files`."""
     train = expand("data.files", data_cfg.files)
     eval_files = str(data_cfg.get("eval_files", "") or "").strip()
     if eval_files:
         return {"train": ("data.files", train), "eval": ("data.eval_files", expand("data.eval_files", eval_files))}
-    fraction = float(data_cfg.get("eval_fraction", 0.0))
-    if not 0.0 < fraction < 1.0:
-        raise ConfigError(f"data.eval_fraction={data_cfg.get('eval_fraction')!r} must be in (0, 1) "
-                          "when data.eval_files is empty")
+    DataSpec.of(data_cfg)  # data.eval_fraction in (0, 1), as data.eval_files is empty
     return {"train": ("data.files", train), "eval": ("data.files", train)}
 
 
-def iter_split(data_cfg: ml_collections.ConfigDict, split: str) -> Iterator[str]:
+def iter_split(data_cfg: DataSpec, split: str) -> Iterator[str]:
     """The documents of `split` ("train" or "eval") in a fixed order: files sorted, each in file order."""
     setting, paths = split_files(data_cfg)[split]
     held_out = not str(data_cfg.get("eval_files", "") or "").strip()
@@ -142,7 +138,7 @@ def iter_split(data_cfg: ml_collections.ConfigDict, split: str) -> Iterator[str]
             yield text
 
 
-def cache_dir(data_cfg: ml_collections.ConfigDict) -> str:
+def cache_dir(data_cfg: DataSpec) -> str:
     """`data.cache_dir`, else ~/.cache/transformer (tokenized data and trained tokenizers)."""
     d = str(data_cfg.get("cache_dir", "") or "") or os.path.join("~", ".cache", "transformer")
     return os.path.abspath(os.path.expanduser(d))
@@ -174,7 +170,7 @@ def file_digests(split: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
     return out
 
 
-def files_fingerprint(data_cfg: ml_collections.ConfigDict,
+def files_fingerprint(data_cfg: DataSpec,
                       split: dict[str, tuple[str, list[str]]] | None = None) -> str:
     """A hash of what defines the documents: every file's path, size, mtime and content, the text
     field and the split rule. A changed file gives another fingerprint. `split`: split_files(data_cfg),

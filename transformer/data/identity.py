@@ -24,17 +24,16 @@ import dataclasses
 import os
 from typing import Any
 
-import ml_collections
 
 from transformer.data import corpus, documents, sources, token_cache, tokenizers
 from transformer.data.tokenizers import Tokenizer
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 IDENTITY_KEY = "identity"  # config.json: data.identity
 MAX_LISTED_FILES = 1000    # more files: only the source fingerprint is recorded (config.json stays small)
 
 
-def check_settings(data_cfg: ml_collections.ConfigDict,
+def check_settings(data_cfg: DataSpec,
                    split: dict[str, tuple[str, list[str]]] | None = None) -> None:
     """ConfigError when evaluation would read training data (see the module docstring). `split`:
     documents.split_files(data_cfg), when the caller has it."""
@@ -60,10 +59,10 @@ def check_settings(data_cfg: ml_collections.ConfigDict,
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RunData:
-    """The resolved data of a run: `config` (its data section), the one `tokenizer`, the documents'
+    """The resolved data of a run: `config` (its data settings, a DataSpec), the one `tokenizer`, the documents'
     `source` fingerprint and (local files) `files` = {setting: {path: content SHA-256}}."""
 
-    config: ml_collections.ConfigDict
+    config: DataSpec
     tokenizer: Tokenizer
     source: str
     files: dict[str, dict[str, str]]
@@ -84,10 +83,12 @@ class RunData:
         return token_cache.ensure_cache(self.config, self.tokenizer, verbose, source_fingerprint=self.source)
 
 
-def resolve_data(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer | None = None,
+def resolve_data(data_cfg: DataSpec, tokenizer: Tokenizer | None = None,
                  workdir: str | None = None) -> RunData:
     """Checks the data settings and resolves them once: the files globbed and hashed, the tokenizer (default:
-    tokenizers.get_tokenizer(data_cfg, workdir)) and the source fingerprint."""
+    tokenizers.get_tokenizer(data_cfg, workdir)) and the source fingerprint. `data_cfg`: a DataSpec (a config's
+    data block is made one: its plain-value checks run first)."""
+    data_cfg = DataSpec.of(data_cfg)
     split = documents.split_files(data_cfg) if documents.uses_files(data_cfg) else None
     check_settings(data_cfg, split)
     tokenizer = tokenizer if tokenizer is not None else tokenizers.get_tokenizer(data_cfg, workdir)
@@ -100,13 +101,13 @@ def resolve_data(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer | Non
     return RunData(data_cfg, tokenizer, documents.files_fingerprint(data_cfg, split), files)
 
 
-def resolvable(data_cfg: ml_collections.ConfigDict, tokenizer: Any) -> bool:
+def resolvable(data_cfg: DataSpec, tokenizer: Any) -> bool:
     """Whether resolve_data can run without building anything: a tokenizer with a fingerprint (a dry run's
     stand-in for an untrained SentencePiece model has none) and documents readable as they are."""
     return bool(getattr(tokenizer, "fingerprint", None)) and sources.is_available(data_cfg)
 
 
-def ensure_available(data_cfg: ml_collections.ConfigDict) -> None:
+def ensure_available(data_cfg: DataSpec) -> None:
     """Builds the TFDS dataset when it is not prepared yet (a first run on a machine), so that a training run
     resolves and records its data identity from its first invocation on (a dry run never builds: `resolvable`).
     Local files are read as they are."""
@@ -114,7 +115,7 @@ def ensure_available(data_cfg: ml_collections.ConfigDict) -> None:
         corpus.load_split(data_cfg, data_cfg.train_split)
 
 
-def peek(data_cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+def peek(data_cfg: DataSpec) -> dict[str, Any] | None:
     """The data identity when it can be computed without building or training anything (a sweep records it in
     sweep.json before its first run), else None: an untrained SentencePiece model, an unprepared dataset."""
     if data_cfg.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data_cfg)):

@@ -21,12 +21,12 @@ the next global batch index) masks exactly as an uninterrupted one.
 """
 from __future__ import annotations
 
-import ml_collections
 import numpy as np
 
 from transformer.data import batches, tokenizers
 from transformer.data.identity import RunData, resolve_data
 from transformer.data.pipeline import make_lm_iterator
+from transformer.spec import DataSpec
 
 SELECT_RATE = 0.15
 MASK_FRACTION, RANDOM_FRACTION = 0.8, 0.1   # the remaining 0.1 keep their token
@@ -86,13 +86,13 @@ class _BertMask:
         return masked | {"segment_ids": batch["segment_ids"], "positions": batch["positions"]}
 
 
-def transform_seed(data_cfg: ml_collections.ConfigDict, seed: int, salt: int) -> int:
+def transform_seed(data_cfg: DataSpec, seed: int, salt: int) -> int:
     """A 32-bit seed for a random transform, distinct per (shuffle seed, seed, transform); the same in
     every process (rows then draw by their global index)."""
     return int(np.random.SeedSequence([int(data_cfg.shuffle_seed), int(seed), salt]).generate_state(1)[0])
 
 
-def make_mlm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
+def make_mlm_iterator(data_cfg: DataSpec, *, split: str, global_batch_size: int, seed: int,
                       process_index: int = 0, process_count: int = 1, shuffle: bool = True,
                       repeat: bool = True, data: RunData | None = None,
                       rows: batches.RowBlocks | None = None) -> batches.BatchIterator:

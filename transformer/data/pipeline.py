@@ -18,31 +18,26 @@ first T tokens are the inputs, its last T the targets.
 """
 from __future__ import annotations
 
-import ml_collections
 import numpy as np
 import scipy.stats
 
 from transformer.data import batches, packed, sources, token_cache
 from transformer.data.identity import RunData, resolve_data
 from transformer.data.packed import lm_features  # noqa: F401 - the features, defined with the packing
-from transformer.spec import ConfigError
+from transformer.spec import DataSpec
 
 
-def shuffle_seed(data_cfg: ml_collections.ConfigDict, seed: int) -> int:
+def shuffle_seed(data_cfg: DataSpec, seed: int) -> int:
     """The document-order seed of a pipeline: (data.shuffle_seed, seed) mixed into 32 bits."""
     return int(np.random.SeedSequence([int(data_cfg.shuffle_seed), int(seed)]).generate_state(1)[0])
 
 
-def _check(data_cfg: ml_collections.ConfigDict, process_index: int, process_count: int) -> None:
+def _check(process_index: int, process_count: int) -> None:
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
-    if int(data_cfg.seq_len) <= 0:
-        raise ConfigError(f"data.seq_len={data_cfg.seq_len!r} must be a positive integer")
-    if int(data_cfg.worker_count) < 0:
-        raise ConfigError(f"data.worker_count={data_cfg.worker_count!r} must be >= 0")
 
 
-def make_lm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int, seed: int,
+def make_lm_iterator(data_cfg: DataSpec, *, split: str, global_batch_size: int, seed: int,
                      process_index: int = 0, process_count: int = 1, shuffle: bool = True, repeat: bool = True,
                      transform: packed.RowTransform | None = None, transform_seed: int = 0,
                      data: RunData | None = None, rows: batches.RowBlocks | None = None) -> batches.BatchIterator:
@@ -56,7 +51,8 @@ def make_lm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_
     re-derived; default: resolved here from `data_cfg`. `rows`: the rows of each global batch this process
     feeds (batches.process_rows of the batch sharding), default rows [p·B, (p+1)·B).
     """
-    _check(data_cfg, process_index, process_count)
+    data_cfg = DataSpec.of(data_cfg)  # checked: data.seq_len, data.worker_count, the splits
+    _check(process_index, process_count)
     rows = batches.default_rows(global_batch_size, process_index, process_count) if rows is None else rows
     split_name = sources.cache_split(data_cfg, split)
     path = (data if data is not None else resolve_data(data_cfg)).ensure_cache()
@@ -71,7 +67,7 @@ def make_lm_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_
     return it
 
 
-def unigram_entropy(data_cfg: ml_collections.ConfigDict, split: str, max_tokens: int = 1_000_000,
+def unigram_entropy(data_cfg: DataSpec, split: str, max_tokens: int = 1_000_000,
                     data: RunData | None = None) -> float:
     """Entropy (nats/token) of the unigram distribution of the targets (tokens + eos) in `split`.
 

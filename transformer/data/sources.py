@@ -9,24 +9,20 @@ import functools
 import json
 from collections.abc import Iterator
 
-import ml_collections
 
 from transformer.data import corpus, documents
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 CACHE_SPLITS = ("train", "eval")
 
 
-def check_splits(data_cfg: ml_collections.ConfigDict) -> None:
+def check_splits(data_cfg: DataSpec) -> None:
     """A TFDS dataset's data.eval_split must be another split than data.train_split (local files have their
-    own rule: data.eval_files or data.eval_fraction, identity.check_settings)."""
-    if not documents.uses_files(data_cfg) and data_cfg.eval_split == data_cfg.train_split:
-        raise ConfigError(f"data.eval_split={data_cfg.eval_split!r} is data.train_split: evaluation would be on the "
-                          f"training data; choose another split of data.tfds_name={data_cfg.tfds_name!r} "
-                          f"(e.g. 'validation' or 'test')")
+    own rule: data.eval_files or data.eval_fraction, identity.check_settings). The check is DataSpec's."""
+    DataSpec.of(data_cfg)
 
 
-def cache_split(data_cfg: ml_collections.ConfigDict, split: str) -> str:
+def cache_split(data_cfg: DataSpec, split: str) -> str:
     """The cache split ("train"/"eval") that `split` names: data.train_split or data.eval_split."""
     check_splits(data_cfg)
     if split == data_cfg.train_split:
@@ -37,11 +33,11 @@ def cache_split(data_cfg: ml_collections.ConfigDict, split: str) -> str:
                       f"data.eval_split={data_cfg.eval_split!r}")
 
 
-def _tfds_split(data_cfg: ml_collections.ConfigDict, split: str) -> str:
+def _tfds_split(data_cfg: DataSpec, split: str) -> str:
     return data_cfg.train_split if split == "train" else data_cfg.eval_split
 
 
-def texts(data_cfg: ml_collections.ConfigDict, split: str) -> Iterator[str]:
+def texts(data_cfg: DataSpec, split: str) -> Iterator[str]:
     """The non-empty documents of cache split `split`, in a fixed order (files: sorted, each in file
     order; TFDS: record order)."""
     if documents.uses_files(data_cfg):
@@ -54,7 +50,7 @@ def texts(data_cfg: ml_collections.ConfigDict, split: str) -> Iterator[str]:
             yield text.decode("utf-8", errors="replace")
 
 
-def empty_split_error(data_cfg: ml_collections.ConfigDict, split: str) -> ConfigError:
+def empty_split_error(data_cfg: DataSpec, split: str) -> ConfigError:
     """The error for a cache split without a document, naming the setting that defines it."""
     if not documents.uses_files(data_cfg):
         return ConfigError(f"split {_tfds_split(data_cfg, split)!r} of data.tfds_name={data_cfg.tfds_name!r} holds "
@@ -70,11 +66,12 @@ def empty_split_error(data_cfg: ml_collections.ConfigDict, split: str) -> Config
 @functools.lru_cache(maxsize=64)
 def _tfds_fingerprint(data_json: str) -> str:
     """Memoised per process: a prepared TFDS dataset does not change while a run reads it."""
-    data_cfg = ml_collections.ConfigDict(json.loads(data_json))
-    return corpus.fingerprint(data_cfg, [data_cfg.train_split, data_cfg.eval_split])
+    d = json.loads(data_json)  # the dataset (name, dir, feature) as a spec; its splits are hashed by name
+    dataset = DataSpec.of({k: d[k] for k in ("tfds_name", "text_feature", "data_dir")})
+    return corpus.fingerprint(dataset, [d["train_split"], d["eval_split"]])
 
 
-def fingerprint(data_cfg: ml_collections.ConfigDict) -> str:
+def fingerprint(data_cfg: DataSpec) -> str:
     """A hash of what defines the documents of both cache splits (a changed file or dataset changes it)."""
     if documents.uses_files(data_cfg):
         return documents.files_fingerprint(data_cfg)
@@ -83,12 +80,12 @@ def fingerprint(data_cfg: ml_collections.ConfigDict) -> str:
     return _tfds_fingerprint(json.dumps(identity, sort_keys=True))
 
 
-def is_available(data_cfg: ml_collections.ConfigDict) -> bool:
+def is_available(data_cfg: DataSpec) -> bool:
     """Whether the documents can be read without building or downloading anything."""
     return documents.uses_files(data_cfg) or corpus.is_prepared(data_cfg)
 
 
-def cache_root(data_cfg: ml_collections.ConfigDict) -> str:
+def cache_root(data_cfg: DataSpec) -> str:
     """`data.cache_dir`; else ~/.cache/transformer for local files and the TFDS data dir for a dataset
     (next to it, as its trained SentencePiece models are)."""
     if str(data_cfg.get("cache_dir", "") or "") or documents.uses_files(data_cfg):

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import copy
 
-import ml_collections
 import numpy as np
 
 from transformer.data import batches, tokenizers
 from transformer.data.identity import RunData, resolve_data
 from transformer.data.mlm import transform_seed
 from transformer.data.pipeline import make_lm_iterator
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 DECODER_START_ID = tokenizers.BOS_ID
 
@@ -151,17 +150,17 @@ class _SpanCorrupt:
         }
 
 
-def span_corruption_lengths(data_cfg: ml_collections.ConfigDict) -> tuple[int, int, int]:
+def span_corruption_lengths(data_cfg: DataSpec) -> tuple[int, int, int]:
     """(raw row length, targets length, number of sentinels) for the data config."""
     return span_lengths(int(data_cfg.seq_len), float(data_cfg.noise_density), float(data_cfg.mean_noise_span_length))
 
 
-def span_corruption_vocab_size(data_cfg: ml_collections.ConfigDict, tokenizer: tokenizers.Tokenizer) -> int:
+def span_corruption_vocab_size(data_cfg: DataSpec, tokenizer: tokenizers.Tokenizer) -> int:
     """The vocabulary the model needs: the tokenizer's plus the sentinels."""
     return tokenizer.vocab_size + span_corruption_lengths(data_cfg)[2]
 
 
-def make_span_corruption_iterator(data_cfg: ml_collections.ConfigDict, *, split: str, global_batch_size: int,
+def make_span_corruption_iterator(data_cfg: DataSpec, *, split: str, global_batch_size: int,
                                   seed: int, process_index: int = 0, process_count: int = 1, shuffle: bool = True,
                                   repeat: bool = True, data: RunData | None = None,
                                   rows: batches.RowBlocks | None = None) -> batches.BatchIterator:

@@ -23,14 +23,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-import ml_collections
 import numpy as np
 import tqdm
 
 from transformer.data import sources, tokenizers
 from transformer.data.corpus import file_lock
 from transformer.data.tokenizers import Tokenizer
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 SPLITS = sources.CACHE_SPLITS
 OVERLAP_KEY = "eval_train_overlap_documents"  # meta.json and summary.json: eval documents also in train
@@ -50,7 +49,7 @@ def cache_key(source_fingerprint: str, tokenizer_fingerprint: str) -> str:
     return hashlib.sha256(f"{source_fingerprint}|{tokenizer_fingerprint}".encode()).hexdigest()[:24]
 
 
-def cache_path(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, source_fingerprint: str | None = None) -> str:
+def cache_path(data_cfg: DataSpec, tokenizer: Tokenizer, source_fingerprint: str | None = None) -> str:
     """Where the cache of (documents, tokenizer) lives; `source_fingerprint`: sources.fingerprint(data_cfg) when
     the caller has it (identity.RunData: computed once per run)."""
     source = source_fingerprint if source_fingerprint is not None else sources.fingerprint(data_cfg)
@@ -95,7 +94,7 @@ def _overlap(hashes: dict[str, np.ndarray]) -> int:
     return int(np.isin(hashes["eval"], hashes["train"]).sum())
 
 
-def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str, out_dir: str,
+def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_dir: str,
                     dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray]:
     """Streams the split's documents through the tokenizer into out_dir/{split}.tokens; returns its counts
     and each document's hash (uint64 [D], document_hash)."""
@@ -127,7 +126,7 @@ def _tokenize_split(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, s
              "seconds": seconds, "tokens_per_second": num_tokens / max(seconds, 1e-9)}, np.asarray(hashes, np.uint64))
 
 
-def _check_overlap(data_cfg: ml_collections.ConfigDict, overlap: int, eval_documents: int) -> None:
+def _check_overlap(data_cfg: DataSpec, overlap: int, eval_documents: int) -> None:
     """Explicit data.eval_files must hold no document of data.files (a held-out document is in one split by
     construction; two TFDS splits may share a few duplicates, which the summary reports)."""
     if overlap and str(data_cfg.get("eval_files", "") or "").strip():
@@ -136,7 +135,7 @@ def _check_overlap(data_cfg: ml_collections.ConfigDict, overlap: int, eval_docum
                           f"side, or leave data.eval_files empty to hold out data.eval_fraction of data.files")
 
 
-def ensure_cache(data_cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, verbose: bool = True,
+def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
                  source_fingerprint: str | None = None) -> str:
     """The cache directory for (files, tokenizer), built on first use; safe across processes.
     `source_fingerprint`: as cache_path."""
@@ -208,7 +207,7 @@ def read_meta(path: str) -> dict:
         return json.load(f)
 
 
-def existing_cache(data_cfg: ml_collections.ConfigDict) -> str | None:
+def existing_cache(data_cfg: DataSpec) -> str | None:
     """The cache of `data_cfg` if it is built, else None; builds, trains and writes nothing (for dry runs).
 
     None also when what would key it is not there yet: an untrained SentencePiece model, an unprepared

@@ -17,12 +17,11 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
-import ml_collections
 import numpy as np
 import sentencepiece as spm
 
 from transformer.data import corpus, documents
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, DataSpec
 
 TOKENIZERS = ("bytes", "sentencepiece", "a SentencePiece .model path", "a Hugging Face tokenizer.json path")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -262,7 +261,7 @@ def record_tokenizer(tokenizer: Tokenizer, workdir: str) -> None:
     os.replace(tmp, path)
 
 
-def _recorded(data_cfg: ml_collections.ConfigDict, workdir: str, training: bool) -> Tokenizer | None:
+def _recorded(data_cfg: DataSpec, workdir: str, training: bool) -> Tokenizer | None:
     """The tokenizer a run in `workdir` recorded, if it matches `data.tokenizer`'s kind and fingerprint
     (`training`: and the data.tokenizer file, where it still exists, holds the same tokenizer)."""
     kind = str(data_cfg.tokenizer)
@@ -311,7 +310,7 @@ def train_sentencepiece(texts: Iterable[str | bytes], vocab_size: int) -> Senten
     return SentencePieceTokenizer(model.getvalue())
 
 
-def _corpus_sample(data_cfg: ml_collections.ConfigDict, max_bytes: int) -> Iterator[bytes]:
+def _corpus_sample(data_cfg: DataSpec, max_bytes: int) -> Iterator[bytes]:
     """Train-split documents in a fixed pseudo-random order (local files: in file order), until
     `max_bytes` have been yielded."""
     if documents.uses_files(data_cfg):
@@ -333,7 +332,7 @@ def _corpus_sample(data_cfg: ml_collections.ConfigDict, max_bytes: int) -> Itera
         yield text
 
 
-def sentencepiece_path(data_cfg: ml_collections.ConfigDict) -> str:
+def sentencepiece_path(data_cfg: DataSpec) -> str:
     """Where the corpus's SentencePiece model is cached: keyed by dataset, split and vocab size
     (local files: by the files' fingerprint, under data.cache_dir)."""
     if documents.uses_files(data_cfg):
@@ -343,7 +342,7 @@ def sentencepiece_path(data_cfg: ml_collections.ConfigDict) -> str:
     return os.path.join(corpus.resolve_data_dir(data_cfg), "tokenizers", name.replace("/", "_"))
 
 
-def get_tokenizer(data_cfg: ml_collections.ConfigDict, workdir: str | None = None, training: bool = False) -> Tokenizer:
+def get_tokenizer(data_cfg: DataSpec, workdir: str | None = None, training: bool = False) -> Tokenizer:
     """The tokenizer named by `data.tokenizer`; a SentencePiece model is trained once and cached.
 
     `workdir`: a run directory; the tokenizer the run recorded there (`record_tokenizer`) is used when

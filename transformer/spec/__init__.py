@@ -1,8 +1,9 @@
 """The bottom layer: a run's settings as frozen, checked dataclasses and the arithmetic on them (standard
-library and numpy only). errors (ConfigError), model (ModelConfig), accounting (parameters, FLOPs, padded
+library and numpy only). errors (ConfigError), model (ModelConfig), data (DataSpec), accounting (parameters, FLOPs, padded
 vocabulary), schedule (TrainSpec, lr_at), mesh (MeshSpec), run (RunSpec, config.json)."""
 from transformer.spec.accounting import (VOCAB_MULTIPLE, attention_layers, flops_per_token, matmul_params,
                                          padded_vocab_size, padding_params, param_counts, train_flops)
+from transformer.spec.data import DataSpec
 from transformer.spec.errors import ConfigError, MissingInputError, check_choice, check_positive_int
 from transformer.spec.mesh import MESH_AXES, MeshSpec, normalize_rules, resolve_shape
 from transformer.spec.model import (AUTO, COMPUTE_DTYPES, FAMILIES, NORM_POSITIONS, PARAM_DTYPES, PARAMETRIZATIONS,
@@ -12,7 +13,7 @@ from transformer.spec.schedule import (AUTO_WARMUP, AUTO_WARMUP_FRACTION, AUTO_W
                                        SCHEDULES, TrainSpec, decay_start, lr_at, train_spec, warmup_steps)
 
 __all__ = [
-    "AUTO", "AUTO_WARMUP", "AUTO_WARMUP_FRACTION", "AUTO_WARMUP_MAX", "COMPUTE_DTYPES", "ConfigError", "FAMILIES",
+    "AUTO", "AUTO_WARMUP", "AUTO_WARMUP_FRACTION", "AUTO_WARMUP_MAX", "COMPUTE_DTYPES", "ConfigError", "DataSpec", "FAMILIES",
     "MESH_AXES", "MeshSpec", "MissingInputError", "ModelConfig", "NONFINITE_POLICIES", "NORM_POSITIONS",
     "PARAM_DTYPES", "PARAMETRIZATIONS", "REMAT_POLICIES", "RunSpec", "SCHEDULES", "TrainSpec", "VOCAB_MULTIPLE",
     "attention_layers", "check_choice", "check_positive_int", "decay_start", "flops_per_token", "lr_at",

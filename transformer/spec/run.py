@@ -14,6 +14,7 @@ from typing import Any
 from transformer.files import write_json
 from transformer.spec.errors import ConfigError, MissingInputError, check_positive_int
 from transformer.spec.accounting import padded_vocab_size
+from transformer.spec.data import DataSpec
 from transformer.spec.mesh import MeshSpec
 from transformer.spec.model import ModelConfig
 from transformer.spec.schedule import TrainSpec
@@ -22,7 +23,8 @@ from transformer.spec.schedule import TrainSpec
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """model: the checked ModelConfig (vocab_size filled in); train: the train.* settings; mesh: the mesh for
-    this many devices; seq_len: data.seq_len; config: the resolved config as written to DIR/config.json."""
+    this many devices; seq_len: data.seq_len; config: the resolved config as written to DIR/config.json;
+    data: the data.* settings (default: DataSpec.of(config["data"]), or the defaults with this seq_len)."""
 
     model: ModelConfig
     train: TrainSpec
@@ -30,9 +32,15 @@ class RunSpec:
     seq_len: int
     config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     process_count: int = 1
+    data: DataSpec | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("data.seq_len", self.seq_len)
+        if self.data is None:
+            data = DataSpec.of(self.config["data"]) if "data" in self.config else DataSpec(seq_len=self.seq_len)
+            object.__setattr__(self, "data", data)
+        if self.data.seq_len != self.seq_len:
+            raise ConfigError(f"data.seq_len={self.data.seq_len} of the data spec is not the run's {self.seq_len}")
         self.mesh.check_batch(self.train.batch_size, self.process_count)
         m = self.model
         if m.positional != "none" and self.seq_len > m.max_len:
@@ -48,7 +56,7 @@ class RunSpec:
         model = ModelConfig.from_dict(config["model"], dtype=config["train"].get("compute_dtype", "float32"))
         return cls(model=model, train=TrainSpec.from_config(config["train"]),
                    mesh=MeshSpec.from_config(config["mesh"], num_devices), seq_len=config["data"]["seq_len"],
-                   config=config, process_count=process_count)
+                   config=config, process_count=process_count, data=DataSpec.of(config["data"]))
 
     @classmethod
     def from_json(cls, path: str, num_devices: int = 1, process_count: int = 1) -> "RunSpec":

@@ -13,15 +13,15 @@ LM_KEYS = ("inputs", "targets", "segment_ids", "positions")
 class LMTask:
     name = "lm"
 
-    def batch_spec(self, config: Any) -> dict:
-        shape = (config.train.batch_size, config.data.seq_len)
+    def batch_spec(self, spec: Any) -> dict:
+        shape = (spec.train.batch_size, spec.data.seq_len)
         return {k: (shape, np.int32) for k in LM_KEYS} | {"weights": (shape, np.float32)}
 
-    def make_iterator(self, config: Any, **kwargs: Any):
-        return make_lm_iterator(config.data, **kwargs)
+    def make_iterator(self, spec: Any, **kwargs: Any):
+        return make_lm_iterator(spec.data, **kwargs)
 
-    def init_inputs(self, config: Any) -> tuple:
-        return (np.zeros((1, config.data.seq_len), np.int32),)
+    def init_inputs(self, spec: Any) -> tuple:
+        return (np.zeros((1, spec.data.seq_len), np.int32),)
 
     def forward(self, model, params, batch, *, deterministic, rngs):
         logits_BTV = model.apply({"params": params}, batch["inputs"], batch["positions"], batch["segment_ids"],

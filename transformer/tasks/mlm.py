@@ -17,12 +17,12 @@ class MLMTask(LMTask):
 
     name = "mlm"
 
-    def vocab_size(self, config: Any, tokenizer: Any) -> int:
+    def vocab_size(self, spec: Any, tokenizer: Any) -> int:
         """The tokenizer's vocabulary plus the MASK id."""
         return mlm_vocab_size(tokenizer)
 
-    def make_iterator(self, config: Any, **kwargs: Any):
-        return make_mlm_iterator(config.data, **kwargs)
+    def make_iterator(self, spec: Any, **kwargs: Any):
+        return make_mlm_iterator(spec.data, **kwargs)
 
     def forward_hidden(self, *args: Any, **kwargs: Any):
         raise ConfigError("train.loss_chunk_size is for decoder LMs (task lm); set it to 0 for task mlm")

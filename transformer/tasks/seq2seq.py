@@ -15,22 +15,22 @@ TARGET_KEYS = ("decoder_inputs", "targets", "target_segment_ids", "target_positi
 class SpanCorruptionTask:
     name = "span_corruption"
 
-    def vocab_size(self, config: Any, tokenizer: Any) -> int:
+    def vocab_size(self, spec: Any, tokenizer: Any) -> int:
         """The tokenizer's vocabulary plus the sentinels (their number depends on data.seq_len)."""
-        return span_corruption_vocab_size(config.data, tokenizer)
+        return span_corruption_vocab_size(spec.data, tokenizer)
 
-    def batch_spec(self, config: Any) -> dict:
-        B, S = config.train.batch_size, config.data.seq_len
-        T = span_corruption_lengths(config.data)[1]
+    def batch_spec(self, spec: Any) -> dict:
+        B, S = spec.train.batch_size, spec.data.seq_len
+        T = span_corruption_lengths(spec.data)[1]
         return ({k: ((B, S), np.int32) for k in SOURCE_KEYS} | {k: ((B, T), np.int32) for k in TARGET_KEYS}
                 | {"weights": ((B, T), np.float32)})
 
-    def make_iterator(self, config: Any, **kwargs: Any):
-        return make_span_corruption_iterator(config.data, **kwargs)
+    def make_iterator(self, spec: Any, **kwargs: Any):
+        return make_span_corruption_iterator(spec.data, **kwargs)
 
-    def init_inputs(self, config: Any) -> tuple:
-        return (np.zeros((1, config.data.seq_len), np.int32),
-                np.zeros((1, span_corruption_lengths(config.data)[1]), np.int32))
+    def init_inputs(self, spec: Any) -> tuple:
+        return (np.zeros((1, spec.data.seq_len), np.int32),
+                np.zeros((1, span_corruption_lengths(spec.data)[1]), np.int32))
 
     def forward(self, model, params, batch, *, deterministic, rngs):
         logits_BTV = model.apply({"params": params}, batch["inputs"], batch["decoder_inputs"],

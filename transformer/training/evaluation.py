@@ -27,9 +27,10 @@ class Evaluator:
     summed loss in bits over the UTF-8 bytes of the very targets it was taken on (each weighted target's byte
     length, summed over every process's rows), comparable across tokenizers."""
 
-    def __init__(self, eval_fn: Callable, task: Any, config: Any, batch_sharding: Any, process_index: int,
+    def __init__(self, eval_fn: Callable, task: Any, spec: Any, batch_sharding: Any, process_index: int,
                  process_count: int, token_bytes_V: np.ndarray | None = None, data: Any = None, rows: Any = None):
-        self.eval_fn, self.task, self.config, self.batch_sharding = eval_fn, task, config, batch_sharding
+        # spec: the run's RunSpec (anything with .train and .data: spec.train.eval_steps, spec.data.eval_split)
+        self.eval_fn, self.task, self.spec, self.batch_sharding = eval_fn, task, spec, batch_sharding
         self.data, self.rows = data, rows  # the run's resolved data (identity.RunData) and this process's rows
         self.process_index, self.process_count, self.token_bytes_V = process_index, process_count, token_bytes_V
         self._it: Any = None
@@ -39,7 +40,7 @@ class Evaluator:
     def _batches(self) -> Any:
         """The eval iterator at its first batch: made once, rewound (set_state) afterwards."""
         if self._it is None:
-            c = self.config
+            c = self.spec
             self._it = self.task.make_iterator(c, split=c.data.eval_split, global_batch_size=c.train.batch_size,
                                                seed=c.data.shuffle_seed, process_index=self.process_index,
                                                process_count=self.process_count, shuffle=True, repeat=True,
@@ -53,12 +54,12 @@ class Evaluator:
         it = self._batches()
         outs = []  # device arrays: nothing is fetched until every batch is dispatched
         target_bytes = 0.0  # this process's rows
-        for _ in range(self.config.train.eval_steps):
+        for _ in range(self.spec.train.eval_steps):
             local = next(it)
             if self.token_bytes_V is not None and self._target_bytes is None:
                 target_bytes += float(np.sum(self.token_bytes_V[local["targets"]] * local["weights"],
                                              dtype=np.float64))
-            batch = global_batch(local, self.batch_sharding, self.config.train.batch_size)
+            batch = global_batch(local, self.batch_sharding, self.spec.train.batch_size)
             outs.append({k: v for k, v in self.eval_fn(params, batch).items() if k in SUMS})
         sums = {k: 0.0 for k in SUMS}
         for out in jax.device_get(outs):
@@ -82,11 +83,11 @@ class Evaluator:
         self._it = None
 
 
-def evaluate(eval_fn: Callable, params: Any, task: Any, config: Any, batch_sharding: Any, process_index: int,
+def evaluate(eval_fn: Callable, params: Any, task: Any, spec: Any, batch_sharding: Any, process_index: int,
              process_count: int, token_bytes_V: np.ndarray | None = None, data: Any = None,
              rows: Any = None) -> dict[str, Any]:
     """One evaluation with an iterator of its own (Evaluator's, closed after): for callers outside a run."""
-    evaluator = Evaluator(eval_fn, task, config, batch_sharding, process_index, process_count, token_bytes_V, data,
+    evaluator = Evaluator(eval_fn, task, spec, batch_sharding, process_index, process_count, token_bytes_V, data,
                           rows)
     try:
         return evaluator(params)

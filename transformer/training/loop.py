@@ -60,18 +60,18 @@ class Loop:
     def __init__(self, setup: Setup, runs: Runs, state: Any, start_step: int, preemption: guards.Preemption,
                  profile: ProfileWindow, verbose: bool):
         self.s, self.runs, self.state, self.preemption, self.profile = setup, runs, state, preemption, profile
-        self.t, self.R, grouped = setup.config.train, len(runs.configs), runs.grouped
+        self.t, self.R, grouped = setup.spec.train, len(runs.specs), runs.grouped
         self.start_step = self.step = self.last_saved = start_step
         self.batch_s = sharding.batch_sharding(setup.mesh, setup.rules)
         self.train_batch_s = multirun.with_run_axis(self.batch_s) if grouped else self.batch_s
         self.use_dropout = setup.model_cfg.dropout_rate > 0
         train_step = steps.make_train_step(setup.model, setup.task, setup.tx, seed=self.t.seed,
                                            use_dropout=self.use_dropout,
-                                           loss_chunk_size=self.t.get("loss_chunk_size", 0))
+                                           loss_chunk_size=self.t.loss_chunk_size)
         self.train_jit, self.eval_fn = steps.jit_steps(train_step, steps.make_eval_step(setup.model, setup.task),
                                                        setup.shardings, setup.mesh, setup.rules,
                                                        runs=self.R if grouped else 0)
-        self.evaluator = Evaluator(self.eval_fn, setup.task, setup.config, self.batch_s, jax.process_index(),  # one
+        self.evaluator = Evaluator(self.eval_fn, setup.task, setup.spec, self.batch_s, jax.process_index(),  # one
                                    jax.process_count(), setup.token_bytes_V, setup.data, setup.rows)  # per run
         self.train_fn: Any = None
         self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose)
@@ -129,7 +129,7 @@ class Loop:
 
     # ---- its parts ---------------------------------------------------------------------------------------
     def _batch_spec(self, n: int) -> dict:
-        spec = abstract_batch(self.s.task, self.s.config, self.batch_s)
+        spec = abstract_batch(self.s.task, self.s.spec, self.batch_s)
         if not self.runs.grouped:
             return spec
         return {k: jax.ShapeDtypeStruct((n, *a.shape), a.dtype, sharding=self.train_batch_s) for k, a in spec.items()}
@@ -221,11 +221,11 @@ class Loop:
     def _diagnose(self, bad_step: int, bad_loss: float) -> str:
         s, t = self.s, self.t
         grad_fn = nonfinite.make_grad_fn(s.model, s.task, seed=t.seed, use_dropout=self.use_dropout,
-                                         loss_chunk_size=t.get("loss_chunk_size", 0))
+                                         loss_chunk_size=t.loss_chunk_size)
         return guards.replay_diagnosis(
             bad_step, bad_loss, checkpointer=self.runs.ckpts[0], abstract=s.abstract,
-            make_iterator=lambda: s.task.make_iterator(s.config, **self.runs.data_args[0]),
-            fresh_state=lambda: s.fresh_state(s.config), train_fn=self.train_fn, grad_fn=grad_fn,
+            make_iterator=lambda: s.task.make_iterator(s.spec, **self.runs.data_args[0]),
+            fresh_state=lambda: s.fresh_state(s.spec), train_fn=self.train_fn, grad_fn=grad_fn,
             to_global=lambda b: global_batch(b, self.batch_s, t.batch_size))
 
     def skipped_now(self) -> None:
@@ -250,7 +250,6 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     setup, runs, previous, _ = run_setup.prepare(configs, workdirs, verbose, get_task)
     if setup is None:
         return previous
-    t = setup.config.train
     profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0
     preemption = guards.Preemption(stop_at, nproc)
     loop: Loop | None = None
@@ -340,10 +339,10 @@ def _close_all(closers: list[Callable[[], Any]], raise_errors: bool) -> None:
 
 def _summaries(setup: Setup, runs: Runs, loop: Loop, step: int, wall: float) -> list[dict]:
     """Each run's summary.json (a group's times are shared: each run's are the group's / R)."""
-    R = len(runs.configs)
+    R = len(runs.specs)
     seconds = dict(wall=wall, compile=loop.compile_seconds, train=loop.timed_seconds, eval=loop.eval_seconds)
     return [make_summary(
-        status=runs.status[r], error=runs.errors[r], step=step, steps=setup.config.train.steps, counts=setup.counts,
+        status=runs.status[r], error=runs.errors[r], step=step, steps=setup.spec.train.steps, counts=setup.counts,
         tokens_per_step=setup.tokens_per_step, fpt=setup.fpt, last=runs.last[r], task_name=setup.task.name,
         skipped=runs.skipped[r], seconds={k: v / R for k, v in seconds.items()},
         tps=loop.timed_tokens / loop.timed_seconds if loop.timed_seconds else None,

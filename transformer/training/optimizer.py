@@ -29,7 +29,7 @@ from transformer.spec import (AUTO_WARMUP, AUTO_WARMUP_FRACTION, AUTO_WARMUP_MAX
                               SCHEDULES, TrainSpec, decay_start, warmup_steps)
 
 
-def make_schedule(train_cfg: Any, peak: float | None = None) -> optax.Schedule:
+def make_schedule(train_cfg: TrainSpec | Any, peak: float | None = None) -> optax.Schedule:
     """count -> learning rate: spec.schedule.lr_at with jax.numpy (the one learning-rate arithmetic; see
     transformer/spec/schedule.py), for the peak `peak` (default train.learning_rate). `train_cfg`: a
     TrainSpec or the config's train block (checked: ConfigError naming the setting)."""
@@ -89,7 +89,7 @@ def scale_by_multipliers(multipliers: Any) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(train_cfg: Any, lr_multipliers: Any = None) -> optax.GradientTransformation:
+def make_optimizer(train_cfg: TrainSpec | Any, lr_multipliers: Any = None) -> optax.GradientTransformation:
     """clip(global norm) → AdamW(unit schedule, decay mask) → × the peak rate in the state (see the module
     docstring). `lr_multipliers`: a tree of floats shaped like the parameters (mup.lr_multipliers) that scales
     each parameter's Adam step; None: AdamW as optax.adamw.

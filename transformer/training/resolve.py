@@ -13,7 +13,7 @@ from typing import Any
 from transformer.data import get_tokenizer
 from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models import resolve as resolve_names
-from transformer.spec import MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec
+from transformer.spec import DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec
 from transformer.tasks import model_vocab_size
 from transformer.training import profiler, wandb_run
 
@@ -47,14 +47,16 @@ def run_spec(config: Any, model_cfg: ModelConfig, num_devices: int, process_coun
     train = TrainSpec.from_config(config.train)  # steps, batch, schedule, warm-up, clipping, nonfinite policy
     profiler.window(config)  # logging.profile_*
     wandb_run.check(config)  # logging.wandb*: the package installed, a valid mode
+    resolved = resolved if resolved is not None else config.to_dict()
     return RunSpec(model=model_cfg, train=train, mesh=MeshSpec.from_config(config.mesh, num_devices),
-                   seq_len=config.data.seq_len, config=resolved if resolved is not None else config.to_dict(),
-                   process_count=process_count)
+                   seq_len=config.data.seq_len, config=resolved, process_count=process_count,
+                   data=DataSpec.of(resolved["data"]))
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:
     """Validates `config` for this many devices and processes (ConfigError naming the setting on a mistake).
     `tokenizer`: anything with `vocab_size`; default: the one `data.tokenizer` names."""
+    DataSpec.of(config.data)  # the plain data.* checks, before any tokenizer is trained or file read
     tokenizer = tokenizer if tokenizer is not None else get_tokenizer(config.data)
     model_cfg = model_config(config, model_vocab_size(config, tokenizer))
     resolved = config.to_dict()

@@ -8,11 +8,10 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 
 from transformer import files
 from transformer.data import identity, token_cache
-from transformer.spec import ConfigError, ModelConfig, padding_params
+from transformer.spec import ConfigError, ModelConfig, TrainSpec, padding_params
 from transformer.training import hardware, optimizer, sharding
 from transformer.training.evaluation import evaluate  # noqa: F401  (its former home)
 from transformer.training.guards import Preempted, preemption_signals  # noqa: F401  (their former home)
@@ -49,7 +48,7 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
     old, new = flatten_keys(existing), flatten_keys(resolved)
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if set(diff) <= set(CONTINUABLE_KEYS) and old.get("train.schedule") == "wsd" == new.get("train.schedule"):
-        old_t, new_t = (ml_collections.ConfigDict(d["train"]) for d in (existing, resolved))
+        old_t, new_t = (TrainSpec.from_config(d["train"]) for d in (existing, resolved))
         if new_t.steps > old_t.steps and optimizer.warmup_steps(old_t) == optimizer.warmup_steps(new_t):
             return optimizer.decay_start(old_t)
         raise ConfigError(
@@ -90,10 +89,10 @@ class Progress:
               f"ETA {int(eta // 60):d}m{int(eta % 60):02d}s{extra}", flush=True)
 
 
-def abstract_batch(task, config: Any, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes of a global batch, to compile the train step before any data is read."""
+def abstract_batch(task, spec: Any, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes of a global batch (`spec`: the run's RunSpec), to compile the train step before any data is read."""
     return {k: jax.ShapeDtypeStruct(shape, d, sharding=batch_sharding)
-            for k, (shape, d) in task.batch_spec(config).items()}
+            for k, (shape, d) in task.batch_spec(spec).items()}
 
 
 def make_summary(*, status: str, error: str | None, step: int, steps: int, counts: dict, tokens_per_step: int,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from transformer.spec import ConfigError, flops_per_token, param_counts
+from transformer.spec import ConfigError, RunSpec, flops_per_token, param_counts
 from transformer.data import get_tokenizer, identity, record_tokenizer
 from transformer.data.batches import process_rows
 from transformer.data.span_corruption import span_corruption_lengths
@@ -31,9 +31,10 @@ from transformer.training.warm_start import warm_start
 
 @dataclasses.dataclass
 class Runs:
-    """The R runs' own things (configs, workdirs, data iterators, checkpointers, writers) and outcomes.
-    `live[p]` is the run at position p of the state's run axis; a failed run leaves it."""
+    """The R runs' own things (configs as given, their resolved specs, workdirs, data iterators, checkpointers,
+    writers) and outcomes. `live[p]` is the run at position p of the state's run axis; a failed run leaves it."""
     configs: list
+    specs: list[RunSpec]
     workdirs: list[str]
     resolved: list[dict]
     data_args: list[dict]
@@ -49,7 +50,7 @@ class Runs:
         self.status, self.errors = ["ok"] * R, [None] * R
         self.skipped: list = [None] * R
         self.last: list[dict] = [{} for _ in range(R)]  # each run's last logged values (LAST_KEYS)
-        self.schedules = [make_schedule(c.train) for c in self.configs]
+        self.schedules = [make_schedule(s.train) for s in self.specs]
 
     def part(self, tree: Any, p: int) -> Any:
         """Run p's slice of a tree of arrays (a group's), or the tree itself (a run alone)."""
@@ -66,19 +67,22 @@ class Runs:
 
     def next_batch(self, batch_s: Any, train_batch_s: Any) -> dict:
         if not self.grouped:  # host work overlaps the previous step
-            return global_batch(next(self.data_its[0]), batch_s, self.configs[0].train.batch_size)
+            return global_batch(next(self.data_its[0]), batch_s, self.specs[0].train.batch_size)
         rows = [next(self.data_its[r]) for r in self.live]
         return global_batch({k: np.stack([b[k] for b in rows]) for k in rows[0]}, train_batch_s)
 
     def describe_batch(self, r: int, step: int) -> str:
-        c = self.configs[r]
-        return (f"number {step - 1} of split {c.data.train_split!r} shuffled with data.shuffle_seed="
-                f"{c.data.shuffle_seed}, train.seed={c.train.seed}")
+        s = self.specs[r]
+        return (f"number {step - 1} of split {s.data.train_split!r} shuffled with data.shuffle_seed="
+                f"{s.data.shuffle_seed}, train.seed={s.train.seed}")
 
 
 @dataclasses.dataclass
 class Setup:
-    """What every step needs, built once: the model and its steps, the mesh, the accounting."""
+    """What every step needs, built once: the model and its steps, the mesh, the accounting. `spec`: run 0's
+    resolved RunSpec (a group's runs share all but train.learning_rate and train.seed); `config`: its config
+    as given, read only for the logging.* settings (the profiler)."""
+    spec: RunSpec
     config: Any
     task: Any
     model: Any
@@ -102,23 +106,23 @@ class Setup:
     vocab_size_unpadded: int  # the ids a token can have, before padding (summary.json)
     eval_train_overlap_documents: int | None  # eval documents that are also train documents (packed text)
 
-    def fresh_state(self, c: Any, announce: bool = False) -> Any:
+    def fresh_state(self, spec: RunSpec, announce: bool = False) -> Any:
         """Step 0: initialised from the run's seed with its peak learning rate, warm-started when asked."""
-        state = fresh_state(self.model, self.tx, c.train, self.task.init_inputs(c), self.mesh, self.rules)
-        if c.train.get("init_from"):
-            state, copied = warm_start(state, c.train.init_from)
+        state = fresh_state(self.model, self.tx, spec.train, self.task.init_inputs(spec), self.mesh, self.rules)
+        if spec.train.init_from:
+            state, copied = warm_start(state, spec.train.init_from)
             if announce:
-                print(f"warm start from {c.train.init_from}: {len(copied['copied'])} parameters copied, "
+                print(f"warm start from {spec.train.init_from}: {len(copied['copied'])} parameters copied, "
                       f"{len(copied['kept'])} freshly initialised ({', '.join(copied['kept'][:4])}"
                       f"{', ...' if len(copied['kept']) > 4 else ''})", flush=True)
         return state
 
 
-def split_tokens_per_step(task_name: str, config: Any) -> int:
+def split_tokens_per_step(task_name: str, spec: RunSpec) -> int:
     """Tokens of the training split one step reads (for `epochs`): B packed rows of data.seq_len + 1 tokens each
     (T inputs and one more target; span corruption packs rows of its raw length + 1, then corrupts them)."""
-    row = span_corruption_lengths(config.data)[0] if task_name == "span_corruption" else int(config.data.seq_len)
-    return int(config.train.batch_size) * (row + 1)
+    row = span_corruption_lengths(spec.data)[0] if task_name == "span_corruption" else int(spec.data.seq_len)
+    return int(spec.train.batch_size) * (row + 1)
 
 
 def check_group(configs: Sequence[Any], nproc: int) -> None:
@@ -137,11 +141,13 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     nproc, grouped = jax.process_count(), len(configs) > 1
     primary = jax.process_index() == 0
     devices = jax.devices()[:1] if grouped else jax.devices()
-    config, t = configs[0], configs[0].train
+    config = configs[0]
     identity.ensure_available(config.data)  # a first run builds the dataset: its identity is recorded at once
     tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
     resolved_runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
     resolved = [r.config for r in resolved_runs]
+    specs = [r.spec for r in resolved_runs]  # below here every setting is read from the specs
+    spec, t = specs[0], specs[0].train
     previous, continue_from = [], []
     for workdir, d in zip(workdirs, resolved):
         os.makedirs(workdir, exist_ok=True)
@@ -158,16 +164,16 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
         return None, None, previous, []
 
     model_cfg, mesh_shape = resolved_runs[0].model_cfg, resolved_runs[0].mesh_shape
-    task, model = get_task(config), build_model(model_cfg)
-    tx = model_optimizer(model, t, task.init_inputs(config))  # with μP's per-parameter LRs (SP: none)
-    mesh, rules = sharding.make_mesh(config.mesh, devices), sharding.rules(config.mesh)
+    task, model = get_task(spec), build_model(model_cfg)
+    tx = model_optimizer(model, t, task.init_inputs(spec))  # with μP's per-parameter LRs (SP: none)
+    mesh, rules = sharding.make_mesh(spec.mesh, devices), sharding.rules(spec.mesh)
     # this process's rows of a global batch: those its devices hold (a tensor/fsdp axis may span processes)
-    rows = process_rows(sharding.batch_sharding(mesh, rules), (t.batch_size, config.data.seq_len))
+    rows = process_rows(sharding.batch_sharding(mesh, rules), (t.batch_size, spec.data.seq_len))
     # the data order: (data.shuffle_seed, train.seed) mixed by the pipeline (pipeline.shuffle_seed), never summed
-    data_args = [dict(split=c.data.train_split, global_batch_size=t.batch_size, seed=c.train.seed, data=r.data,
+    data_args = [dict(split=s.data.train_split, global_batch_size=t.batch_size, seed=s.train.seed, data=r.data,
                       rows=rows, process_index=jax.process_index(), process_count=nproc, shuffle=True, repeat=True)
-                 for c, r in zip(configs, resolved_runs)]
-    data_its = [task.make_iterator(c, **a) for c, a in zip(configs, data_args)]
+                 for s, r in zip(specs, resolved_runs)]
+    data_its = [task.make_iterator(s, **a) for s, a in zip(specs, data_args)]
     if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
         for workdir, d in zip(workdirs, resolved):
             record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
@@ -178,18 +184,18 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     for ck, step_from in zip(ckpts, continue_from):
         if step_from is not None:
             ck.set_aside_after(step_from, f"continuing to {t.steps} steps from the decay start {step_from}")
-    abstract, shardings = abstract_state(model, tx, task.init_inputs(config), mesh, rules)
-    setup = Setup(config=config, task=task, model=model, model_cfg=model_cfg, tx=tx, mesh=mesh, rules=rules,
+    abstract, shardings = abstract_state(model, tx, task.init_inputs(spec), mesh, rules)
+    setup = Setup(spec=spec, config=config, task=task, model=model, model_cfg=model_cfg, tx=tx, mesh=mesh, rules=rules,
                   mesh_shape=mesh_shape, devices=devices, abstract=abstract, shardings=shardings,
-                  counts=param_counts(model_cfg), fpt=flops_per_token(model_cfg, config.data.seq_len)["with_attention"],
-                  tokens_per_step=t.batch_size * config.data.seq_len,  # per run
+                  counts=param_counts(model_cfg), fpt=flops_per_token(model_cfg, spec.data.seq_len)["with_attention"],
+                  tokens_per_step=t.batch_size * spec.data.seq_len,  # per run
                   token_bytes_V=tokenizer.byte_lengths() if task.name == "lm" else None,  # for eval_bits_per_byte
                   train_split_tokens=getattr(data_its[0], "split_tokens", None),  # packed text: for `epochs`
-                  split_tokens_per_step=split_tokens_per_step(task.name, config),
+                  split_tokens_per_step=split_tokens_per_step(task.name, spec),
                   decay_start=decay_start, data=resolved_runs[0].data, rows=rows,
-                  vocab_size_unpadded=model_vocab_size(config, tokenizer),
+                  vocab_size_unpadded=model_vocab_size(spec, tokenizer),
                   eval_train_overlap_documents=getattr(data_its[0], "eval_train_overlap_documents", None))
-    runs = Runs(configs=list(configs), workdirs=list(workdirs), resolved=resolved, data_args=data_args,
+    runs = Runs(configs=list(configs), specs=specs, workdirs=list(workdirs), resolved=resolved, data_args=data_args,
                 data_its=data_its, ckpts=ckpts, grouped=grouped, primary=primary)
     return setup, runs, previous, continue_from
 
@@ -200,15 +206,15 @@ def restore_or_init(setup: Setup, runs: Runs, verbose: bool) -> tuple[int, Any]:
     at = sorted({r[0] if r else 0 for r in restored})
     if len(at) > 1:
         raise multirun.GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
-    run_states = [r[1] if r else setup.fresh_state(c, announce=verbose and runs.primary)
-                  for r, c in zip(restored, runs.configs)]
+    run_states = [r[1] if r else setup.fresh_state(s, announce=verbose and runs.primary)
+                  for r, s in zip(restored, runs.specs)]
     if not runs.grouped:
         return at[0], run_states[0]  # the iterators are at global batch at[0], under any process count
     return at[0], jax.device_put(multirun.stack(run_states), multirun.with_run_axis(setup.shardings))
 
 
 def announce(setup: Setup, runs: Runs, start_step: int) -> None:
-    c = runs.configs
+    c = runs.specs
     what = (f"group of {len(c)} runs (learning rates {', '.join(f'{x.train.learning_rate:.3g}' for x in c)})"
             if runs.grouped else runs.workdirs[0])
     print(f"{setup.model_cfg.family} model: {setup.counts['total']:,} params ({setup.counts['non_embedding']:,} "

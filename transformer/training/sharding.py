@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.spec import MESH_AXES, ConfigError, normalize_rules, resolve_shape
+from transformer.spec import MESH_AXES, ConfigError, MeshSpec, normalize_rules, resolve_shape
 
 
 def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
@@ -25,8 +25,9 @@ def mesh_shape(mesh_cfg: Any, num_devices: int) -> tuple[int, int, int]:
 
 
 def make_mesh(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The jax Mesh of `mesh_cfg` (a run's MeshSpec, its shape resolved; or the config's mesh block)."""
     devices = list(devices if devices is not None else jax.devices())
-    shape = mesh_shape(mesh_cfg, len(devices))
+    shape = mesh_cfg.shape if isinstance(mesh_cfg, MeshSpec) else mesh_shape(mesh_cfg, len(devices))
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 

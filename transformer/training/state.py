@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Mesh
 
 from transformer.layers import mup
+from transformer.spec import TrainSpec
 from transformer.training import sharding
 from transformer.training.optimizer import make_optimizer, with_peak_lrs
 
@@ -36,7 +37,7 @@ def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Arr
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def model_optimizer(model: nn.Module, train_cfg: Any, init_inputs: tuple) -> optax.GradientTransformation:
+def model_optimizer(model: nn.Module, train_cfg: TrainSpec | Any, init_inputs: tuple) -> optax.GradientTransformation:
     """The training optimizer for `model`: make_optimizer with the model's μP learning-rate multipliers (none
     under SP). The loop and the benchmark build it here, so neither can leave μP's rates out."""
     return make_optimizer(train_cfg, lr_multipliers(model, init_inputs))
@@ -55,7 +56,7 @@ def abstract_state(model: nn.Module, tx: optax.GradientTransformation, init_inpu
                    mesh_rules: Any) -> tuple[TrainState, TrainState]:
     """(abstract unboxed state with shardings attached, the shardings) — no arrays allocated.
 
-    `init_inputs`: the example arguments of `model.init` (a task's `init_inputs(config)`).
+    `init_inputs`: the example arguments of `model.init` (a task's `init_inputs(spec)`).
     """
     boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, r, init_inputs), jax.random.PRNGKey(0))
     shardings = sharding.logical_shardings(boxed, mesh, mesh_rules)
@@ -75,7 +76,7 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, in
     return init(jax.random.PRNGKey(seed)), shardings
 
 
-def fresh_state(model: nn.Module, tx: optax.GradientTransformation, train_cfg: Any, init_inputs: tuple, mesh: Mesh,
+def fresh_state(model: nn.Module, tx: optax.GradientTransformation, train_cfg: TrainSpec | Any, init_inputs: tuple, mesh: Mesh,
                 mesh_rules: Any) -> TrainState:
     """Step 0 of a run: initialised from train.seed (init_state), its peak learning rate in the optimizer state."""
     state, _ = init_state(model, tx, int(train_cfg.seed), init_inputs, mesh, mesh_rules)
