@@ -551,9 +551,11 @@ def test_sweep_dry_run_shows_epochs_and_warns_where_the_data_repeats(folder, tmp
     assert not os.path.exists(cfg.cache_dir)  # nothing built
     split_tokens = token_cache.read_meta(token_cache.ensure_cache(cfg, tokenizers.ByteTokenizer(), verbose=False))[
         "train"]["tokens"]
-    doc["runs"] = [run(0, split_tokens // 2), run(1, 2 * split_tokens)]  # half an epoch; 2 epochs
+    T = cfg.seq_len  # D counts targets; a row of T targets reads T + 1 tokens of the split
+    doc["runs"] = [run(0, split_tokens // 2), run(1, 2 * split_tokens)]  # about half an epoch; about 2 epochs
     print_table(doc)
     out = capsys.readouterr().out
-    assert epochs(out) == [f"{(split_tokens // 2) / split_tokens:.3g}", "2"]
-    assert "warning: 1 runs see their training data more than once (up to 2 epochs)" in out
+    half, two = (split_tokens // 2) * (T + 1) / T / split_tokens, 2 * (T + 1) / T
+    assert epochs(out) == [f"{half:.3g}", f"{two:.3g}"]
+    assert f"warning: 1 runs see their training data more than once (up to {two:.2g} epochs)" in out
     assert "unknown" not in out

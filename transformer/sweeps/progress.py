@@ -75,8 +75,8 @@ def print_table(doc: dict) -> None:
     """The dry run's table of runs (with epochs: passes over the training split's tokens) and the time
     estimate; warns where the data repeats."""
     known: dict = {}
-    # a step reads batch rows of seq_len + 1 split tokens (seq_len targets), as the run's summary counts them
-    epochs = [token_cache.epochs(r["steps"] * r["batch_size"] * (r["seq_len"] + 1),
+    # each row of seq_len targets reads seq_len + 1 tokens of the split, as the run's summary counts them
+    epochs = [token_cache.epochs(r["tokens"] * (r["config"]["data"]["seq_len"] + 1) / r["config"]["data"]["seq_len"],
                                  _train_split_tokens(r["config"]["data"], known)) for r in doc["runs"]]
     print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
     print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'epochs':>7} {'steps':>7} {'batch':>5} {'lr':>9} "
