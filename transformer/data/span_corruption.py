@@ -22,7 +22,7 @@ resumed exactly with the iterator's state (the next global batch index).
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 import numpy as np
 
@@ -171,8 +171,7 @@ def make_span_corruption_iterator(data_cfg: DataSpec, *, split: str, global_batc
     """
     data = data if data is not None else resolve_data(data_cfg)
     raw, targets_length, _ = span_corruption_lengths(data_cfg)
-    raw_cfg = copy.deepcopy(data_cfg)
-    raw_cfg.seq_len = raw
+    raw_cfg = dataclasses.replace(DataSpec.of(data_cfg), seq_len=raw)  # the rows packed before corruption
     corrupt_fn = _SpanCorrupt(data.tokenizer, int(data_cfg.seq_len), targets_length,
                               float(data_cfg.noise_density), float(data_cfg.mean_noise_span_length))
     return make_lm_iterator(raw_cfg, split=split, global_batch_size=global_batch_size, seed=seed,
