@@ -33,7 +33,7 @@ def dry_run(config: Any, workdir: str | None) -> None:
     from transformer.data import tokenizers
     from transformer.spec import flops_per_token, param_counts
     from transformer.training import sharding
-    from transformer.training.loop import check_workdir_config
+    from transformer.training.run_io import check_workdir_config
     from transformer.training.resolve import resolve
 
     tokenizer, note = None, None

@@ -33,8 +33,9 @@ from transformer.training import guards, multirun, nonfinite, run_setup, shardin
 from transformer.training.evaluation import Evaluator
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.profiler import ProfileWindow
-from transformer.training.run_io import (Preempted, Progress, abstract_batch, check_workdir_config,  # noqa: F401
-                                         global_batch, make_summary, write_json)
+from transformer.training.guards import Preempted
+from transformer.training.run_io import Progress, abstract_batch, make_summary, write_json
+from transformer.training.steps import global_batch
 from transformer.training.run_setup import Runs, Setup
 
 # a run's last logged values go to its summary

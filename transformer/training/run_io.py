@@ -13,9 +13,6 @@ from transformer import files
 from transformer.data import identity, token_cache
 from transformer.spec import ConfigError, ModelConfig, TrainSpec, padding_params
 from transformer.training import hardware, optimizer, sharding
-from transformer.training.evaluation import evaluate  # noqa: F401  (its former home)
-from transformer.training.guards import Preempted, preemption_signals  # noqa: F401  (their former home)
-from transformer.training.steps import global_batch  # noqa: F401  (its former home)
 
 
 def write_json(path: str, obj: Any) -> None:
