@@ -2,7 +2,7 @@
 
 python -m experiments.sweep --config=configs/sweeps/cpu.py --workdir=DIR --parallel=2 [--dry_run]
 
-Design (each choice measured or taken from the literature; README "What the cpu sweep gave here"):
+Design (each choice measured or taken from the literature; docs/results/2026-11-24-cpu-sweep.md):
 - Shapes: GPT-2 blocks at a fixed depth of 2 and head_dim 8, width d_model 16–160 in steps of 8, d_ff = 4·d:
   N changes smoothly (≤ 0.35 in ln N between neighbours above d32) and no IsoFLOP curve mixes depths (the
   previous ladder jumped 1 → 2 → 3 layers inside every curve, 0.26–0.29 nats a jump).

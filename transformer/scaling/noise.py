@@ -11,7 +11,7 @@ Two sources, in order of preference:
   few sizes far off the curve do not inflate it. Curvature the local cubic misses counts as noise: the
   estimate errs wide.
 On Porian et al.'s points the residual estimate gives intervals for a 0.5–2.4× as wide as their
-seed-noise ones, covering the published a on all 15 settings (README, Scaling-law fit).
+seed-noise ones, covering the published a on all 15 settings (docs/sweeps.md).
 """
 from __future__ import annotations
 
