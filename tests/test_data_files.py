@@ -506,7 +506,7 @@ def test_bits_per_byte_divides_the_loss_by_the_bytes_of_the_evaluated_targets(ki
     import jax
 
     from transformer.tasks.lm import LMTask
-    from transformer.training.evaluation import evaluate
+    from transformer.training.evaluation import Evaluator
 
     tok = _tokenizer(kind, tmp_path)
     setting = str(tmp_path / "tokenizer.json") if kind == "tokenizer.json" else "bytes"
@@ -521,7 +521,9 @@ def test_bits_per_byte_divides_the_loss_by_the_bytes_of_the_evaluated_targets(ki
         return {"loss_sum": np.sum(nats * weights), "weight_sum": weights.sum(), "correct_sum": 0.0}
 
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    got = evaluate(eval_fn, None, LMTask(), config, sharding, 0, 1, tok.byte_lengths())
+    evaluator = Evaluator(eval_fn, LMTask(), config, sharding, 0, 1, tok.byte_lengths())
+    got = evaluator(None)
+    evaluator.close()
     assert got["eval_bits_per_byte"] == pytest.approx(0.7 / np.log(2), rel=1e-12)
     per_token = got["eval_loss"]  # nats per target token: 0.7 x the mean bytes per target
     assert per_token == pytest.approx(0.7, rel=0.05) if kind == "bytes" else per_token > 1.5 * 0.7

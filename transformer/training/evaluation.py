@@ -81,15 +81,3 @@ class Evaluator:
         if self._it is not None and hasattr(self._it, "close"):
             self._it.close()
         self._it = None
-
-
-def evaluate(eval_fn: Callable, params: Any, task: Any, spec: Any, batch_sharding: Any, process_index: int,
-             process_count: int, token_bytes_V: np.ndarray | None = None, data: Any = None,
-             rows: Any = None) -> dict[str, Any]:
-    """One evaluation with an iterator of its own (Evaluator's, closed after): for callers outside a run."""
-    evaluator = Evaluator(eval_fn, task, spec, batch_sharding, process_index, process_count, token_bytes_V, data,
-                          rows)
-    try:
-        return evaluator(params)
-    finally:
-        evaluator.close()
