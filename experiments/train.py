@@ -17,11 +17,12 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
+from experiments._paths import DEFINE_path, absolute_config
 from experiments.jax_setup import setup_jax
 from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:llama_tiny.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics, checkpoints, summary.")
+_WORKDIR = DEFINE_path("workdir", None, "Run directory: config, metrics, checkpoints, summary.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config, model size and mesh; train nothing, "
                              "write nothing.")
 
@@ -65,12 +66,13 @@ def main(argv: list[str]) -> None:
     del argv
     if not _DRY_RUN.value and not _WORKDIR.value:
         raise ConfigError("--workdir=DIR is required (the run directory; optional only with --dry_run)")
-    setup_jax(_CONFIG.value)
+    config = absolute_config(_CONFIG.value)  # relative data files, tokenizer, init_from: from this directory
+    setup_jax(config)
     if _DRY_RUN.value:
-        return dry_run(_CONFIG.value, _WORKDIR.value)
+        return dry_run(config, _WORKDIR.value)
     from transformer.training.loop import train  # after JAX's distributed/compilation-cache set-up
     try:
-        summary = train(_CONFIG.value, _WORKDIR.value)
+        summary = train(config, _WORKDIR.value)
     except FloatingPointError as e:  # train.nonfinite="stop": the diagnosis, without a traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1)

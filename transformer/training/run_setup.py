@@ -150,7 +150,6 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     spec, t = specs[0], specs[0].train
     previous, continue_from = [], []
     for workdir, d in zip(workdirs, resolved):
-        os.makedirs(workdir, exist_ok=True)
         continue_from.append(check_workdir_config(workdir, json.loads(json.dumps(d))))  # a wsd run made longer
         path = os.path.join(workdir, "summary.json")
         if os.path.exists(path) and continue_from[-1] is None:
@@ -174,8 +173,9 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                       rows=rows, process_index=jax.process_index(), process_count=nproc, shuffle=True, repeat=True)
                  for s, r in zip(specs, resolved_runs)]
     data_its = [task.make_iterator(s, **a) for s, a in zip(specs, data_args)]
-    if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
+    if primary:  # only once the data is found: a data mistake leaves no workdir (nor a half-made run) behind
         for workdir, d in zip(workdirs, resolved):
+            os.makedirs(workdir, exist_ok=True)
             record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
             write_json(os.path.join(workdir, "config.json"), d)
     decay_start = optimizer.decay_start(t)  # wsd: checkpointed and kept, a longer run continues from it
