@@ -35,8 +35,11 @@ def dry_run(config: Any, workdir: str | None) -> None:
     from transformer.spec import flops_per_token, param_counts
     from transformer.training import sharding
     from transformer.training.run_io import check_workdir_config
-    from transformer.training.resolve import resolve
+    from transformer.training.resolve import keep_recorded_warmup, resolve
 
+    warmup = None
+    if workdir:  # as the real run: train.warmup_steps=-1 on a workdir that holds a run keeps that run's warm-up
+        config, warmup = keep_recorded_warmup(config, workdir)
     tokenizer, note = None, None
     if config.data.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(config.data)):
         tokenizer = types.SimpleNamespace(vocab_size=config.data.vocab_size)  # what training it would give
@@ -56,6 +59,8 @@ def dry_run(config: Any, workdir: str | None) -> None:
           f"{jax.devices()[0].platform} devices")
     if note:
         print(f"note: {note}")
+    if warmup is not None:
+        print(f"note: keeping the warm-up the workdir's run resolved, {warmup} steps (train.warmup_steps=-1)")
     if workdir:
         resumes = os.path.exists(os.path.join(workdir, "config.json"))
         print(f"workdir: {workdir} ({'holds this run: a real run resumes it' if resumes else 'a new run'})")

@@ -98,8 +98,8 @@ def _jsonl_documents(path: str, text_feature: str, setting: str) -> Iterator[str
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{setting}: {path} line {line_no} column {e.colno} is not JSON: {e.msg} "
-                              f"(at {line[max(0, e.pos - 20):e.pos + 20]!r})") from None
+            raise ConfigError(f"{setting}: {path} line {line_no} column {e.colno} is not JSON: "
+                              f"{e.msg.removesuffix(' at')} (near {line[max(0, e.pos - 20):e.pos + 20]!r})") from None
         if not isinstance(record, dict) or text_feature not in record:
             raise ConfigError(f"{setting}: {path} line {line_no} has no field data.text_feature={text_feature!r}")
         text = record[text_feature]

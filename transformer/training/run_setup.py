@@ -22,7 +22,7 @@ from transformer.models import build_model
 from transformer.tasks import model_vocab_size
 from transformer.training import checkpointing, multirun, optimizer, sharding
 from transformer.training.optimizer import make_schedule
-from transformer.training.resolve import resolve
+from transformer.training.resolve import keep_recorded_warmup, resolve
 from transformer.training.run_io import check_workdir_config, write_json
 from transformer.training.state import abstract_state, fresh_state, model_optimizer
 from transformer.training.steps import global_batch
@@ -141,6 +141,13 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     nproc, grouped = jax.process_count(), len(configs) > 1
     primary = jax.process_index() == 0
     devices = jax.devices()[:1] if grouped else jax.devices()
+    kept = [keep_recorded_warmup(c, w) for c, w in zip(configs, workdirs)]  # warm-up -1 on a recorded run: its own
+    configs = [c for c, _ in kept]
+    if verbose and primary:
+        for w, (_, warmup) in zip(workdirs, kept):
+            if warmup is not None:
+                print(f"{w}: keeping the warm-up its run resolved, {warmup} steps (train.warmup_steps=-1 on a "
+                      f"workdir that holds a run)", flush=True)
     config = configs[0]
     identity.ensure_available(config.data)  # a first run builds the dataset: its identity is recorded at once
     tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
