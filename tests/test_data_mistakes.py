@@ -187,20 +187,24 @@ def test_train_dry_run_checks_the_data_and_exits_2(tmp_path):
 
 
 def test_a_sweep_checks_its_data_once_before_designing_anything(tmp_path):
-    """A bad glob in a sweep's base.data: one error, exit 2, before the plan (no sweep.json, no run launched);
-    the old sweep launched every run and ended with "no finished runs"."""
+    """A sweep's base.data is checked before the plan: one error, exit 2, no sweep.json, no run launched, its
+    dry run likewise. (The old sweep designed first; its dry run showed the plan of a sweep that would train on
+    the files and ignore data.tfds_name.)"""
     folder = _folder(tmp_path)
     tok = str(tmp_path / "tokenizer.json")
     train_hf_tokenizer(tok, GOOD)
     workdir = tmp_path / "sweep"
-    for extra in ([], ["--dry_run"]):
+    cases = [([f"--config.base.data.files={folder}/*.jsonl"], f"data.files: the glob '{folder}/*.jsonl' matches no file"),
+             ([f"--config.base.data.files={folder}/*.txt", "--config.base.data.tfds_name=imdb", "--dry_run"],
+              "both name the documents")]
+    for args, message in cases:
         proc = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config=configs/sweeps/quick.py",
-                               f"--workdir={workdir}", f"--config.base.data.files={folder}/*.jsonl",
-                               f"--config.base.data.tokenizer={tok}", *extra],
+                               f"--workdir={workdir}", f"--config.base.data.tokenizer={tok}", *args],
                               cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert _error_lines(proc.stderr) == [f"error: data.files: the glob '{folder}/*.jsonl' matches no file"]
-        assert "start " not in proc.stdout and not workdir.exists()
+        errors = _error_lines(proc.stderr)
+        assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+        assert proc.stdout == "" and not workdir.exists()  # no plan printed, nothing written
 
 
 def test_prepare_data_checks_the_data_as_a_run_does(tmp_path):
