@@ -8,7 +8,8 @@ Below the command line every path is absolute: orbax refuses relative checkpoint
 config.json (and a sweep's sweep.json) then names the same files from wherever the run is resumed.
 
 A setting that starts with `~` is kept as written (the library expands it where it reads it), so the
-recorded config of a run or sweep given `~/...` is what it always was.
+recorded config of a run or sweep given `~/...` is what it always was; a data.tokenizer or train.init_from that
+names no existing path is kept as typed, for the library's error message.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ CONFIG_PATHS = ("data.files", "data.eval_files", "data.tokenizer", "data.cache_d
 SWEEP_PATHS = ("sweep.grid_from", "sweep.lr_fit")
 GLOB_LISTS = ("data.files", "data.eval_files")  # comma-separated globs, each made absolute on its own
 TOKENIZER_NAMES = ("bytes", "sentencepiece")    # data.tokenizer values that are not files
+IF_PRESENT = ("data.tokenizer", "train.init_from")  # made absolute only when the path is there: anything else
+                                                     # is left as typed for the library's error (or a name)
 
 
 def absolute(path: str | None) -> str | None:
@@ -64,6 +67,8 @@ def _absolute_setting(key: str, value: Any) -> Any:
         parts = [p.strip() for p in value.split(",")]
         return ",".join(os.path.abspath(p) if _relative(p) else p for p in parts)
     if key == "data.tokenizer" and value in TOKENIZER_NAMES:
+        return value
+    if key in IF_PRESENT and not os.path.exists(value):
         return value
     return os.path.abspath(value) if _relative(value) else value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import types
 from typing import Any
 
 import jax
@@ -64,7 +65,8 @@ def _warmup_resolved(config: dict) -> dict:
     train = config.get("train")
     if not isinstance(train, dict) or "warmup_steps" not in train or "steps" not in train:
         return config
-    return {**config, "train": {**train, "warmup_steps": optimizer.warmup_steps(TrainSpec.from_config(train))}}
+    warmup = optimizer.warmup_steps(types.SimpleNamespace(warmup_steps=train["warmup_steps"], steps=train["steps"]))
+    return {**config, "train": {**train, "warmup_steps": warmup}}
 
 
 def flatten_keys(d: dict, prefix: str = "") -> dict:
