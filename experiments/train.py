@@ -2,7 +2,9 @@
 
 Rerunning the same command on the same DIR resumes from its latest checkpoint. --dry_run prints the resolved
 config (what DIR/config.json would hold), the model's size and the mesh after every check a real run makes
-before reading data, and exits without training or writing anything (--workdir optional). The Train contract
+before reading data, and exits without training or writing anything (--workdir optional). Relative paths
+(--workdir, data.files, data.tokenizer, data.cache_dir, train.init_from) are relative to the current directory
+and recorded absolute (experiments/_paths.py). The Train contract
 (files and their keys) is in docs/design.md.
 """
 from __future__ import annotations

@@ -101,6 +101,7 @@ def test_sweep_dry_run(home):
     assert "runs would train" in out and not os.path.exists(os.path.join(home, "sweeps"))
 
 
+@pytest.mark.slow  # these two read relative paths correctly before too: a guard, not a fix (~15 s unloaded)
 def test_fit_and_compare(home):
     write_sweep_dir(os.path.join(home, "base"), seed=0)  # synthetic finished sweeps (sweep.json, results.jsonl)
     write_sweep_dir(os.path.join(home, "variant"), seed=1)
