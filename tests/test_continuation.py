@@ -57,3 +57,21 @@ def test_an_explicit_warm_up_equal_to_the_resolved_one_continues(tmp_path):
     assert check_workdir_config(str(tmp_path), longer) == 75
     resumed = {**old, "train": {**old["train"], "warmup_steps": 10}}  # the same run, its warm-up written out
     assert check_workdir_config(str(tmp_path), resumed) is None
+
+
+def test_the_recorded_warm_up_is_kept_only_for_the_default(tmp_path):
+    """keep_recorded_warmup (run_setup.prepare and the train dry run call it): warm-up -1 on a workdir whose run
+    resolved 10 steps (100 steps, -1) becomes 10 (the default for 300 steps would be 30), in a copy; an explicit
+    warm-up, or a workdir without a run, is left alone."""
+    from configs.lm import get_config
+    from transformer.training.resolve import keep_recorded_warmup
+
+    _record(str(tmp_path), steps=100, warmup=-1)
+    config = get_config("gpt2_tiny")
+    config.train.update(steps=300, warmup_steps=-1, schedule="wsd")
+    kept, warmup = keep_recorded_warmup(config, str(tmp_path))
+    assert (warmup, kept.train.warmup_steps, config.train.warmup_steps) == (10, 10, -1)
+    config.train.warmup_steps = 7
+    assert keep_recorded_warmup(config, str(tmp_path)) == (config, None)
+    config.train.warmup_steps = -1
+    assert keep_recorded_warmup(config, str(tmp_path / "new")) == (config, None)
