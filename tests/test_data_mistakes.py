@@ -66,7 +66,8 @@ def test_a_file_mostly_not_utf8_is_one_error_and_a_few_bad_bytes_are_not(tmp_pat
     with pytest.raises(ConfigError, match=r"noise.txt is not UTF-8 text \(2560 of its 2560 bytes"):
         _build(_data(tmp_path, os.path.join(folder, "*.txt")))
     latin1 = "Caf\u00e9 cr\u00e8me, d\u00e9j\u00e0 vu. ".encode("latin-1") * 20  # 4 bad bytes in 21
-    assert next(documents.read_file(_write(tmp_path / "latin1.txt", latin1), "text", "data.files")).count("\ufffd") == 80
+    text = next(documents.read_file(_write(tmp_path / "latin1.txt", latin1), "text", "data.files"))
+    assert text.count("\ufffd") == 80
 
 
 def _write(path, content: bytes) -> str:
@@ -164,7 +165,8 @@ def test_an_error_while_the_tokenizing_bar_is_open_starts_on_its_own_line(tmp_pa
     assert proc.returncode == 2, proc.stderr
     assert "tokenizing train" in proc.stderr  # the bar was open
     errors = _error_lines(proc.stderr)
-    assert len(errors) == 1 and errors[0].startswith("error: data.files: ") and "zz.jsonl line 2 is not JSON" in errors[0]
+    assert len(errors) == 1 and errors[0].startswith("error: data.files: ")
+    assert "zz.jsonl line 2 is not JSON" in errors[0]
     assert not os.path.exists(tmp_path / "cache" / "tokens") or os.listdir(tmp_path / "cache" / "tokens") == []
 
 
@@ -194,7 +196,8 @@ def test_a_sweep_checks_its_data_once_before_designing_anything(tmp_path):
     tok = str(tmp_path / "tokenizer.json")
     train_hf_tokenizer(tok, GOOD)
     workdir = tmp_path / "sweep"
-    cases = [([f"--config.base.data.files={folder}/*.jsonl"], f"data.files: the glob '{folder}/*.jsonl' matches no file"),
+    cases = [([f"--config.base.data.files={folder}/*.jsonl"],
+              f"data.files: the glob '{folder}/*.jsonl' matches no file"),
              ([f"--config.base.data.files={folder}/*.txt", "--config.base.data.tfds_name=imdb", "--dry_run"],
               "both name the documents")]
     for args, message in cases:
