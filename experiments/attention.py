@@ -15,12 +15,13 @@ import numpy as np
 from absl import flags
 
 from experiments import cli
+from experiments._paths import DEFINE_path
 from experiments.jax_setup import setup_jax
 from transformer.spec import ConfigError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
+_WORKDIR = DEFINE_path("workdir", None, "Training run directory (config.json + checkpoints/).")
 _TEXT = flags.DEFINE_string("text", None, "Input text.")
-_OUT = flags.DEFINE_string("out", None, "Output directory for the PNGs and attention.npz.")
+_OUT = DEFINE_path("out", None, "Output directory for the PNGs and attention.npz.")
 _LAYERS = flags.DEFINE_list("layers", [], "Layer indices to plot (default: all).")
 _HEADS = flags.DEFINE_list("heads", [], "Head indices to plot (default: all).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")

@@ -14,13 +14,14 @@ import os
 from absl import flags
 
 from experiments import cli
+from experiments._paths import DEFINE_path
 from transformer import files
 from transformer.spec import ConfigError
 from transformer.scaling import compare, compare_plots
 
-_BASELINE = flags.DEFINE_string("baseline", None, "The baseline's sweep directory.")
-_VARIANT = flags.DEFINE_string("variant", None, "The variant's sweep directory (the same grid).")
-_OUT = flags.DEFINE_string("out", None, "Output directory for compare.json and compare.png.")
+_BASELINE = DEFINE_path("baseline", None, "The baseline's sweep directory.")
+_VARIANT = DEFINE_path("variant", None, "The variant's sweep directory (the same grid).")
+_OUT = DEFINE_path("out", None, "Output directory for compare.json and compare.png.")
 _AT_FLOPS = flags.DEFINE_float("at_flops", None, "The compute to extrapolate the multiplier to (default: "
                                f"{compare.AT_FLOPS_FACTOR:g}x the largest budget).")
 _BOOTSTRAP = flags.DEFINE_integer("bootstrap", 200, "Loss-noise draws per sweep for the 95% intervals (0: none).",

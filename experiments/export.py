@@ -16,10 +16,11 @@ import json
 from absl import flags
 
 from experiments import cli
+from experiments._paths import DEFINE_path
 from experiments.jax_setup import setup_jax
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
-_OUT = flags.DEFINE_string("out", None, "Directory to write the Hugging Face checkpoint into (new or empty).")
+_WORKDIR = DEFINE_path("workdir", None, "Training run directory (config.json + checkpoints/).")
+_OUT = DEFINE_path("out", None, "Directory to write the Hugging Face checkpoint into (new or empty).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 
 

@@ -16,13 +16,14 @@ import sys
 from absl import flags
 
 from experiments import cli
+from experiments._paths import DEFINE_path
 from transformer.spec import ConfigError
 
 from transformer.scaling import conventions, fits, isoflop, report
 from transformer.scaling import points as points_lib
 
-_SWEEP = flags.DEFINE_string("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
-_POINTS = flags.DEFINE_string("points", None, "CSV with a header naming params (or N), tokens (or D), loss "
+_SWEEP = DEFINE_path("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
+_POINTS = DEFINE_path("points", None, "CSV with a header naming params (or N), tokens (or D), loss "
                               "(optional flops).")
 _WHERE = flags.DEFINE_multi_string("where", [], "COLUMN=VALUE: keep the CSV rows of one setting (repeatable).")
 _PREDICT = flags.DEFINE_list("predict_flops", [], "Budgets C to predict N_opt, D_opt and the optimal loss at "
@@ -33,7 +34,7 @@ _METHOD = flags.DEFINE_enum("isoflop_method", None, list(isoflop.METHODS),
                             "Approach 2's per-budget minimum (default akima; parabola when --isoflop_window).")
 _NEAR = flags.DEFINE_float("approach3_near", fits.APPROACH3_NEAR, "Approach 3 fits points within this "
                            "factor in N of their budget's optimum (0: all points).", lower_bound=0.0)
-_OUT = flags.DEFINE_string("out", None, "Output directory for fit.json and the figures.")
+_OUT = DEFINE_path("out", None, "Output directory for fit.json and the figures.")
 _DROP_HIGHEST = flags.DEFINE_integer("drop_highest", 0, "Leave out the K highest-loss points.", lower_bound=0)
 _BOOTSTRAP = flags.DEFINE_integer("bootstrap", 200, "Loss-noise draws for 95% intervals (0: none).",
                                   lower_bound=0)

@@ -15,17 +15,18 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
+from experiments._paths import absolute_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:gpt2_small.")
 
 
 def main(argv: list[str]) -> None:
     del argv
-    from transformer.data import get_tokenizer, token_cache
+    from transformer.data import identity, token_cache
 
-    config = _CONFIG.value
+    config = absolute_config(_CONFIG.value)
     data_cfg = config.base.data if "base" in config else config.data
-    path = token_cache.ensure_cache(data_cfg, get_tokenizer(data_cfg))
+    path = identity.resolve_data(data_cfg).ensure_cache()  # the settings checked as a training run checks them
     meta = token_cache.read_meta(path)
     print(json.dumps({"cache": path, **{s: {k: meta[s][k] for k in ("documents", "tokens", "bytes")}
                                         for s in token_cache.SPLITS}}))

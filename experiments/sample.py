@@ -15,10 +15,11 @@ import time
 from absl import flags
 
 from experiments import cli
+from experiments._paths import DEFINE_path
 from experiments.jax_setup import setup_jax
 from transformer.spec import ConfigError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json + checkpoints/).")
+_WORKDIR = DEFINE_path("workdir", None, "Training run directory (config.json + checkpoints/).")
 _PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (may be empty: the model starts a document).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate per sample.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")

@@ -19,7 +19,9 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from experiments import cli
+from experiments._paths import absolute_config
 from experiments.jax_setup import setup_jax
+from transformer.data import identity
 from transformer.scaling import lr_scan
 from transformer.sweeps import outcome, progress, runner, slurm
 from transformer.spec import ConfigError
@@ -100,7 +102,8 @@ def main(argv: list[str]) -> None:
     if _CONFIG.value.sweep.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
         raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
                           f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
-    config = _CONFIG.value
+    config = absolute_config(_CONFIG.value)  # relative data files, tokenizer, grid_from: from this directory
+    identity.check_data(config.base.data)  # once, before designing or launching anything (a bad glob: exit 2)
     if _DRY_RUN.value:
         return _dry_run(workdir, config)
     if _LAUNCHER.value == "slurm":

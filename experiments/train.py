@@ -2,7 +2,9 @@
 
 Rerunning the same command on the same DIR resumes from its latest checkpoint. --dry_run prints the resolved
 config (what DIR/config.json would hold), the model's size and the mesh after every check a real run makes
-before reading data, and exits without training or writing anything (--workdir optional). The Train contract
+before reading data, and exits without training or writing anything (--workdir optional). Relative paths
+(--workdir, data.files, data.tokenizer, data.cache_dir, train.init_from) are relative to the current directory
+and recorded absolute (experiments/_paths.py). The Train contract
 (files and their keys) is in docs/design.md.
 """
 from __future__ import annotations
@@ -17,11 +19,12 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
+from experiments._paths import DEFINE_path, absolute_config
 from experiments.jax_setup import setup_jax
 from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:llama_tiny.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics, checkpoints, summary.")
+_WORKDIR = DEFINE_path("workdir", None, "Run directory: config, metrics, checkpoints, summary.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config, model size and mesh; train nothing, "
                              "write nothing.")
 
@@ -34,8 +37,11 @@ def dry_run(config: Any, workdir: str | None) -> None:
     from transformer.spec import flops_per_token, param_counts
     from transformer.training import sharding
     from transformer.training.run_io import check_workdir_config
-    from transformer.training.resolve import resolve
+    from transformer.training.resolve import keep_recorded_warmup, resolve
 
+    warmup = None
+    if workdir:  # as the real run: train.warmup_steps=-1 on a workdir that holds a run keeps that run's warm-up
+        config, warmup = keep_recorded_warmup(config, workdir)
     tokenizer, note = None, None
     if config.data.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(config.data)):
         tokenizer = types.SimpleNamespace(vocab_size=config.data.vocab_size)  # what training it would give
@@ -55,6 +61,8 @@ def dry_run(config: Any, workdir: str | None) -> None:
           f"{jax.devices()[0].platform} devices")
     if note:
         print(f"note: {note}")
+    if warmup is not None:
+        print(f"note: keeping the warm-up the workdir's run resolved, {warmup} steps (train.warmup_steps=-1)")
     if workdir:
         resumes = os.path.exists(os.path.join(workdir, "config.json"))
         print(f"workdir: {workdir} ({'holds this run: a real run resumes it' if resumes else 'a new run'})")
@@ -65,12 +73,13 @@ def main(argv: list[str]) -> None:
     del argv
     if not _DRY_RUN.value and not _WORKDIR.value:
         raise ConfigError("--workdir=DIR is required (the run directory; optional only with --dry_run)")
-    setup_jax(_CONFIG.value)
+    config = absolute_config(_CONFIG.value)  # relative data files, tokenizer, init_from: from this directory
+    setup_jax(config)
     if _DRY_RUN.value:
-        return dry_run(_CONFIG.value, _WORKDIR.value)
+        return dry_run(config, _WORKDIR.value)
     from transformer.training.loop import train  # after JAX's distributed/compilation-cache set-up
     try:
-        summary = train(_CONFIG.value, _WORKDIR.value)
+        summary = train(config, _WORKDIR.value)
     except FloatingPointError as e:  # train.nonfinite="stop": the diagnosis, without a traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1)

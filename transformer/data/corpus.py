@@ -119,13 +119,20 @@ def dataset_key(data_cfg: DataSpec) -> str:
 
 
 @contextlib.contextmanager
-def file_lock(path: str) -> Iterator[None]:
-    """Holds an exclusive `flock` on `path` (created if missing) for the duration of the block."""
+def file_lock(path: str, remove_on_error: bool = False) -> Iterator[None]:
+    """Holds an exclusive `flock` on `path` (created if missing) for the duration of the block.
+    `remove_on_error`: a block that raises (a data error while building a cache) deletes the lock file, so a
+    failed build leaves nothing behind; a process waiting on it then takes the lock and fails the same way."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
+        except BaseException:
+            if remove_on_error:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 

@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Iterator
 
 
@@ -23,6 +24,7 @@ from transformer.spec import ConfigError, DataSpec
 
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 _PARQUET_BATCH_ROWS = 1024
+MAX_INVALID_FRACTION = 0.3  # more of a file's (or jsonl line's) bytes not UTF-8: not text (Latin-1 prose: < 0.2)
 
 
 def uses_files(data_cfg: DataSpec) -> bool:
@@ -60,24 +62,51 @@ def expand(setting: str, value: str) -> list[str]:
     return sorted(set(found))
 
 
-def _jsonl_documents(path: str, text_feature: str, setting: str) -> Iterator[str]:
+def decode_text(data: bytes, path: str, setting: str, where: str = "") -> str:
+    """`data` decoded as UTF-8 (an invalid byte becomes U+FFFD); ConfigError naming the file when it is not text:
+    a NUL byte, or more than MAX_INVALID_FRACTION of its bytes not UTF-8 (a binary file, or another encoding)."""
+    if b"\0" in data:
+        raise ConfigError(f"{setting}: {path}{where} is not text (it holds NUL bytes: a binary file?); "
+                          f"data.files reads UTF-8 text")
+    try:
+        return data.decode("utf-8")  # the common case: one pass
+    except UnicodeDecodeError:
+        pass
+    text = data.decode("utf-8", errors="replace")
+    invalid = len(data) - len(data.decode("utf-8", errors="ignore").encode("utf-8"))
+    if invalid > MAX_INVALID_FRACTION * len(data):
+        raise ConfigError(f"{setting}: {path}{where} is not UTF-8 text ({invalid} of its {len(data)} bytes are not "
+                          f"UTF-8: a binary file, or another encoding? convert it with iconv -t UTF-8)")
+    return text
+
+
+def _lines(path: str, setting: str) -> Iterator[bytes]:
+    """The raw lines of a .jsonl or .jsonl.gz file; a .gz that is not gzip is a ConfigError naming it."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{setting}: {path} line {line_no} is not JSON ({e.msg})") from None
-            if not isinstance(record, dict) or text_feature not in record:
-                raise ConfigError(f"{setting}: {path} line {line_no} has no field "
-                                  f"data.text_feature={text_feature!r}")
-            text = record[text_feature]
-            if not isinstance(text, str):
-                raise ConfigError(f"{setting}: {path} line {line_no}: field {text_feature!r} is "
-                                  f"{type(text).__name__}, not a string")
-            yield text
+    try:
+        with opener(path, "rb") as f:
+            yield from f
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ConfigError(f"{setting}: {path} is not a readable gzip file ({e})") from None
+
+
+def _jsonl_documents(path: str, text_feature: str, setting: str) -> Iterator[str]:
+    for line_no, raw in enumerate(_lines(path, setting), start=1):
+        line = decode_text(raw, path, setting, f" line {line_no}")
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{setting}: {path} line {line_no} is not JSON: {e.msg.removesuffix(' at')} at column "
+                              f"{e.colno} (near {line[max(0, e.pos - 20):e.pos + 20]!r})") from None
+        if not isinstance(record, dict) or text_feature not in record:
+            raise ConfigError(f"{setting}: {path} line {line_no} has no field data.text_feature={text_feature!r}")
+        text = record[text_feature]
+        if not isinstance(text, str):
+            raise ConfigError(f"{setting}: {path} line {line_no}: field {text_feature!r} is "
+                              f"{type(text).__name__}, not a string")
+        yield text
 
 
 def _parquet_documents(path: str, text_feature: str, setting: str) -> Iterator[str]:
@@ -101,8 +130,8 @@ def read_file(path: str, text_feature: str, setting: str) -> Iterator[str]:
     """The documents of one file, in file order (empty documents skipped)."""
     ext = _extension(path)
     if ext == ".txt":
-        with open(path, encoding="utf-8", errors="replace") as f:
-            docs: Iterator[str] = iter([f.read()])
+        with open(path, "rb") as f:
+            docs: Iterator[str] = iter([decode_text(f.read(), path, setting)])
     elif ext == ".parquet":
         docs = _parquet_documents(path, text_feature, setting)
     else:
@@ -160,14 +189,18 @@ def _file_digest(path: str, stat_key: tuple[int, ...]) -> str:
     return h.hexdigest()
 
 
+def _stat_digest(path: str, setting: str) -> tuple[os.stat_result, str]:
+    """(os.stat, content SHA-256) of a file; a file that cannot be read is a ConfigError naming it."""
+    try:
+        st = os.stat(path)
+        return st, _file_digest(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    except OSError as e:
+        raise ConfigError(f"{setting}: cannot read {path} ({e.strerror or e})") from None
+
+
 def file_digests(split: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
     """{path: SHA-256 of its content} of every file of `split` (split_files' result)."""
-    out = {}
-    for _, paths in split.values():
-        for path in paths:
-            st = os.stat(path)
-            out[path] = _file_digest(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-    return out
+    return {path: _stat_digest(path, setting)[1] for setting, paths in split.values() for path in paths}
 
 
 def files_fingerprint(data_cfg: DataSpec,
@@ -180,8 +213,7 @@ def files_fingerprint(data_cfg: DataSpec,
     for name, (setting, paths) in sorted(split.items()):
         h.update(f"{name}|{setting}\n".encode())
         for path in paths:
-            st = os.stat(path)
-            digest = _file_digest(path, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            st, digest = _stat_digest(path, setting)
             h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}|{digest}\n".encode())
     held_out = not str(data_cfg.get("eval_files", "") or "").strip()
     h.update(f"text_feature={data_cfg.text_feature}|held_out={held_out}|"

@@ -36,7 +36,9 @@ MAX_LISTED_FILES = 1000    # more files: only the source fingerprint is recorded
 def check_settings(data_cfg: DataSpec,
                    split: dict[str, tuple[str, list[str]]] | None = None) -> None:
     """ConfigError when evaluation would read training data (see the module docstring). `split`:
-    documents.split_files(data_cfg), when the caller has it."""
+    documents.split_files(data_cfg), when the caller has it. (Also: data.files beside a non-default
+    data.tfds_name, sources.check_source.)"""
+    sources.check_source(data_cfg)
     sources.check_splits(data_cfg)
     if not documents.uses_files(data_cfg) or not str(data_cfg.get("eval_files", "") or "").strip():
         return
@@ -99,6 +101,22 @@ def resolve_data(data_cfg: DataSpec, tokenizer: Tokenizer | None = None,
     for setting, paths in split.values():
         files.setdefault(setting, {}).update({p: digests[p] for p in paths})
     return RunData(data_cfg, tokenizer, documents.files_fingerprint(data_cfg, split), files)
+
+
+def check_data(data_cfg: DataSpec) -> None:
+    """Checks data settings as a run resolves them, without building, training or writing anything: the plain
+    values, one source, the files (globs match, every file readable; evaluation not on training data) and the
+    tokenizer (its file loads). A SentencePiece model not trained yet is trained by the first run: only the files
+    are checked; a TFDS dataset not prepared yet is built by it. ConfigError naming the setting on a mistake (a
+    sweep calls this once, before it designs or launches anything)."""
+    data_cfg = DataSpec.of(data_cfg)
+    split = documents.split_files(data_cfg) if documents.uses_files(data_cfg) else None
+    check_settings(data_cfg, split)
+    if data_cfg.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data_cfg)):
+        return  # its path hashes every file: they are readable
+    tokenizer = tokenizers.get_tokenizer(data_cfg)  # loads the file
+    if sources.is_available(data_cfg):
+        resolve_data(data_cfg, tokenizer)  # the identity a run will record: every file hashed (memoised)
 
 
 def resolvable(data_cfg: DataSpec, tokenizer: Any) -> bool:

@@ -16,6 +16,16 @@ from transformer.spec import ConfigError, DataSpec
 CACHE_SPLITS = ("train", "eval")
 
 
+def check_source(data_cfg: DataSpec) -> None:
+    """One source of documents: `data.files` replaces the TFDS dataset, so a data.tfds_name other than the default
+    (the built-in corpus) beside it would be silently ignored; that is a ConfigError naming both settings."""
+    name = str(data_cfg.get("tfds_name", "") or "")
+    if documents.uses_files(data_cfg) and name not in ("", corpus.BUILTIN_NAME):
+        raise ConfigError(f"data.files={data_cfg.files!r} and data.tfds_name={name!r} both name the documents; "
+                          f"data.files replaces the TFDS dataset: set data.files='' to train on {name!r}, or leave "
+                          f"data.tfds_name at its default ({corpus.BUILTIN_NAME!r}) to train on the files")
+
+
 def check_splits(data_cfg: DataSpec) -> None:
     """A TFDS dataset's data.eval_split must be another split than data.train_split (local files have their
     own rule: data.eval_files or data.eval_fraction, identity.check_settings). The check is DataSpec's."""

@@ -101,8 +101,9 @@ def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_di
     offsets, num_tokens, num_bytes, hashes = [0], 0, 0, []
     bos, eos = np.array([tokenizer.bos_id], dtype), np.array([tokenizer.eos_id], dtype)
     start = time.perf_counter()
-    bar = tqdm.tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not verbose, mininterval=1.0)
-    with open(os.path.join(out_dir, f"{split}.tokens"), "wb") as f:
+    # the bar is closed (its line ended) before an error propagates, so the error starts on a line of its own
+    with tqdm.tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not verbose,
+                   mininterval=1.0) as bar, open(os.path.join(out_dir, f"{split}.tokens"), "wb") as f:
         for batch in _batches(sources.texts(data_cfg, split)):
             for ids in tokenizer.encode_batch(batch):
                 if len(ids) and int(ids.max()) >= tokenizer.vocab_size:
@@ -114,7 +115,6 @@ def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_di
                 offsets.append(num_tokens)
             num_bytes += sum(len(t.encode("utf-8", errors="replace")) for t in batch)
             bar.update(num_tokens - bar.n)
-    bar.close()
     seconds = time.perf_counter() - start
     if len(offsets) == 1:
         raise sources.empty_split_error(data_cfg, split)
@@ -145,7 +145,7 @@ def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
         return path
     root = os.path.dirname(path)
     _check_writable(root)
-    with file_lock(path + ".lock"):
+    with file_lock(path + ".lock", remove_on_error=True):  # a data error leaves no lock file in the cache
         if os.path.isfile(os.path.join(path, "meta.json")):
             return path
         if os.path.isdir(path):  # not written by ensure_cache (no meta.json): never trust it

@@ -356,7 +356,7 @@ def get_tokenizer(data_cfg: DataSpec, workdir: str | None = None, training: bool
         return ByteTokenizer()
     if data_cfg.tokenizer == "sentencepiece":
         path = sentencepiece_path(data_cfg)
-        with corpus.file_lock(path + ".lock"):
+        with corpus.file_lock(path + ".lock", remove_on_error=True):  # bad data leaves no lock file behind
             if not os.path.exists(path):
                 print(f"Training a {data_cfg.vocab_size}-piece SentencePiece model -> {path}", flush=True)
                 tok = train_sentencepiece(_corpus_sample(data_cfg, SP_SAMPLE_BYTES), data_cfg.vocab_size)

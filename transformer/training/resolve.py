@@ -8,12 +8,15 @@ the layers stays here: the registry names (positional, activation, norm, attenti
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import types
 from typing import Any
 
 from transformer.data import get_tokenizer
 from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models import resolve as resolve_names
-from transformer.spec import DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec
+from transformer.spec import AUTO_WARMUP, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec, warmup_steps
 from transformer.tasks import model_vocab_size
 from transformer.training import profiler, wandb_run
 
@@ -51,6 +54,31 @@ def run_spec(config: Any, model_cfg: ModelConfig, num_devices: int, process_coun
     return RunSpec(model=model_cfg, train=train, mesh=MeshSpec.from_config(config.mesh, num_devices),
                    seq_len=config.data.seq_len, config=resolved, process_count=process_count,
                    data=DataSpec.of(resolved["data"]))
+
+
+def recorded_warmup(workdir: str) -> int | None:
+    """The resolved warm-up (steps) of the run recorded in workdir/config.json; None when there is none."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        train = json.load(f).get("train", {})
+    if "warmup_steps" not in train or "steps" not in train:
+        return None
+    return warmup_steps(types.SimpleNamespace(warmup_steps=train["warmup_steps"], steps=train["steps"]))
+
+
+def keep_recorded_warmup(config: Any, workdir: str) -> tuple[Any, int | None]:
+    """(config, warm-up adopted or None). With train.warmup_steps=-1 (the default: it follows train.steps), a run
+    on a workdir that already holds a run keeps that run's resolved warm-up, so a wsd run continued to more steps
+    (run_io.check_workdir_config) is the same run up to its decay start without any setting; a resumed run
+    resolves to what it recorded anyway. `config` is copied, never changed in place."""
+    warmup = recorded_warmup(workdir) if int(config.train.warmup_steps) == AUTO_WARMUP else None
+    if warmup is None or warmup == warmup_steps(config.train):
+        return config, None
+    config = config.copy_and_resolve_references()
+    config.train.warmup_steps = warmup
+    return config, warmup
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import types
 from typing import Any
 
 import jax
@@ -40,6 +41,7 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
                         resolved.get("data", {}).get(identity.IDENTITY_KEY))  # names the files or the tokenizer
     existing, resolved = ({k: ({**v, identity.IDENTITY_KEY: None} if k == "data" else v) for k, v in d.items()
                            if k not in LAUNCH_SECTIONS} for d in (existing, resolved))  # compared just above
+    existing, resolved = _warmup_resolved(existing), _warmup_resolved(resolved)  # -1 and the count it gives agree
     if existing == resolved:
         return None
     old, new = flatten_keys(existing), flatten_keys(resolved)
@@ -50,13 +52,21 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
             return optimizer.decay_start(old_t)
         raise ConfigError(
             f"workdir {workdir} holds a wsd run of {old_t.steps} steps: it continues only to more steps with the "
-            f"same warm-up ({optimizer.warmup_steps(old_t)} steps; with train.warmup_steps=-1 the warm-up follows "
-            f"train.steps, so set it explicitly), got train.steps={new_t.steps} with a warm-up of "
-            f"{optimizer.warmup_steps(new_t)}")
+            f"same warm-up ({optimizer.warmup_steps(old_t)} steps; train.warmup_steps=-1 keeps it), got "
+            f"train.steps={new_t.steps} with a warm-up of {optimizer.warmup_steps(new_t)}")
     raise ConfigError(f"workdir {workdir} holds a different run's config (differs in {', '.join(diff[:8])}); "
                       f"use a new --workdir, or the same settings to resume"
                       + ("; a run continues to more steps only with train.schedule='wsd'"
                          if set(diff) <= set(CONTINUABLE_KEYS) else ""))
+
+
+def _warmup_resolved(config: dict) -> dict:
+    """`config` with train.warmup_steps as the count of steps it resolves to (-1: follows train.steps)."""
+    train = config.get("train")
+    if not isinstance(train, dict) or "warmup_steps" not in train or "steps" not in train:
+        return config
+    warmup = optimizer.warmup_steps(types.SimpleNamespace(warmup_steps=train["warmup_steps"], steps=train["steps"]))
+    return {**config, "train": {**train, "warmup_steps": warmup}}
 
 
 def flatten_keys(d: dict, prefix: str = "") -> dict:

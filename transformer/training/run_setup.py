@@ -22,7 +22,7 @@ from transformer.models import build_model
 from transformer.tasks import model_vocab_size
 from transformer.training import checkpointing, multirun, optimizer, sharding
 from transformer.training.optimizer import make_schedule
-from transformer.training.resolve import resolve
+from transformer.training.resolve import keep_recorded_warmup, resolve
 from transformer.training.run_io import check_workdir_config, write_json
 from transformer.training.state import abstract_state, fresh_state, model_optimizer
 from transformer.training.steps import global_batch
@@ -141,6 +141,13 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     nproc, grouped = jax.process_count(), len(configs) > 1
     primary = jax.process_index() == 0
     devices = jax.devices()[:1] if grouped else jax.devices()
+    kept = [keep_recorded_warmup(c, w) for c, w in zip(configs, workdirs)]  # warm-up -1 on a recorded run: its own
+    configs = [c for c, _ in kept]
+    if verbose and primary:
+        for w, (_, warmup) in zip(workdirs, kept):
+            if warmup is not None:
+                print(f"{w}: keeping the warm-up its run resolved, {warmup} steps (train.warmup_steps=-1 on a "
+                      f"workdir that holds a run)", flush=True)
     config = configs[0]
     identity.ensure_available(config.data)  # a first run builds the dataset: its identity is recorded at once
     tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
@@ -150,7 +157,6 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     spec, t = specs[0], specs[0].train
     previous, continue_from = [], []
     for workdir, d in zip(workdirs, resolved):
-        os.makedirs(workdir, exist_ok=True)
         continue_from.append(check_workdir_config(workdir, json.loads(json.dumps(d))))  # a wsd run made longer
         path = os.path.join(workdir, "summary.json")
         if os.path.exists(path) and continue_from[-1] is None:
@@ -174,8 +180,9 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                       rows=rows, process_index=jax.process_index(), process_count=nproc, shuffle=True, repeat=True)
                  for s, r in zip(specs, resolved_runs)]
     data_its = [task.make_iterator(s, **a) for s, a in zip(specs, data_args)]
-    if primary:  # only once the data is found: a mistyped dataset leaves no half-made run behind
+    if primary:  # only once the data is found: a data mistake leaves no workdir (nor a half-made run) behind
         for workdir, d in zip(workdirs, resolved):
+            os.makedirs(workdir, exist_ok=True)
             record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
             write_json(os.path.join(workdir, "config.json"), d)
     decay_start = optimizer.decay_start(t)  # wsd: checkpointed and kept, a longer run continues from it
