@@ -162,7 +162,7 @@ def _slurm(workdir: str, config) -> None:
         if status in ("failed", "stuck"):
             raise SystemExit(1)
         if not _WAIT.value:
-            if status == "submitted":
+            if status == "submitted" and not os.environ.get("SLURM_JOB_ID"):  # not in a driver's log
                 print(f"the driver jobs carry the sweep to its fit; follow it with --wait (or squeue, "
                       f"{workdir}/slurm/*.out); rerunning this command submits nothing twice", flush=True)
             return

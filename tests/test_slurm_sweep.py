@@ -130,12 +130,13 @@ def test_one_command_carries_a_staged_sweep_through_cancel_requeue_and_a_duplica
 
 
 def test_refused_before_submitting_bad_override_impossible_request_and_sbatch_error(tmp_path, corpus_dir):
-    workdir = str(tmp_path / "s")
-    cases = [("--config.base.data.train_split=nosuch", "split 'nosuch'"),  # every task would fail on it
+    cases = [("--config.base.data.tfds_name=nosuch", "data.tfds_name='nosuch'"),  # every task would fail on it
+             ("--config.base.model.positional=bogus", "model.positional='bogus'"),  # every task would fail on it
              ("--config.sweep.slurm.cpus_per_task=64", "cpus_per_task=64"),  # would pend forever
              ("--config.sweep.slurm.gpus_per_task=1", "gpus_per_task=0"),  # the GPU default on a CPU partition
              ("--config.sweep.slurm.sbatch_options=--gres=gpu:1", "gpus_per_task=0")]  # sbatch's own refusal
-    for override, words in cases:
+    for n, (override, words) in enumerate(cases):
+        workdir = str(tmp_path / f"s{n}")
         out = _run(_cmd(workdir, corpus_dir, override), corpus_dir)
         assert out.returncode == 2, (override, out.stdout, out.stderr)
         err = [ln for ln in out.stderr.splitlines() if ln.strip()]
@@ -143,8 +144,8 @@ def test_refused_before_submitting_bad_override_impossible_request_and_sbatch_er
         assert "Traceback" not in out.stderr
         if "sbatch_options" in override:
             assert "sbatch refused" in err[0] and "generic resource" in err[0]
-        else:
-            assert not [s for s in _jobs(workdir) if s.get("arrays")], override  # nothing was submitted
+        else:  # nothing was submitted, nor written: the fixed command may use the same --workdir
+            assert not os.path.exists(os.path.join(workdir, "sweep.json")) and not _jobs(workdir), override
 
 
 def test_a_failing_setup_line_is_recorded_and_stops_the_sweep_until_retry_failed(tmp_path, corpus_dir):

@@ -168,12 +168,12 @@ def _failed_rows(workdir: str) -> list[dict[str, Any]]:
             and not (r.get("role") == "lr" and lr_scan.diverged(r))]
 
 
-def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> None:
+def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
     """The training's own resolve step (model, train, mesh, data and logging checks; the data's files and
-    tokenizer) for the runs about to be submitted, here, before any task starts: a mistake is one ConfigError
-    now, not a failure of every task. Runs that differ only in shape, steps or learning rate resolve alike:
-    the first one's data is resolved, every one's model and train settings."""
-    from transformer.data import tokenizers
+    tokenizer; a dataset not prepared yet is prepared here) for the runs about to be submitted, here, before
+    any task starts: a mistake is one ConfigError now, not a failure of every task. Runs that differ only in shape, steps or learning rate resolve alike:
+    the first one's data is resolved, every one's model and train settings. Returns the checked run ids."""
+    from transformer.data import identity, sources, tokenizers
     from transformer.spec import DataSpec
     from transformer.training.resolve import model_config, resolve
 
@@ -187,12 +187,18 @@ def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> None:
             model_config(config, int(config.model.vocab_size) or 256)
             continue
         seen_data.add(key)
+        data = DataSpec.of(config.data)
+        if not sources.is_available(data):  # a dataset not prepared yet: here, once, not by every task at once
+            print(f"preparing the dataset {data.tfds_name} in {data.data_dir or '$TFDS_DATA_DIR'} before "
+                  f"submitting (the tasks read it from there)", flush=True)
+            identity.ensure_available(data)  # an unknown dataset: ConfigError
         tokenizer = None
         if config.data.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(config.data)):
             tokenizer = types.SimpleNamespace(vocab_size=config.data.vocab_size)  # trained by the first task
         if doc.get("data_identity"):
             config.data.identity = doc["data_identity"]
         resolve(config, gpus, 1, tokenizer)
+    return {doc["runs"][i]["run_id"] for i in indices}
 
 
 def stage_number(workdir: str) -> int:
@@ -200,15 +206,14 @@ def stage_number(workdir: str) -> int:
 
 
 def submit(workdir: str, doc: dict[str, Any], indices: Sequence[int], command: Sequence[str] | None,
-           cwd: str) -> dict[str, Any]:
-    """Checks the partition, submits the arrays for the runs at `indices` (one per time limit) and, with a
-    `command`, the driver job after them; records the job ids in DIR/slurm/jobs.jsonl. Returns the entry."""
-    s = doc["sweep"]["slurm"]
-    cap = slurm.check_partition(s)
+           cwd: str, cap_min: float = float("inf")) -> dict[str, Any]:
+    """Submits the arrays for the runs at `indices` (one per time limit, at most `cap_min` minutes: the
+    partition's limit) and, with a `command`, the driver job after them; records the job ids in
+    DIR/slurm/jobs.jsonl. Returns the entry."""
     k = stage_number(workdir)
     sd = slurm_dir(workdir)
     arrays: dict[str, list[int]] = {}
-    for j, (limit, idx, script) in enumerate(slurm.array_groups(workdir, doc, indices, cap)):
+    for j, (limit, idx, script) in enumerate(slurm.array_groups(workdir, doc, indices, cap_min)):
         path = os.path.join(sd, f"stage{k}{'abcdefgh'[j] if j else ''}.sbatch")
         with open(path, "w") as f:
             f.write(script)
@@ -240,6 +245,7 @@ def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str]
                   f"(scancel {' '.join(sorted({t.split('_')[0] for t in q}))} stops them)", flush=True)
             _warn_hopeless(q)
             return "queued", None
+        cap = slurm.check_partition(config.sweep.slurm.to_dict())  # what no node can give: refused before anything
         if os.path.exists(os.path.join(workdir, "sweep.json")):
             for rid in reconcile(workdir, runner.load_sweep(workdir)):
                 print(f"recorded {rid} as failed (its SLURM task ended without a result)", flush=True)
@@ -255,6 +261,11 @@ def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str]
             print(f"stopped: {len(failed)} runs failed (rows in {workdir}/results.jsonl); fix the cause and rerun "
                   f"with --retry_failed to submit them again", flush=True)
             return "failed", None
+        from transformer.design import plan
+
+        rows = {r["run_id"]: r for r in results.read_results(workdir)}  # designed in memory, checked, then written
+        first = runner.sweep_document(config, plan.design(config, rows, outcome.load_prediction(workdir)))
+        checked = validate_locally(first, runner.ready_to_submit(workdir, first))
         p, doc = runner.plan_and_write(workdir, config)
         while p.waiting == "prediction":
             outcome.predict(workdir, doc)
@@ -266,8 +277,8 @@ def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str]
         if not ready:
             print("no run is ready to train (they wait for runs not yet recorded)", flush=True)
             return "stuck", doc
-        validate_locally(doc, ready)
-        entry = submit(workdir, doc, ready, command, cwd)
+        validate_locally(doc, [i for i in ready if doc["runs"][i]["run_id"] not in checked])  # after a prediction
+        entry = submit(workdir, doc, ready, command, cwd, cap)
     arrays = ", ".join(f"{a} ({len(i)} runs, --time={slurm.time_limit(doc['runs'][i[0]], doc['sweep']['slurm'])})"
                        for a, i in entry["arrays"].items())
     print(f"stage {entry['stage']}: submitted {len(ready)} runs as job array {arrays}"
