@@ -129,23 +129,49 @@ def test_one_command_carries_a_staged_sweep_through_cancel_requeue_and_a_duplica
     assert "fit ->" in out and "every run of" in out
 
 
-def test_refused_before_submitting_bad_override_impossible_request_and_sbatch_error(tmp_path, corpus_dir):
-    cases = [("--config.base.data.tfds_name=nosuch", "data.tfds_name='nosuch'"),  # every task would fail on it
-             ("--config.base.model.positional=bogus", "model.positional='bogus'"),  # every task would fail on it
-             ("--config.sweep.slurm.cpus_per_task=64", "cpus_per_task=64"),  # would pend forever
-             ("--config.sweep.slurm.gpus_per_task=1", "gpus_per_task=0"),  # the GPU default on a CPU partition
-             ("--config.sweep.slurm.sbatch_options=--gres=gpu:1", "gpus_per_task=0")]  # sbatch's own refusal
-    for n, (override, words) in enumerate(cases):
-        workdir = str(tmp_path / f"s{n}")
+def _config(*overrides: str):
+    """The sweep config of _cmd's command line (TINY and `overrides`), built in this process."""
+    from configs.sweeps import quick
+
+    c = quick.get_config()
+    for arg in [*TINY, *overrides]:
+        path, value = arg.removeprefix("--config.").split("=", 1)
+        *parents, key = path.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        old = node[key]
+        node[key] = (tuple(float(v) for v in value.split(",")) if isinstance(old, tuple) else
+                     type(old)(value) if isinstance(old, (int, float)) and not isinstance(old, bool) else value)
+    return c
+
+
+def test_refused_before_submitting_bad_override_impossible_request_and_sbatch_error(tmp_path, corpus_dir, monkeypatch):
+    """Each refusal is one `error:` line (the CLI's ConfigError) before anything is submitted or written."""
+    from transformer.spec import ConfigError
+    from transformer.sweeps import slurm_jobs
+
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)
+    for n, (override, words) in enumerate([
+            ("--config.base.data.tfds_name=nosuch", "data.tfds_name='nosuch'"),  # every task would fail on it
+            ("--config.sweep.slurm.sbatch_options=--gres=gpu:1", "generic resource")]):  # sbatch's own refusal
+        workdir = str(tmp_path / f"cli{n}")
         out = _run(_cmd(workdir, corpus_dir, override), corpus_dir)
-        assert out.returncode == 2, (override, out.stdout, out.stderr)
         err = [ln for ln in out.stderr.splitlines() if ln.strip()]
-        assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], (override, out.stderr)
-        assert "Traceback" not in out.stderr
-        if "sbatch_options" in override:
-            assert "sbatch refused" in err[0] and "generic resource" in err[0]
-        else:  # nothing was submitted, nor written: the fixed command may use the same --workdir
-            assert not os.path.exists(os.path.join(workdir, "sweep.json")) and not _jobs(workdir), override
+        assert out.returncode == 2 and len(err) == 1 and err[0].startswith("error: ") and words in err[0], (
+            override, out.stdout, out.stderr)
+    assert "sbatch refused" in err[0] and "gpus_per_task=0" in err[0]  # with the advice for a CPU partition
+    assert not os.path.exists(os.path.join(str(tmp_path / "cli0"), "sweep.json")) and not _jobs(str(tmp_path / "cli0"))
+    for n, (override, words) in enumerate([
+            ("--config.base.model.positional=bogus", "model.positional='bogus'"),  # every task would fail on it
+            ("--config.sweep.slurm.cpus_per_task=64", "cpus_per_task=64"),  # would pend forever
+            ("--config.sweep.slurm.gpus_per_task=1", "gpus_per_task=0")]):  # the GPU default on a CPU partition
+        workdir = str(tmp_path / f"s{n}")
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            slurm_jobs.step(workdir, _config(f"--config.base.data.data_dir={corpus_dir}", override), ["true"], REPO)
+        # nothing submitted, nor written: the fixed command may use the same --workdir
+        assert not os.path.exists(os.path.join(workdir, "sweep.json")) and not _jobs(workdir), override
 
 
 def test_a_failing_setup_line_is_recorded_and_stops_the_sweep_until_retry_failed(tmp_path, corpus_dir):
