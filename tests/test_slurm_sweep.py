@@ -127,6 +127,7 @@ def test_one_command_carries_a_staged_sweep_through_cancel_requeue_and_a_duplica
     # one command: stage 1, the cancelled run again, the validation run; each followed by its driver job
     assert len(subs) == 3 and all(s.get("driver") for s in _jobs(workdir) if not s.get("arrays"))
     assert "fit ->" in out and "every run of" in out
+    assert "PENDING (Dependency)" in out  # --wait shows the queue and why jobs pend
 
 
 def _config(*overrides: str):
