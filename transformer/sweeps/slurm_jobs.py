@@ -213,12 +213,14 @@ def submit(workdir: str, doc: dict[str, Any], indices: Sequence[int], command: S
     k = stage_number(workdir)
     sd = slurm_dir(workdir)
     arrays: dict[str, list[int]] = {}
+    limits: dict[str, str] = {}
     for j, (limit, idx, script) in enumerate(slurm.array_groups(workdir, doc, indices, cap_min)):
-        path = os.path.join(sd, f"stage{k}{'abcdefgh'[j] if j else ''}.sbatch")
+        path = os.path.join(sd, f"stage{k}.sbatch" if j == 0 else f"stage{k}-{j + 1}.sbatch")
         with open(path, "w") as f:
             f.write(script)
-        arrays[slurm.sbatch(path)] = idx
-    entry = {"stage": k, "arrays": arrays, "driver": None, "time": time.time(),
+        job = slurm.sbatch(path)
+        arrays[job], limits[job] = idx, limit
+    entry = {"stage": k, "arrays": arrays, "limits": limits, "driver": None, "time": time.time(),
              "run_ids": {str(i): doc["runs"][i]["run_id"] for i in indices}}
     _append(workdir, entry)  # recorded at once: a failing driver submission loses nothing
     if command:
@@ -235,6 +237,7 @@ def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str]
     """One step of the sweep on SLURM (module docstring). Returns (status, sweep document): "queued" (its jobs
     are in the queue), "submitted", "failed" (a run failed: stopped), "stuck" (nothing ready, nothing
     queued), "done" (every run recorded)."""
+    from transformer.design import plan
     from transformer.sweeps import outcome
 
     os.makedirs(slurm_dir(workdir), exist_ok=True)
@@ -261,8 +264,6 @@ def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str]
             print(f"stopped: {len(failed)} runs failed (rows in {workdir}/results.jsonl); fix the cause and rerun "
                   f"with --retry_failed to submit them again", flush=True)
             return "failed", None
-        from transformer.design import plan
-
         rows = {r["run_id"]: r for r in results.read_results(workdir)}  # designed in memory, checked, then written
         first = runner.sweep_document(config, plan.design(config, rows, outcome.load_prediction(workdir)))
         checked = validate_locally(first, runner.ready_to_submit(workdir, first))
@@ -279,8 +280,7 @@ def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str]
             return "stuck", doc
         validate_locally(doc, [i for i in ready if doc["runs"][i]["run_id"] not in checked])  # after a prediction
         entry = submit(workdir, doc, ready, command, cwd, cap)
-    arrays = ", ".join(f"{a} ({len(i)} runs, --time={slurm.time_limit(doc['runs'][i[0]], doc['sweep']['slurm'])})"
-                       for a, i in entry["arrays"].items())
+    arrays = ", ".join(f"{a} ({len(i)} runs, --time={entry['limits'][a]})" for a, i in entry["arrays"].items())
     print(f"stage {entry['stage']}: submitted {len(ready)} runs as job array {arrays}"
           + (f"; driver job {entry['driver']} then reruns this command" + (f" ({p.waiting} decides the next stage)"
                                                                            if p.waiting else " (to fit)")
