@@ -84,15 +84,15 @@ def test_one_command_carries_a_staged_sweep_through_cancel_requeue_and_a_duplica
     proc = subprocess.Popen(_cmd(workdir, corpus_dir, "--wait"), cwd=REPO, env=_env(corpus_dir),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not _jobs(workdir):
+        deadline = time.time() + 480
+        while time.time() < deadline and len(_jobs(workdir)) < 2:  # stage 1 and its driver
             time.sleep(0.2)
         first = _jobs(workdir)[0]
         (array, indices), = first["arrays"].items()
         assert first["driver"] is None and len(indices) == 3
         # a second command while the stage runs: it names the queued jobs and submits nothing
-        again = _run(_cmd(workdir, corpus_dir), corpus_dir)
-        assert again.returncode == 0 and "nothing submitted again" in again.stdout, again.stdout + again.stderr
+        again = subprocess.Popen(_cmd(workdir, corpus_dir), cwd=REPO, env=_env(corpus_dir), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
         # interrupt both tasks once each has a checkpoint: scancel one; send the other the time-limit signal
         todo = {"scancel": indices[0], "USR1": indices[1]}
         while todo and time.time() < deadline and proc.poll() is None:
@@ -103,6 +103,9 @@ def test_one_command_carries_a_staged_sweep_through_cancel_requeue_and_a_duplica
                     del todo[how]
             time.sleep(0.1)
         assert not todo, "the tasks did not reach a checkpoint in time"
+        again_out = again.communicate(timeout=300)[0]
+        assert again.returncode == 0 and "nothing submitted again" in again_out, again_out
+        assert len([s for s in _jobs(workdir) if s.get("arrays")]) == 1
         out = proc.communicate(timeout=600)[0]
     finally:
         if proc.poll() is None:
