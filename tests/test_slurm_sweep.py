@@ -202,3 +202,27 @@ def test_a_failing_setup_line_is_recorded_and_stops_the_sweep_until_retry_failed
         assert "--retry_failed" not in driver  # the driver's rerun would drop failed rows at every stage
     finally:
         _scancel_all(workdir)
+
+
+@pytest.mark.slow
+def test_at_its_time_limit_a_task_checkpoints_requeues_itself_and_resumes(tmp_path, corpus_dir):
+    """The real time limit (not a signal sent by hand): --time=2 min, USR1 60 s before it, runs of a few minutes.
+    A few minutes; marked slow as well as slurm."""
+    workdir = str(tmp_path / "s")
+    out = _run(_cmd(workdir, corpus_dir, "--config.sweep.budgets=2e10", "--config.sweep.slurm.time=00:02:00",
+                    "--config.sweep.slurm.signal_seconds=60", "--config.sweep.slurm.max_parallel=1"), corpus_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    try:
+        (array, indices), = _jobs(workdir)[0]["arrays"].items()
+        log = os.path.join(workdir, "slurm", f"{array}_{indices[0]}.out")
+        deadline = time.time() + 600
+        text = ""
+        while time.time() < deadline:
+            text = open(log).read() if os.path.exists(log) else ""
+            if re.search(r"requeued SLURM task.*\n(.*\n)*.*resuming from step [1-9]", text):
+                break
+            time.sleep(2)
+        assert "received signal 10: checkpointed step" in text and "attempt 2" in text, text
+        assert re.search(r"requeued SLURM task.*\n(.*\n)*.*resuming from step [1-9]", text), text
+    finally:
+        _scancel_all(workdir)
