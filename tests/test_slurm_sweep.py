@@ -209,7 +209,8 @@ def test_at_its_time_limit_a_task_checkpoints_requeues_itself_and_resumes(tmp_pa
     """The real time limit (not a signal sent by hand): --time=2 min, USR1 60 s before it, runs of a few minutes.
     A few minutes; marked slow as well as slurm."""
     workdir = str(tmp_path / "s")
-    out = _run(_cmd(workdir, corpus_dir, "--config.sweep.budgets=2e10", "--config.sweep.slurm.time=00:02:00",
+    out = _run(_cmd(workdir, corpus_dir, "--config.sweep.budgets=2e10", "--config.sweep.validate_flops=8e10",
+                    "--config.sweep.slurm.time=00:02:00",
                     "--config.sweep.slurm.signal_seconds=60", "--config.sweep.slurm.max_parallel=1"), corpus_dir)
     assert out.returncode == 0, out.stdout + out.stderr
     try:
