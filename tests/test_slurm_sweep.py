@@ -41,9 +41,9 @@ def _env(corpus_dir: str) -> dict[str, str]:
     return env
 
 
-def _cmd(workdir: str, corpus_dir: str, *extra: str) -> list[str]:
+def _cmd(workdir: str, corpus_dir: str, *extra: str, tiny: list[str] = TINY) -> list[str]:
     return [sys.executable, "-m", "experiments.sweep", "--config=configs/sweeps/quick.py", f"--workdir={workdir}",
-            "--launcher=slurm", *TINY, f"--config.base.data.data_dir={corpus_dir}", *extra]
+            "--launcher=slurm", *tiny, f"--config.base.data.data_dir={corpus_dir}", *extra]
 
 
 def _run(cmd: list[str], corpus_dir: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -209,9 +209,10 @@ def test_at_its_time_limit_a_task_checkpoints_requeues_itself_and_resumes(tmp_pa
     """The real time limit (not a signal sent by hand): --time=2 min, USR1 60 s before it, runs of a few minutes.
     A few minutes; marked slow as well as slurm."""
     workdir = str(tmp_path / "s")
+    longer = [a for a in TINY if not a.startswith(("--config.sweep.budgets=", "--config.sweep.validate_flops="))]
     out = _run(_cmd(workdir, corpus_dir, "--config.sweep.budgets=2e10", "--config.sweep.validate_flops=8e10",
-                    "--config.sweep.slurm.time=00:02:00",
-                    "--config.sweep.slurm.signal_seconds=60", "--config.sweep.slurm.max_parallel=1"), corpus_dir)
+                    "--config.sweep.slurm.time=00:02:00", "--config.sweep.slurm.signal_seconds=60",
+                    "--config.sweep.slurm.max_parallel=1", tiny=longer), corpus_dir)
     assert out.returncode == 0, out.stdout + out.stderr
     try:
         (array, indices), = _jobs(workdir)[0]["arrays"].items()
@@ -223,7 +224,7 @@ def test_at_its_time_limit_a_task_checkpoints_requeues_itself_and_resumes(tmp_pa
             if re.search(r"requeued SLURM task.*\n(.*\n)*.*resuming from step [1-9]", text):
                 break
             time.sleep(2)
-        assert "received signal 10: checkpointed step" in text and "attempt 2" in text, text
+        assert "received signal 10: checkpointed step" in text and text.count(" starts on ") == 2, text
         assert re.search(r"requeued SLURM task.*\n(.*\n)*.*resuming from step [1-9]", text), text
     finally:
         _scancel_all(workdir)
