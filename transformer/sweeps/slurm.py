@@ -27,6 +27,7 @@ from transformer.sweeps.runner import REPO_ROOT, WORKER_MODULE
 
 REQUEUE_SIGNAL_ENV = "SWEEP_REQUEUE_SIGNAL"  # set in a task's environment: the signal to requeue on
 TASK_END = "sweep-task: exit"  # the job script's last line in a task log: "sweep-task: exit CODE in PHASE ..."
+MAX_REQUEUES = 50  # a task requeues itself at its time limit at most this often (then exits 3: preempted)
 _NICE_MINUTES = (10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 360, 480, 720, 960, 1440, 2160, 2880, 4320, 7200)
 
 
@@ -261,6 +262,11 @@ def requeue_if_signalled(signum: int | None) -> bool:
 
     task = slurm_query.own_task()
     if signum is None or task is None or guards.last_preemption_signal() != signum:
+        return False
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if restarts >= MAX_REQUEUES:  # a run that cannot get anywhere in one attempt must not loop forever
+        print(f"time limit near (signal {signum}): checkpointed; not requeued after {restarts} requeues "
+              f"(slurm.MAX_REQUEUES): the sweep command submits the run again, or records it as failed", flush=True)
         return False
     ok = slurm_query.requeue(task)
     print(f"time limit near (signal {signum}): checkpointed; "
