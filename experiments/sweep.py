@@ -1,9 +1,10 @@
 """Run a sweep: python -m experiments.sweep --config=configs/sweeps/NAME.py --workdir=DIR
-    [--parallel=K] [--launcher=local|slurm] [--dry_run] [--retry_failed] [--verbose] [--config.KEY=V ...]
+    [--parallel=K] [--launcher=local|slurm [--wait]] [--dry_run] [--retry_failed] [--verbose] [--config.KEY=V ...]
 
 Expands the sweep config into runs (transformer/design/grid.py), writes DIR/sweep.json, trains every
-run not yet in DIR/results.jsonl (in this process by default; --parallel=K worker processes; or a SLURM
-job array with --launcher=slurm), then fits: DIR/fit/ for IsoFLOP sweeps, DIR/lr_fit.json for LR scans.
+run not yet in DIR/results.jsonl (in this process by default; --parallel=K worker processes; or with
+--launcher=slurm a job array per stage and a driver job that reruns this command after it: docs/clusters.md),
+then fits: DIR/fit/ for IsoFLOP sweeps, DIR/lr_fit.json for LR scans.
 Rerunning the command skips finished runs and resumes interrupted ones. --dry_run prints the runs and
 the estimated time (or, with --launcher=slurm, the job script) and writes nothing.
 
@@ -12,7 +13,9 @@ DIR/sweep.json and records it; --fit_when_done also fits when it was the last on
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 
 from absl import flags, logging
@@ -23,7 +26,7 @@ from experiments._paths import absolute_config
 from experiments.jax_setup import setup_jax
 from transformer.data import identity
 from transformer.scaling import lr_scan
-from transformer.sweeps import outcome, progress, runner, slurm
+from transformer.sweeps import outcome, progress, runner, slurm, slurm_jobs
 from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
@@ -36,6 +39,7 @@ _RETRY = flags.DEFINE_bool("retry_failed", False, "Run the runs recorded as fail
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show each run's own training progress.")
 _RUN_INDEX = flags.DEFINE_integer("run_index", -1, "Worker mode: train run I of DIR/sweep.json.")
 _FIT_WHEN_DONE = flags.DEFINE_bool("fit_when_done", False, "Worker mode: fit when every run is recorded.")
+_WAIT = flags.DEFINE_bool("wait", False, "--launcher=slurm: follow the sweep's jobs stage by stage to its fit.")
 
 def _worker(workdir: str, index: int) -> None:
     doc = runner.load_sweep(workdir)
@@ -52,10 +56,13 @@ def _worker(workdir: str, index: int) -> None:
             print(f"{run['run_id']} is claimed by another runner; nothing to do", flush=True)
             raise SystemExit(runner.CLAIMED_ELSEWHERE)
         setup_jax(ml_collections.ConfigDict(run["config"]))
+        requeue_signal = slurm.arm_requeue()  # a SLURM task: checkpoint and requeue itself before its time limit
         with held:
             row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
                                          max_retries=doc["sweep"].get("max_retries", 0))
         print(f"{run['run_id']}: {row['status'] if row else 'preempted'}", flush=True)
+        if code == 3 and slurm.requeue_if_signalled(requeue_signal):
+            raise SystemExit(3)
     if _FIT_WHEN_DONE.value and code != 3:
         outcome.finish_once(workdir, doc)
     if code:
@@ -107,22 +114,7 @@ def main(argv: list[str]) -> None:
     if _DRY_RUN.value:
         return _dry_run(workdir, config)
     if _LAUNCHER.value == "slurm":
-        slurm.require_sbatch()
-        p, doc = runner.plan_and_write(workdir, config)
-        while p.waiting == "prediction":
-            outcome.predict(workdir, doc)
-            p, doc = runner.plan_and_write(workdir, config)
-        todo, _ = runner.pending_runs(workdir, doc["runs"])
-        ready = runner.ready_to_submit(workdir, doc)
-        if not ready:
-            print("no run is ready to train (they wait for runs not yet recorded)" if todo else
-                  "every run is recorded; nothing to submit")
-            return
-        print(slurm.submit_slurm(workdir, doc, ready))
-        if p.waiting or len(ready) < len(todo):
-            print(f"submitted {len(ready)} runs; rerun this command when they have finished to submit the next "
-                  f"ones{' (' + p.waiting + ' decides the next stage)' if p.waiting else ''}")
-        return
+        return _slurm(workdir, config)
     if _RETRY.value:
         os.makedirs(workdir, exist_ok=True)
         retried = runner.results.drop_failed(workdir)
@@ -154,6 +146,40 @@ def main(argv: list[str]) -> None:
         print(f"{len(failed)} runs failed ({', '.join(failed)}); see their rows in {workdir}/results.jsonl; "
               f"--retry_failed runs them again", file=sys.stderr)
         raise SystemExit(1)
+
+
+_ONCE = re.compile(r"^--(no)?(wait|retry_failed)(=.*)?$")  # what a driver job's rerun of the command leaves out
+
+
+def _slurm(workdir: str, config) -> None:
+    """--launcher=slurm: one step (slurm_jobs.step: submit the next stage and a driver job that reruns this
+    command after it), or with --wait every step until the sweep is fitted; then the fit's report."""
+    slurm.require_sbatch()
+    command = [sys.executable, "-m", "experiments.sweep", *(a for a in sys.argv[1:] if not _ONCE.match(a))]
+    retry = _RETRY.value
+    while True:
+        status, doc = slurm_jobs.step(workdir, config, command, os.getcwd(), retry)
+        retry = False
+        if status == "done":
+            break
+        if status in ("failed", "stuck"):
+            raise SystemExit(1)
+        if not _WAIT.value:
+            if status == "submitted" and not os.environ.get("SLURM_JOB_ID"):  # not in a driver's log
+                print(f"the driver jobs carry the sweep to its fit; follow it with --wait (or squeue, "
+                      f"{workdir}/slurm/*.out); rerunning this command submits nothing twice", flush=True)
+            return
+        slurm_jobs.wait(workdir)
+    for note in doc["notes"]:
+        print(f"note: {note}", flush=True)
+    fit = outcome.finish_once(workdir, doc)  # None: a task (--fit_when_done) or a driver fitted already
+    path = os.path.join(workdir, "lr_fit.json" if doc["mode"] == "lr_scan" else os.path.join("fit", "fit.json"))
+    if fit is None and os.path.exists(path):
+        with open(path) as f:
+            fit = json.load(f)
+    if fit is not None:
+        _report_fit(doc["mode"], fit, workdir)
+    print(f"every run of {workdir} is recorded", flush=True)
 
 
 def _report_fit(mode: str, fit: dict, workdir: str) -> None:

@@ -111,14 +111,25 @@ def sweep_defaults() -> ml_collections.ConfigDict:
     s.lr_scan.tokens_per_param = 20.0
     s.lr_scan.tokens = 0
 
-    # --launcher=slurm: a job array, one task per run.
+    # --launcher=slurm: a job array per stage, one task per run, and a driver job after it (docs/clusters.md).
     s.slurm = ml_collections.ConfigDict()
-    s.slurm.time = "04:00:00"
-    s.slurm.gpus_per_task = 1
+    s.slurm.time = "auto"              # per run: time_factor x the plan's estimate (at least 10 min); or "HH:MM:SS"
+    s.slurm.time_factor = 3.0
+    s.slurm.gpus_per_task = 1          # 0 on a CPU partition
+    s.slurm.gpu_request = "gres"       # how GPUs are asked for: "gres" (--gres=gpu[:type]:N), "gpus", "gpus-per-task"
+    s.slurm.gpu_type = ""              # e.g. "a100", as `sinfo -o %G` names it
     s.slurm.cpus_per_task = 8
     s.slurm.mem = ""                   # e.g. "64G"; "" leaves it to the cluster
     s.slurm.partition = ""
     s.slurm.account = ""
+    s.slurm.qos = ""
+    s.slurm.constraint = ""
+    s.slurm.exclude = ""               # nodes, e.g. "node[01-03]"
+    s.slurm.sbatch_options = ""        # more #SBATCH lines, space-separated: "--reservation=r1 --mail-type=END"
     s.slurm.max_parallel = 0           # array throttle (%K); 0: no limit
     s.slurm.setup = ""                 # shell lines run before the worker (module load, venv activation)
+    s.slurm.signal = "USR1"            # sent signal_seconds before the time limit: checkpoint, then requeue
+    s.slurm.signal_seconds = 120
+    s.slurm.max_submits = 3            # submissions of a run that end without a result before it counts as failed
+    s.slurm.driver_time = "01:00:00"   # the driver job's limit (it designs the next stage, predicts, fits)
     return s

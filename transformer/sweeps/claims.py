@@ -2,11 +2,13 @@
 train the same run twice.
 
 A claim is DIR/claims/RUN_ID.claim, created with os.open(O_CREAT | O_EXCL) — atomic on local file
-systems and on NFSv3+ (unlike flock, which NFS clients may not honour) — holding the owner's host, pid
-and start time. The owner refreshes its mtime every `heartbeat_s` seconds; a claim whose mtime is
-older than `stale_after_s` (its owner was killed or its host died), or made on this host by a pid that
-no longer exists, may be taken over: the taker
-renames it to a unique name first (rename is atomic: of two takers only one succeeds), then claims.
+systems and on NFSv3+ (unlike flock, which NFS clients may not honour) — holding the owner's host, pid,
+start time and, in a SLURM task, its job id ("12_3"). The owner refreshes its mtime every `heartbeat_s`
+seconds; a claim is dead, and may be taken over, when its mtime is older than `stale_after_s` (its owner
+was killed or its host died), when it was made on this host by a pid that no longer exists, or when it
+names a SLURM task that is no longer running (squeue) or that is this process's own task (requeued, maybe
+onto another node: it takes over its own claim). The taker renames it to a unique name first (rename is
+atomic: of two takers only one succeeds), then claims.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import threading
 import time
 import uuid
 from typing import Any
+
+from transformer.sweeps import slurm_query
 
 CLAIMS = "claims"
 
@@ -68,14 +72,23 @@ class Claim:
 
 
 def _owner_is_dead(path: str) -> bool:
-    """True when the claim was made on this host by a process that no longer exists (a killed runner:
-    no need to wait for its heartbeat to go stale)."""
+    """True when the claim was made on this host by a process that no longer exists, or by a SLURM task that
+    is no longer running or is this process's own task in an earlier attempt (no need to wait for its
+    heartbeat to go stale)."""
     try:
         with open(path) as f:
             info = json.load(f)
     except (OSError, ValueError):
         return False  # being written or replaced right now: not ours to judge
-    if info.get("host") != socket.gethostname() or info.get("pid") == os.getpid():
+    mine = info.get("host") == socket.gethostname() and info.get("pid") == os.getpid()
+    job = info.get("slurm_job")
+    if job and not mine:
+        if job in slurm_query.own_job_ids():  # this task, requeued: its earlier attempt is gone
+            return True
+        alive = slurm_query.task_alive(job) if slurm_query.available() else None
+        if alive is not None:
+            return not alive
+    if info.get("host") != socket.gethostname() or mine:
         return False
     try:
         os.kill(int(info["pid"]), 0)
@@ -101,7 +114,8 @@ def try_claim(sweep_dir: str, run_id: str, *, stale_after_s: float = 600.0, hear
     """Claims `run_id` for this process; None when another live runner holds it."""
     path = _path(sweep_dir, run_id)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode()
+    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
+                       "slurm_job": slurm_query.own_task()}).encode()
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

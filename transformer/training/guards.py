@@ -21,14 +21,35 @@ class Preempted(Exception):
     """Raised inside the loop when SIGTERM/SIGINT arrived (or stop_at was reached); the loop checkpoints first."""
 
 
+_EXTRA_SIGNALS: list[int] = []  # also_preempt_on
+_LAST = {"signal": None}
+
+
+def also_preempt_on(signum: int) -> None:
+    """Makes `signum` preempt like SIGTERM in this process from now on: a scheduler's warning before a time
+    limit (SLURM's --signal=USR1@120; without a handler USR1 would kill the process without a checkpoint)."""
+    if signum not in _EXTRA_SIGNALS:
+        _EXTRA_SIGNALS.append(signum)
+
+
+def last_preemption_signal() -> int | None:
+    """The signal that last preempted training in this process (None: none did)."""
+    return _LAST["signal"]
+
+
 @contextlib.contextmanager
 def preemption_signals() -> Iterator[dict]:
-    """Within the block, SIGTERM/SIGINT only set flag["signal"] (the loop checkpoints, then stops);
-    the previous handlers come back on leaving it."""
+    """Within the block, SIGTERM/SIGINT (and the also_preempt_on signals) only set flag["signal"] (the loop
+    checkpoints, then stops); the previous handlers come back on leaving it."""
     flag = {"signal": None}
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, *_EXTRA_SIGNALS)}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        flag.update(signal=signum)
+        _LAST["signal"] = signum
+
     for s in previous:
-        signal.signal(s, lambda signum, _frame: flag.update(signal=signum))
+        signal.signal(s, on_signal)
     try:
         yield flag
     finally:
