@@ -1,7 +1,7 @@
 """A training run's checkpoint as a Hugging Face checkpoint with its tokenizer (`experiments.export`).
 
 export_run(workdir, out, step=None) writes into OUT:
-  config.json, model.safetensors   to_pretrained (hf.py): GPT-2, LLaMA, BERT or T5, chosen by the run's model
+  config.json, model.safetensors   to_pretrained (hf.py): GPT-2, LLaMA, Qwen3, GPT-NeoX, BERT or T5, by the model
                                    shape; special ids (bos/eos/pad; T5: decoder_start = the run's decoder
                                    start, bos) are the run's tokenizer's;
   tokenizer.json, tokenizer_config.json   hf_tokenizer.py: the run's tokenizer, bos prepended by
@@ -24,7 +24,8 @@ from transformer.interop.hf_tokenizer import to_hf_tokenizer
 from transformer.training.resolve import model_config
 from transformer.training.restore import latest_step, load_config, load_run
 
-HF_CLASSES = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM",
+HF_CLASSES = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM", "qwen3": "AutoModelForCausalLM",
+              "gpt_neox": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM",
               "t5": "AutoModelForSeq2SeqLM"}
 
 
