@@ -37,8 +37,8 @@ from transformer.interop import tensors as t
 from transformer.models import build_model
 from transformer.spec import ConfigError, ModelConfig
 
-CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "qwen3": hf_qwen3, "gpt_neox": hf_gpt_neox,
-                                     "bert": hf_bert, "t5": hf_t5}
+CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "bert": hf_bert, "t5": hf_t5, "qwen3": hf_qwen3,
+                                     "gpt_neox": hf_gpt_neox}
 # Families whose config depends on the weights too: T5's head is its own exactly when the checkpoint holds
 # an lm_head.weight that differs from the token table (transformers 5.x's rule).
 NEEDS_WEIGHTS = ("t5",)
