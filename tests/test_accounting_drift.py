@@ -1,6 +1,7 @@
 """Accounting cannot drift from the models: every ModelConfig option, turned on in every family, counted
 from the config (transformer/spec/accounting.py) and from the built model's parameter shapes (eval_shape,
-nothing is initialised), and the FLOPs against XLA's count of the compiled forward pass.
+nothing is initialised), and the FLOPs against XLA's count of the compiled forward pass. Each parameter's
+logical axis names must be known to the mesh rules and to μP (transformer/layers/mup.py).
 
 A new ModelConfig field fails `test_every_model_option_is_classified` until it is listed below: in OPTIONS
 (with the values that change the model), SIZES or NO_PARAMETERS. Then the tests below count it."""
@@ -15,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.layers import feedforward, norms, positional
+from configs.common import DEFAULT_RULES
+from transformer.layers import feedforward, mup, norms, positional
 from transformer.models import build_model
+from transformer.models.blocks import LAYERS_AXIS
 from transformer.spec import FAMILIES, NORM_POSITIONS, PARAMETRIZATIONS, ConfigError, ModelConfig
 from transformer.spec import flops_per_token, matmul_params, param_counts
 
@@ -92,12 +95,18 @@ CONFIGS = {f"{family}-{i}": cfg for family in FAMILIES for i, cfg in enumerate(_
 
 
 def _built_params(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """{parameter path: shape} of the model cfg builds (jax.eval_shape: no array is made)."""
+    """{parameter path: shape} of the model cfg builds (jax.eval_shape: no array is made). Every parameter must
+    also carry logical axis names that the mesh rules know and that μP can classify."""
     model = build_model(cfg)
     args = (jnp.zeros((1, 4), jnp.int32),) * (2 if cfg.family == "encoder_decoder" else 1)
-    tree = nn.unbox(jax.eval_shape(lambda r: model.init(r, *args), jax.random.PRNGKey(0))["params"])
+    boxed = jax.eval_shape(lambda r: model.init(r, *args), jax.random.PRNGKey(0))["params"]
+    mup.param_kinds(boxed)  # ValueError naming a parameter without names, or with names μP does not classify
+    known = {name for name, _ in DEFAULT_RULES} | {LAYERS_AXIS}
+    for path, spec in jax.tree_util.tree_leaves_with_path(nn.get_partition_spec(boxed),
+                                                          is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)):
+        assert all(name in known for name in spec), (path, spec, "a logical axis name not in DEFAULT_RULES")
     return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(a.shape)
-            for path, a in jax.tree_util.tree_flatten_with_path(tree)[0]}
+            for path, a in jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]}
 
 
 def _size(shapes: dict[str, tuple[int, ...]], keep=lambda path: True) -> int:
