@@ -86,8 +86,9 @@ def _export_or_refuse(cfg: ModelConfig, path: str) -> str:
     auto = getattr(transformers, HF_CLASSES[name]).from_pretrained(path).eval()
     ours = np.asarray(model.apply({"params": params}, *map(jnp.asarray, inputs)))
     np.testing.assert_allclose(_hf_logits(auto, cfg, inputs), ours, atol=1e-4, rtol=0, err_msg=str(cfg))
-    model2, params2 = hf.from_pretrained(path)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+    _, params2 = hf.from_pretrained(path)   # scanned layers come back unscanned (blocks/layers_i)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), t.unstack_layers(params),
+                 params2)
     return name
 
 
