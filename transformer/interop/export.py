@@ -10,7 +10,8 @@ export_run(workdir, out, step=None) writes into OUT:
 and returns a summary (step, family, HF model type, paths). The run's model is padded to a vocabulary of a
 multiple of 128: the exported model keeps those rows (the tokenizer never produces their ids).
 Everything is checked before anything is written: a missing run or checkpoint, a model with no Hugging Face
-counterpart (e.g. positional=alibi, sinusoidal positions), an OUT that holds files already.
+counterpart (e.g. positional=alibi, sinusoidal positions) or with a parameter its family's layout has no place
+for (hf.hf_tensors), an OUT that holds files already.
 """
 from __future__ import annotations
 
