@@ -2,12 +2,13 @@
 
 python -m experiments.export --workdir=DIR --out=HF_DIR [--step=STEP]
 
-HF_DIR gets config.json + model.safetensors (GPT-2, LLaMA, BERT or T5, from the run's model shape) and
-tokenizer.json + tokenizer_config.json (the run's bytes / SentencePiece / tokenizer.json tokenizer;
+HF_DIR gets config.json + model.safetensors (GPT-2, LLaMA, Qwen3, GPT-NeoX, BERT or T5, from the run's model
+shape) and tokenizer.json + tokenizer_config.json (the run's bytes / SentencePiece / tokenizer.json tokenizer;
 tokenizer(text) prepends bos, as the run's documents began), so that
     AutoTokenizer.from_pretrained(HF_DIR), AutoModelForCausalLM.from_pretrained(HF_DIR)
 (AutoModelForSeq2SeqLM for T5, AutoModelForMaskedLM for BERT) give the run's logits. A missing run or
-checkpoint, a model with no Hugging Face counterpart, or a non-empty HF_DIR is one `error:` line (exit 2).
+checkpoint, a model with no Hugging Face counterpart (or a parameter its layout cannot hold), or a non-empty
+HF_DIR is one `error:` line (exit 2).
 """
 from __future__ import annotations
 

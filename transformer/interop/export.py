@@ -1,7 +1,7 @@
 """A training run's checkpoint as a Hugging Face checkpoint with its tokenizer (`experiments.export`).
 
 export_run(workdir, out, step=None) writes into OUT:
-  config.json, model.safetensors   to_pretrained (hf.py): GPT-2, LLaMA, BERT or T5, chosen by the run's model
+  config.json, model.safetensors   to_pretrained (hf.py): GPT-2, LLaMA, Qwen3, GPT-NeoX, BERT or T5, by the model
                                    shape; special ids (bos/eos/pad; T5: decoder_start = the run's decoder
                                    start, bos) are the run's tokenizer's;
   tokenizer.json, tokenizer_config.json   hf_tokenizer.py: the run's tokenizer, bos prepended by
@@ -10,7 +10,8 @@ export_run(workdir, out, step=None) writes into OUT:
 and returns a summary (step, family, HF model type, paths). The run's model is padded to a vocabulary of a
 multiple of 128: the exported model keeps those rows (the tokenizer never produces their ids).
 Everything is checked before anything is written: a missing run or checkpoint, a model with no Hugging Face
-counterpart (e.g. positional=alibi, sinusoidal positions), an OUT that holds files already.
+counterpart (e.g. positional=alibi, sinusoidal positions) or with a parameter its family's layout has no place
+for (hf.hf_tensors), an OUT that holds files already.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from transformer.interop.hf_tokenizer import to_hf_tokenizer
 from transformer.training.resolve import model_config
 from transformer.training.restore import latest_step, load_config, load_run
 
-HF_CLASSES = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM",
+HF_CLASSES = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM", "qwen3": "AutoModelForCausalLM",
+              "gpt_neox": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM",
               "t5": "AutoModelForSeq2SeqLM"}
 
 

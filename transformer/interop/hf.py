@@ -1,8 +1,8 @@
 """Hugging Face checkpoints <-> this codebase's models (extra `[hf]`: torch, transformers, safetensors).
 
 `from_pretrained(PATH) -> (model, params)`: a local checkpoint directory (config.json plus
-model.safetensors, pytorch_model.bin, or their sharded index) of GPT-2, LLaMA, BERT or T5 becomes a
-ModelConfig, its Flax module (DecoderLM / EncoderModel / EncoderDecoderModel) and float32 parameters,
+model.safetensors, pytorch_model.bin, or their sharded index) of GPT-2, LLaMA, Qwen3, GPT-NeoX, BERT or
+T5 becomes a ModelConfig, its Flax module (DecoderLM / EncoderModel / EncoderDecoderModel) and float32 parameters,
 so that `model.apply({"params": params}, tokens_BT)` (T5: `(src_BS, tgt_BT)`) gives the checkpoint's
 logits. Pass `positions_BT, segment_ids_BT` (segment id 0 = padding, as an attention mask) for padded
 batches (T5: `src_segment_ids_BS, tgt_segment_ids_BT`).
@@ -10,12 +10,15 @@ batches (T5: `src_segment_ids_BS, tgt_segment_ids_BT`).
 `to_pretrained(model, params, PATH)` writes PATH/config.json and PATH/model.safetensors that
 `transformers` loads with AutoModelFor{CausalLM,MaskedLM,Seq2SeqLM}.from_pretrained(PATH); the family
 is chosen from the config (GPT-2: learned positions + LayerNorm + tied head; LLaMA: RoPE + RMSNorm +
-gated FFN; BERT: a post-LN encoder with an embedding norm; T5: an encoder–decoder with T5's relative
+gated FFN; Qwen3: LLaMA with qk_norm; GPT-NeoX: parallel_block; BERT: a post-LN encoder with an embedding norm; T5: an encoder–decoder with T5's relative
 position bias). Importing what was exported gives back exactly the same parameters (T5: the same
 logits; exactly the same parameters for a model that came from T5). `token_ids` sets the special ids
 of the written config (bos/eos/pad/decoder_start_token_id), e.g. a run's tokenizer's.
+Export refuses (ConfigError, nothing written) a model with a parameter the family's converter does not read
+(`hf_tensors`): an option a layout lacks is never dropped silently.
 
-The per-family name/shape mappings live in hf_gpt2.py, hf_llama.py, hf_bert.py and hf_t5.py.
+The per-family name/shape mappings live in hf_gpt2.py, hf_llama.py, hf_qwen3.py, hf_gpt_neox.py, hf_bert.py
+and hf_t5.py.
 """
 from __future__ import annotations
 
@@ -29,12 +32,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.interop import hf_bert, hf_gpt2, hf_llama, hf_t5
+from transformer.interop import hf_bert, hf_gpt2, hf_gpt_neox, hf_llama, hf_qwen3, hf_t5
 from transformer.interop import tensors as t
 from transformer.models import build_model
 from transformer.spec import ConfigError, ModelConfig
 
-CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "bert": hf_bert, "t5": hf_t5}
+CONVERTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "llama": hf_llama, "bert": hf_bert, "t5": hf_t5, "qwen3": hf_qwen3,
+                                     "gpt_neox": hf_gpt_neox}
 # Families whose config depends on the weights too: T5's head is its own exactly when the checkpoint holds
 # an lm_head.weight that differs from the token table (transformers 5.x's rule).
 NEEDS_WEIGHTS = ("t5",)
@@ -94,9 +98,29 @@ def converter_for(cfg: ModelConfig) -> tuple[str, ModuleType]:
     raise ConfigError(
         "this model has no Hugging Face counterpart here: GPT-2 needs a decoder with learned positions, pre-LN "
         "LayerNorm, gelu/gelu_tanh/relu, biases, a tied head and multi-head attention; LLaMA a decoder with RoPE, "
-        "pre-LN RMSNorm and swiglu/geglu; BERT an encoder with learned positions, an embedding norm, post-LN "
+        "pre-LN RMSNorm and swiglu/geglu (Qwen3: the same with qk_norm and no biases); GPT-NeoX a decoder with "
+        "parallel_block, RoPE, LayerNorm, biases, gelu/gelu_tanh/relu and multi-head attention; BERT an encoder with learned positions, an embedding norm, post-LN "
         "LayerNorm, biases, a tied masked-LM head; T5 an encoder_decoder with positional='t5_relative', pre-LN "
         f"RMSNorm, no biases, multi-head attention (got {cfg})")
+
+
+def hf_tensors(name: str, converter: ModuleType, params: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """converter.params_to_hf(params), refused (ConfigError naming the parameters) unless it reads every
+    parameter of the model: an option the converter does not know (a norm, a bias, a table) must not be dropped
+    silently. A parameter the layout needs but the model lacks is refused too."""
+    tracked = t.TrackedParams(params)
+    try:
+        tensors = converter.params_to_hf(tracked, cfg)
+    except t.MissingParameterError as e:
+        raise ConfigError(f"this model cannot be written as Hugging Face {name}: the layout needs parameter "
+                          f"{e.args[0]}, which the model does not have (check the model options against "
+                          f"transformer/interop/hf_{name}.py)") from None
+    unread = tracked.unread()
+    if unread:
+        shown = ", ".join(unread[:8]) + (f" and {len(unread) - 8} more" if len(unread) > 8 else "")
+        raise ConfigError(f"this model cannot be written as Hugging Face {name}: its parameter(s) {shown} have no "
+                          f"place in that layout (a model option {name} does not have?); nothing was written")
+    return tensors
 
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -111,7 +135,7 @@ def to_pretrained(model: nn.Module, params: Any, path: str, *, token_ids: dict[s
     if unknown:
         raise ValueError(f"token_ids keys {unknown} are not among {TOKEN_ID_KEYS}")
     params = t.unstack_layers(jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32), nn.unbox(params)))
-    tensors = converter.params_to_hf(params, cfg)
+    tensors = hf_tensors(name, converter, params, cfg)
     hf_config = {**converter.config_to_hf(cfg), "dtype": "float32", **(token_ids or {})}
     os.makedirs(path, exist_ok=True)
     t.save_state_dict(tensors, path)

@@ -3,12 +3,14 @@
 Shape: RoPE (rotate-half, as ours; theta from rope_parameters.rope_theta in transformers 5.x or
 rope_theta in 4.x; only rope_type "default"), pre-LN RMSNorm (eps = rms_norm_eps), SwiGLU (silu;
 "gelu" = our geglu), grouped-query attention (num_key_value_heads), head_dim from the config,
-untied head unless tie_word_embeddings. Linear weights are (out, in): transposed.
+untied head unless tie_word_embeddings. Linear weights are (out, in): transposed. Qwen3 (hf_qwen3.py) is this
+layout plus per-head QK-norm (model.qk_norm), which these functions map when cfg.qk_norm is set.
 
   model.embed_tokens                          token_embedding/embedding
   model.layers.{i}.input_layernorm            blocks/layers_{i}/attention_norm/scale
   model.layers.{i}.self_attn.{q,k,v}_proj     blocks/layers_{i}/attention/{query,key,value} (D, N|K, H)
   model.layers.{i}.self_attn.o_proj           blocks/layers_{i}/attention/out (N, H, D)
+  model.layers.{i}.self_attn.{q,k}_norm       blocks/layers_{i}/attention/{query,key}_norm/scale (qk_norm: Qwen3)
   model.layers.{i}.post_attention_layernorm   blocks/layers_{i}/mlp_norm/scale
   model.layers.{i}.mlp.{gate,up,down}_proj    blocks/layers_{i}/mlp/{wi_gate,wi_up,wo}
   model.norm                                  final_norm/scale
@@ -58,10 +60,15 @@ def config_from_hf(c: dict[str, Any]) -> ModelConfig:
                        use_bias=attention_bias)
 
 
-def matches(cfg: ModelConfig) -> bool:
+def matches_layout(cfg: ModelConfig) -> bool:
+    """The LLaMA-shaped decoder (this and Qwen3 share it): RoPE, pre-LN RMSNorm, gated FFN, sequential blocks."""
     return (cfg.family == "decoder" and cfg.positional == "rope" and cfg.norm == "rmsnorm"
-            and cfg.norm_position == "pre" and cfg.activation in EXPORT_ACTIVATIONS
+            and cfg.norm_position == "pre" and cfg.activation in EXPORT_ACTIVATIONS and not cfg.parallel_block
             and not cfg.embedding_norm and not cfg.scale_embeddings and not cfg.sliding_window)
+
+
+def matches(cfg: ModelConfig) -> bool:
+    return matches_layout(cfg) and not cfg.qk_norm
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
@@ -91,11 +98,13 @@ def params_from_hf(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, 
     blocks = {}
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
+        attention = {"query": linear(p + "self_attn.q_proj", N), "key": linear(p + "self_attn.k_proj", K),
+                     "value": linear(p + "self_attn.v_proj", K), "out": linear(p + "self_attn.o_proj", N, out=True)}
+        if cfg.qk_norm:
+            attention["query_norm"] = {"scale": read(p + "self_attn.q_norm.weight")}
+            attention["key_norm"] = {"scale": read(p + "self_attn.k_norm.weight")}
         blocks[f"layers_{i}"] = {
-            "attention_norm": {"scale": read(p + "input_layernorm.weight")},
-            "attention": {"query": linear(p + "self_attn.q_proj", N), "key": linear(p + "self_attn.k_proj", K),
-                          "value": linear(p + "self_attn.v_proj", K),
-                          "out": linear(p + "self_attn.o_proj", N, out=True)},
+            "attention_norm": {"scale": read(p + "input_layernorm.weight")}, "attention": attention,
             "mlp_norm": {"scale": read(p + "post_attention_layernorm.weight")},
             "mlp": {"wi_gate": linear(p + "mlp.gate_proj"), "wi_up": linear(p + "mlp.up_proj"),
                     "wo": linear(p + "mlp.down_proj")}}
@@ -127,6 +136,9 @@ def params_to_hf(params: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarr
         for hf, ours in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
             put(p + f"self_attn.{hf}", b["attention"][ours], "in")
         put(p + "self_attn.o_proj", b["attention"]["out"], "out")
+        if cfg.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = b["attention"]["query_norm"]["scale"]
+            out[p + "self_attn.k_norm.weight"] = b["attention"]["key_norm"]["scale"]
         for hf, ours in (("gate_proj", "wi_gate"), ("up_proj", "wi_up"), ("down_proj", "wo")):
             put(p + f"mlp.{hf}", b["mlp"][ours])
     return out

@@ -103,6 +103,40 @@ class StateReader:
         return {"scale": self(f"{name}.weight"), "bias": self(f"{name}.bias")}
 
 
+class MissingParameterError(KeyError):
+    """A converter asked for a parameter the model does not have (the model does not fit that layout)."""
+
+
+class TrackedParams(dict):
+    """A nested parameter dict ({name: dict | array}) that records the path ("blocks/layers_0/mlp/wo/kernel")
+    of every array a converter reads, so that export can check that every parameter was written
+    (`unread`). Reading a missing name raises MissingParameterError naming its path."""
+
+    def __init__(self, tree: dict[str, Any], path: str = "", used: set[str] | None = None):
+        super().__init__(tree)
+        self.path, self.used = path, set() if used is None else used
+
+    def __getitem__(self, key: str) -> Any:
+        path = f"{self.path}/{key}" if self.path else str(key)
+        if key not in self:
+            raise MissingParameterError(path)
+        value = dict.__getitem__(self, key)
+        if isinstance(value, dict):
+            return TrackedParams(value, path, self.used)
+        self.used.add(path)
+        return value
+
+    def unread(self) -> list[str]:
+        """Paths of the arrays no converter has read, sorted."""
+        def leaves(tree: dict[str, Any], prefix: str) -> list[str]:
+            out = []
+            for k, v in tree.items():
+                path = f"{prefix}/{k}" if prefix else str(k)
+                out += leaves(v, path) if isinstance(v, dict) else [path]
+            return out
+        return sorted(p for p in leaves(dict(self), self.path) if p not in self.used)
+
+
 def linear_in_out(weight_OI: np.ndarray) -> np.ndarray:
     """A torch Linear weight (out, in) as a flax kernel (in, out)."""
     return np.ascontiguousarray(weight_OI.T)

@@ -49,6 +49,7 @@ import numpy as np
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
+from transformer.layers.norms import make_head_norm
 from transformer.spec import AUTO, ConfigError, ModelConfig
 
 
@@ -279,8 +280,9 @@ class MultiHeadAttention(nn.Module):
     """Self-attention (context_BSD None) or cross-attention (keys/values from context_BSD).
 
     q/k/v/out projections: ("embed","heads","head_dim"), ("embed","kv_heads","head_dim") ×2,
-    ("heads","head_dim","embed"); biases when cfg.use_bias. RoPE (cfg.positional == "rope") rotates
-    q and k of self-attention by their positions; a position bias (ALiBi, T5's buckets) comes in as
+    ("heads","head_dim","embed"); biases when cfg.use_bias. cfg.qk_norm: RMSNorm of each head's q and k
+    over H (query_norm, key_norm: scale ("head_dim",)), after the projection and before RoPE.
+    RoPE (cfg.positional == "rope") rotates q and k of self-attention by their positions; a position bias (ALiBi, T5's buckets) comes in as
     bias_BNTS, made once per stack (transformer/models/stack.py), and joins self-attention's logits
     only. q·k is scaled by cfg.attention_scale (0: 1/sqrt(H)). `out_std` is the init std of the out projection.
 
@@ -319,12 +321,16 @@ class MultiHeadAttention(nn.Module):
                               dtype=dtype, param_dtype=param_dtype, name=name)
 
         q_BTNH = proj(N, "heads", "query")(x_BTD)
+        if cfg.qk_norm:  # each head's query normalised over H (before RoPE), one scale shared by the heads
+            q_BTNH = make_head_norm(cfg, "query_norm")(q_BTNH)
         if cross and decode and self.has_variable("cache", "cached_cross_key"):
             # Decoding: the context is fixed, so its keys/values were projected once, when the cache was made.
             k_BSKH = self.get_variable("cache", "cached_cross_key")
             v_BSKH = self.get_variable("cache", "cached_cross_value")
         else:
             k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
+            if cfg.qk_norm:
+                k_BSKH = make_head_norm(cfg, "key_norm")(k_BSKH)
             v_BSKH = proj(K, "kv_heads", "value")(kv_BSD)
             if cross and decode:
                 self.put_variable("cache", "cached_cross_key", k_BSKH)

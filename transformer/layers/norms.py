@@ -32,3 +32,11 @@ NORMS = {"layernorm": _layernorm, "rmsnorm": _rmsnorm}
 def make_norm(cfg: ModelConfig, name: str) -> nn.Module:
     """The config's norm: LayerNorm (scale, plus a bias when cfg.use_bias) or RMSNorm (scale only)."""
     return NORMS[cfg.norm](cfg, name)
+
+
+def make_head_norm(cfg: ModelConfig, name: str) -> nn.Module:
+    """QK-norm (model.qk_norm): RMSNorm over the last axis of x_BTNH, one scale ("head_dim",) of H shared by
+    every head (Qwen3, Gemma 3), eps = cfg.norm_eps, whatever cfg.norm is."""
+    dtype, param_dtype = compute_dtypes(cfg)
+    return nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("head_dim",)), name=name)

@@ -4,7 +4,8 @@ Legend: B batch, T sequence, S context (encoder) sequence, D model width, L laye
 
 A block is self-attention, optionally cross-attention, then the feed-forward layer; each sub-layer
 sits in a residual branch with its norm before it (pre-LN: x + f(norm(x))) or after the sum
-(post-LN: norm(x + f(x))) and dropout on its output. The decoder, the encoder and the
+(post-LN: norm(x + f(x))) and dropout on its output. cfg.parallel_block (GPT-J, PaLM; pre-LN only):
+x + attention(norm(x)) + ffn(norm(x)), ONE norm ("norm") read by both, no "attention_norm"/"mlp_norm". The decoder, the encoder and the
 encoder–decoder all stack this block with `BlockStack`; no family has its own attention or FFN.
 
 BlockStack options (from ModelConfig):
@@ -68,6 +69,15 @@ class TransformerBlock(nn.Module):
 
         self_attn = MultiHeadAttention(cfg, causal=self.causal, out_std=out_std, sow_weights=self.sow_weights,
                                        name="attention")
+        if cfg.parallel_block:  # ModelConfig allows it pre-LN, without cross-attention
+            h_BTD = make_norm(cfg, "norm")(x_BTD)
+            attn_BTD = nn.Dropout(cfg.dropout_rate, name="attention_dropout")(
+                self_attn(h_BTD, positions_BT, segment_ids_BT, bias_BNTS=bias_1NTS, decode=decode),
+                deterministic=deterministic)
+            mlp_BTD = nn.Dropout(cfg.dropout_rate, name="mlp_dropout")(
+                FeedForward(cfg, out_std=out_std, name="mlp")(h_BTD), deterministic=deterministic)
+            x_BTD = nn.with_logical_constraint(x_BTD + attn_BTD + mlp_BTD, ("batch", "seq", "act_embed"))
+            return (x_BTD, None) if self.scan_output else x_BTD
         x_BTD = sublayer(x_BTD, lambda h: self_attn(h, positions_BT, segment_ids_BT, bias_BNTS=bias_1NTS,
                                                      decode=decode), "attention")
         if self.cross_attention:

@@ -4,10 +4,11 @@ Legend: V vocabulary, D d_model, L layers (L_e encoder, L_d decoder layers), N q
 K key/value heads, H head dimension, F d_ff, T sequence length, C classes.
 
 Parameters, per piece (b = 1 with cfg.use_bias, else 0):
-  attention       D·N·H + 2·D·K·H + N·H·D                 + b·(N·H + 2·K·H + D)
+  attention       D·N·H + 2·D·K·H + N·H·D                 + b·(N·H + 2·K·H + D)   + 2·H with qk_norm
   feed-forward    plain 2·D·F, gated 3·D·F                  + b·(F + D) plain, b·(2F + D) gated
   norm            LayerNorm D + b·D (scale, bias); RMSNorm D
-  block           attention + FFN + 2 norms; a cross-attention block adds attention + 1 norm
+  block           attention + FFN + 2 norms (parallel_block: 1 norm); a cross-attention block adds
+                  attention + 1 norm
   embedding       V·D token table; + max_len·D learned position table per stack; + R·N T5 relative
                   bias table per stack (positional=t5_relative, R = relative_num_buckets)
   head            untied: D·V (no bias); tied: 0
@@ -36,10 +37,11 @@ from transformer.spec.model import ModelConfig
 
 
 def _attention_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(matmul weights, biases) of one attention layer."""
+    """(matmul weights, other: biases and the qk_norm scales) of one attention layer."""
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
     weights = D * N * H + 2 * D * K * H + N * H * D
-    return weights, (N * H + 2 * K * H + D) if cfg.use_bias else 0
+    biases = (N * H + 2 * K * H + D) if cfg.use_bias else 0
+    return weights, biases + (2 * H if cfg.qk_norm else 0)
 
 
 def _ffn_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -71,7 +73,8 @@ def _matmul_and_other(cfg: ModelConfig) -> tuple[int, int]:
     for layers, cross in _stacks(cfg):
         n_attn = 2 if cross else 1
         matmul += layers * (n_attn * attn_w + ffn_w)
-        other += layers * (n_attn * attn_b + ffn_b + (n_attn + 1) * norm)
+        block_norms = 1 if cfg.parallel_block else n_attn + 1
+        other += layers * (n_attn * attn_b + ffn_b + block_norms * norm)
         other += norm * (int(cfg.norm_position == "pre") + int(cfg.embedding_norm))
     return matmul, other
 

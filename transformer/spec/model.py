@@ -56,6 +56,9 @@ class ModelConfig:
     scale_embeddings: bool = False   # multiply embeddings by sqrt(d_model) (Vaswani)
     attention_impl: str = AUTO       # auto | einsum | chunked | cudnn (transformer/layers/attention.py)
     sliding_window: int = 0          # 0: attend to every allowed position
+    qk_norm: bool = False            # RMSNorm on each head's queries and keys before RoPE (Qwen3, Gemma 3): one
+                                     # scale of head_dim per projection, shared by the heads
+    parallel_block: bool = False     # x + attention(n(x)) + ffn(n(x)) from ONE norm (GPT-J, PaLM); pre-LN only
     dropout_rate: float = 0.0
     dtype: str = "float32"           # compute dtype: derived from train.compute_dtype, never set in config.model
     param_dtype: str = "float32"
@@ -102,6 +105,7 @@ class ModelConfig:
             raise ConfigError(f"model.rope_base={self.rope_base!r} must be positive")
         self._check_position_bias_settings()
         self._check_parametrization()
+        self._check_block_options()
         if self.attention_impl == "cudnn":  # the only dtype rule of attention, checked once, here
             if self.dtype == "float32":
                 raise ConfigError("model.attention_impl='cudnn' needs train.compute_dtype='bfloat16' (cuDNN's "
@@ -130,6 +134,20 @@ class ModelConfig:
             raise ConfigError("model.scale_tied_head=True (T5 v1.0's d_model^-0.5 before the tied head) needs "
                               f"model.family='encoder_decoder' and model.tie_embeddings=True (got family="
                               f"{self.family!r}, tie_embeddings={self.tie_embeddings})")
+
+    def _check_block_options(self) -> None:
+        """qk_norm and parallel_block: booleans; a parallel block is pre-LN, in a stack without cross-attention."""
+        for name in ("qk_norm", "parallel_block"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name}={getattr(self, name)!r} must be True or False")
+        if self.parallel_block and self.norm_position != "pre":
+            raise ConfigError("model.parallel_block=True sums attention and feed-forward outputs read from one norm "
+                              "before them (pre-LN); it needs model.norm_position='pre' (got "
+                              f"{self.norm_position!r})")
+        if self.parallel_block and self.family == "encoder_decoder":
+            raise ConfigError("model.parallel_block=True is defined for model.family='decoder' or 'encoder' (a "
+                              "decoder block with cross-attention has no agreed parallel form); got "
+                              "family='encoder_decoder'")
 
     def _check_parametrization(self) -> None:
         _choice("model.parametrization", self.parametrization, PARAMETRIZATIONS)
