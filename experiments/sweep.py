@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
+from transformer.design.spec import SweepSpec
 from transformer.scaling import lr_scan
 from transformer.sweeps import outcome, progress, runner, slurm
 from transformer.spec import ConfigError
@@ -72,15 +73,13 @@ def _dry_run(workdir: str, config) -> None:
         doc = runner.sweep_document(config, p)
         print(slurm.slurm_script(workdir, doc, runner.ready_to_submit(workdir, doc)), end="")
         return
-    doc = runner.sweep_document(config, plan.design(config, rows, prediction, preview=True))
+    p = plan.design(config, rows, prediction, preview=True)
+    doc = runner.sweep_document(config, p)
     progress.print_table(doc)
-    staged = [k for k, on in (("lr_calibration", bool(config.sweep.lr_calibration.d_models)),
-                              ("recenter", config.sweep.recenter), ("validate_flops", bool(config.sweep.validate_flops)))
-              if on]
-    if staged:
-        print(f"note: a staged sweep ({', '.join('sweep.' + k for k in staged)}): later stages are designed from the "
-              f"results of earlier ones at run time; this plan assumes the priors (learning-rate rule, N_opt = "
-              f"G·C^a) for them")
+    if p.spec.staged:
+        print(f"note: a staged sweep ({', '.join('sweep.' + k for k in p.spec.staged)}): later stages are designed "
+              f"from the results of earlier ones at run time; this plan assumes the priors (learning-rate rule, "
+              f"N_opt = G·C^a) for them")
     left, done = runner.pending_runs(workdir, doc["runs"])
     print(f"{len(left)} runs would train" + (f" ({len(done)} already recorded in {workdir}/results.jsonl)"
                                              if done else ""))
@@ -97,10 +96,10 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--config is required (e.g. --config=configs/sweeps/quick.py), except with --run_index")
     if _PARALLEL.value < 1:
         raise ConfigError(f"--parallel={_PARALLEL.value} must be at least 1")
-    if _CONFIG.value.sweep.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
+    config = SweepSpec.of(_CONFIG.value)  # the sweep's settings, checked once (design/spec.py)
+    if config.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
         raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
                           f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
-    config = _CONFIG.value
     if _DRY_RUN.value:
         return _dry_run(workdir, config)
     if _LAUNCHER.value == "slurm":
@@ -125,7 +124,7 @@ def main(argv: list[str]) -> None:
         retried = runner.results.drop_failed(workdir)
         print(f"retrying {len(retried)} failed runs", flush=True)
     if _PARALLEL.value == 1:
-        setup_jax(config.base)
+        setup_jax(_CONFIG.value.base)
     code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
     for note in doc["notes"]:
         print(f"note: {note}", flush=True)
