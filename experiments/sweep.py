@@ -138,7 +138,7 @@ def main(argv: list[str]) -> None:
               and not (r.get("role") == "lr" and lr_scan.diverged(r))]
     try:
         with runner.results.locked(os.path.join(workdir, "fit.lock")):  # runners finishing together: one at a time
-            fit = outcome.finish(workdir, doc)
+            fit = outcome.finish(workdir, doc, announce=False)
     except Exception as e:  # the runs are safe in results.jsonl; the fit can be redone on its own
         again = ("python -m experiments.fit --sweep=" + workdir + " --out=" + os.path.join(workdir, "fit")
                  if doc["mode"] == "isoflop" else "this command")
@@ -160,6 +160,8 @@ def _report_fit(mode: str, fit: dict, workdir: str) -> None:
         return
     from transformer.scaling.report import summary
     print(summary(fit))
+    for line in outcome.summary_lines(fit):  # excluded points named, estimates not credible, the prediction check
+        print(line)
     print(f"fit -> {workdir}/fit/ (N_opt ∝ C^a, D_opt ∝ C^b)")
 
 
