@@ -78,7 +78,7 @@ def test_grid_straddles_prior_with_equal_flops(dense):
     c = quick.get_config()
     if dense:  # widths every 4 at budgets where that is a fine step in N: the sizes can follow their targets
         c.sweep.update(dict(d_models=tuple(range(8, 400, 4)), head_dim=4, aspect_ratio=1e4, budgets=(1e13, 1e14),
-                            validate_flops=4e14))
+                            validate_flops=4e14, max_hours=0.0))
     runs = plan.design(c, preview=True).runs  # every budget, centred on the prior
     s = c.sweep
     unclamped = 0  # runs whose warm-up is set by N alone (a warm-up always clamped would test nothing)
@@ -132,7 +132,7 @@ def test_grid_lr_rule_from_lr_fit(tmp_path):
 @pytest.mark.parametrize("change, message", [
     (dict(budgets=(1e7, 1e11)), r"budget 1e7 is too small for its smallest model d8-L2 .*smallest budget that works is"),
     (dict(sizes_per_budget=2), r"sweep.sizes_per_budget=2"),
-    (dict(min_steps=2000), r"budget 1e11 has only \d sizes .*sweep.min_sizes=3"),
+    (dict(budgets=(1e11, 2e11, 4e11), min_steps=2000), r"budget 1e11 has only \d sizes .*sweep.min_sizes=3"),
     (dict(bogus=1), r"unknown sweep setting\(s\) sweep.bogus"),
     (dict(d_models=(8, 16, 20)), r"d_model=20 is not a multiple of sweep.head_dim=8"),
     (dict(mode="grid"), r"sweep.mode='grid'"),

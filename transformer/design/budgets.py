@@ -54,42 +54,58 @@ def problem(s: SweepSpec, lad: list) -> str | None:
     return None
 
 
+def smallest(s: SweepSpec) -> tuple[SweepSpec, tuple[float, str] | None]:
+    """`s` with the smallest candidate budgets that work, and (the candidate below them, why it does not)."""
+    lad = grid.ladder(s)
+    tried = None
+    for j in SEARCH:
+        cand = candidate(s, j)
+        why = problem(cand, lad)
+        if why is None:
+            return cand, tried
+        tried = (cand.budgets[0], why)
+    raise ConfigError(f"sweep.budgets is empty (the sweep chooses them), but no budget works with this ladder and "
+                      f"tokenizer: {tried[1] if tried else 'no candidate'}; change sweep.d_models")
+
+
 def resolve(s: SweepSpec, seconds_of: Callable[[SweepSpec], float]) -> tuple[SweepSpec, list[str]]:
     """(the spec with concrete budgets and validate_flops, notes saying how they were chosen and the estimated
     time). `seconds_of(spec)`: the estimated seconds of the whole sweep designed from the priors (plan.design's
-    preview); called with max_hours=0. ConfigError when no budget works or the plan exceeds sweep.max_hours."""
-    notes: list[str] = []
+    preview); called with max_hours=0. Chosen budgets that exceed sweep.max_hours are tried again with fewer sizes
+    per budget, down to sweep.min_sizes. ConfigError when no budget works or the plan exceeds sweep.max_hours."""
+    limit = s.max_hours * 3600
     if s.budgets:
         s = with_budgets(s, s.budgets)
+        if not s.max_hours:
+            return s, []
+        seconds, notes = seconds_of(dataclasses.replace(s, max_hours=0.0)), []
     else:
-        lad = grid.ladder(s)
-        tried = None
-        for j in SEARCH:
-            cand = candidate(s, j)
-            why = problem(cand, lad)
-            if why is None:
+        for k in range(s.sizes_per_budget, s.min_sizes - 1, -1):
+            chosen, tried = smallest(dataclasses.replace(s, sizes_per_budget=k))
+            seconds = seconds_of(dataclasses.replace(chosen, max_hours=0.0))
+            if not s.max_hours or seconds <= limit:
                 break
-            tried = (cand.budgets[0], why)
-        else:
-            raise ConfigError(f"sweep.budgets is empty (the sweep chooses them), but no budget works with this "
-                              f"ladder and tokenizer: {tried[1] if tried else 'no candidate'}; change sweep.d_models")
-        s = cand
-        budgets_text = ", ".join(format_flops(c) for c in s.budgets)
-        notes.append(f"budgets chosen by the sweep: {budgets_text} FLOPs ({s.num_budgets} budgets "
-                     f"{s.budget_ratio:g}× apart, the smallest of {format_flops(ANCHOR)}·{s.budget_ratio:g}^j at which "
-                     f"each budget's {s.sizes_per_budget} sizes all have at least sweep.min_steps={s.min_steps} steps and straddle the prior optimum N_opt = G·C^"
-                     f"{s.prior_exponent:g}"
-                     + (f"; {format_flops(tried[0])} does not: {tried[1]}" if tried else "") + ")"
-                     + (f"; the prediction checked at {format_flops(s.validate_flops)}" if s.validate_flops else ""))
-    if s.max_hours or notes:
-        seconds = seconds_of(dataclasses.replace(s, max_hours=0.0))
-        limit = s.max_hours * 3600
-        if s.max_hours and seconds > limit:
-            raise ConfigError(
-                f"sweep.max_hours={s.max_hours:g}: the sweep (budgets {', '.join(format_flops(c) for c in s.budgets)}"
-                f") is estimated at {_duration(seconds)} in one process (sweep.estimate_*); raise sweep.max_hours, "
-                f"or shrink it: fewer sweep.num_budgets or sizes_per_budget, a lower sweep.min_steps, a smaller "
-                f"base.train.batch_size or data.seq_len, or a smaller vocabulary")
-        notes.append(f"estimated time {_duration(seconds)} in one process"
-                     + (f", within sweep.max_hours={s.max_hours:g} h" if s.max_hours else ""))
+        notes = [_why(chosen, tried)]
+        if chosen.sizes_per_budget < s.sizes_per_budget and seconds <= limit:
+            notes.append(f"sweep.sizes_per_budget lowered from {s.sizes_per_budget} to {chosen.sizes_per_budget} "
+                         f"to fit sweep.max_hours={s.max_hours:g}")
+        s = chosen
+    if s.max_hours and seconds > limit:
+        raise ConfigError(
+            f"sweep.max_hours={s.max_hours:g}: the sweep (budgets {', '.join(format_flops(c) for c in s.budgets)}, "
+            f"{s.sizes_per_budget} sizes each) is estimated at {_duration(seconds)} in one process (sweep.estimate_*); "
+            f"raise sweep.max_hours, or shrink it: fewer sweep.num_budgets, a lower sweep.min_steps, a smaller "
+            f"base.train.batch_size or data.seq_len, or a smaller vocabulary")
+    notes.append(f"estimated time {_duration(seconds)} in one process"
+                 + (f", within sweep.max_hours={s.max_hours:g} h" if s.max_hours else ""))
     return s, notes
+
+
+def _why(s: SweepSpec, tried: tuple[float, str] | None) -> str:
+    """The note that says which budgets the sweep chose and why."""
+    return (f"budgets chosen by the sweep: {', '.join(format_flops(c) for c in s.budgets)} FLOPs ({s.num_budgets} "
+            f"budgets {s.budget_ratio:g}× apart, the smallest of {format_flops(ANCHOR)}·{s.budget_ratio:g}^j at which "
+            f"each budget's {s.sizes_per_budget} sizes all have at least sweep.min_steps={s.min_steps} steps and "
+            f"straddle the prior optimum N_opt = G·C^{s.prior_exponent:g}"
+            + (f"; {format_flops(tried[0])} does not: {tried[1]}" if tried else "") + ")"
+            + (f"; the prediction checked at {format_flops(s.validate_flops)}" if s.validate_flops else ""))
