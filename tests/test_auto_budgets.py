@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import subprocess
 import sys
 
@@ -20,14 +21,16 @@ def _tokenizer_json(path: str, vocab: int) -> str:
     """A byte-level BPE tokenizer.json of `vocab` entries trained on a small generated text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    words = [f"{a}{b}{c}" for a in "bcdfghklmnprstvz" for b in "aeiou" for c in ("n", "r", "s", "th", "ng", "")]
-    text = [" ".join(words[(i * 7 + j * 13) % len(words)] for j in range(60)) for i in range(400)]
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghiklmnoprstuvwyz") for _ in range(rng.randint(2, 9))) for _ in range(6000)]
+    text = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(400)]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<bos>", "<eos>"],
                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(path)
+    assert tok.get_vocab_size() == vocab
     return path
 
 
