@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from configs.sweeps import quick
 from test_sweep_plan import _config, _simulate
 from transformer.design import plan
@@ -26,6 +28,11 @@ def test_the_eta_covers_the_whole_sweep_not_the_current_stage():
     progress = Progress(doc["runs"], {}, later)
     assert progress.eta_seconds() == whole
     assert Progress(doc["runs"], {}).eta_seconds() == doc["estimated_seconds"]  # what the old ETA covered
+    # resumed after its first run took 3× its estimate: the rest is expected at that speed too
+    first_run = doc["runs"][0]
+    resumed = Progress(doc["runs"], {first_run["run_id"]: {"status": "ok", "wall_seconds": 3 * first_run["estimated_seconds"]}},
+                       later)
+    assert resumed.eta_seconds() == pytest.approx(3 * (whole - first_run["estimated_seconds"]))
 
 
 def test_the_end_summary_names_excluded_points_and_says_whether_the_validation_landed_inside(tmp_path, capsys):

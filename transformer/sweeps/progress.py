@@ -14,7 +14,8 @@ from transformer.spec import DataSpec
 class Progress:
     """One line per event: done/running/failed/total, what happened, and an ETA for the whole sweep: the runs
     of this stage not yet finished plus `later_seconds`, the estimate of the stages not designed yet (plan.design's
-    preview), rescaled by how the runs finished so far (in this session) compared with their estimates."""
+    preview), rescaled by how the runs finished so far in this session compared with their estimates (before the
+    first: by how the recorded runs' wall_seconds compared with theirs, so a resumed sweep keeps its speed)."""
 
     def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict], later_seconds: float = 0.0):
         self.t0 = time.time()
@@ -27,6 +28,10 @@ class Progress:
         self.status = {rid: row.get("status") for rid, row in recorded.items() if rid in self.runs}
         self.running: set[str] = set()
         self.later_seconds = float(later_seconds)
+        timed = [(row["wall_seconds"], self.runs[rid]["estimated_seconds"]) for rid, row in recorded.items()
+                 if rid in self.runs and row.get("status") == "ok" and row.get("wall_seconds")]
+        # a resumed sweep: the speed its recorded runs measured, until a run of this session finishes
+        self.recorded_ratio = sum(w for w, _ in timed) / sum(e for _, e in timed) if timed else None
 
     def eta_seconds(self) -> float:
         """Seconds left for the whole sweep (see the class docstring)."""
@@ -34,6 +39,8 @@ class Progress:
         seconds = sum(r["estimated_seconds"] for r in left) + self.later_seconds
         if self.estimate_done > 0:
             seconds *= (time.time() - self.t0) / self.estimate_done
+        elif self.recorded_ratio:
+            seconds *= self.recorded_ratio
         return seconds
 
     def _eta(self) -> str:
