@@ -25,6 +25,7 @@ from experiments import cli
 from experiments._paths import absolute_config
 from experiments.jax_setup import setup_jax
 from transformer.data import identity
+from transformer.design.spec import SweepSpec
 from transformer.scaling import lr_scan
 from transformer.sweeps import outcome, progress, runner, slurm, slurm_jobs
 from transformer.spec import ConfigError
@@ -81,15 +82,13 @@ def _dry_run(workdir: str, config) -> None:
         doc = runner.sweep_document(config, p)
         print(slurm.slurm_script(workdir, doc, runner.ready_to_submit(workdir, doc)), end="")
         return
-    doc = runner.sweep_document(config, plan.design(config, rows, prediction, preview=True))
+    p = plan.design(config, rows, prediction, preview=True)
+    doc = runner.sweep_document(config, p)
     progress.print_table(doc)
-    staged = [k for k, on in (("lr_calibration", bool(config.sweep.lr_calibration.d_models)),
-                              ("recenter", config.sweep.recenter), ("validate_flops", bool(config.sweep.validate_flops)))
-              if on]
-    if staged:
-        print(f"note: a staged sweep ({', '.join('sweep.' + k for k in staged)}): later stages are designed from the "
-              f"results of earlier ones at run time; this plan assumes the priors (learning-rate rule, N_opt = "
-              f"G·C^a) for them")
+    if p.spec.staged:
+        print(f"note: a staged sweep ({', '.join('sweep.' + k for k in p.spec.staged)}): later stages are designed "
+              f"from the results of earlier ones at run time; this plan assumes the priors (learning-rate rule, "
+              f"N_opt = G·C^a) for them")
     left, done = runner.pending_runs(workdir, doc["runs"])
     print(f"{len(left)} runs would train" + (f" ({len(done)} already recorded in {workdir}/results.jsonl)"
                                              if done else ""))
@@ -106,11 +105,12 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--config is required (e.g. --config=configs/sweeps/quick.py), except with --run_index")
     if _PARALLEL.value < 1:
         raise ConfigError(f"--parallel={_PARALLEL.value} must be at least 1")
-    if _CONFIG.value.sweep.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
+    # relative data files, tokenizer, grid_from: from this directory; then the sweep's settings, checked once
+    config = SweepSpec.of(absolute_config(_CONFIG.value))  # (design/spec.py)
+    if config.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
         raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
                           f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
-    config = absolute_config(_CONFIG.value)  # relative data files, tokenizer, grid_from: from this directory
-    identity.check_data(config.base.data)  # once, before designing or launching anything (a bad glob: exit 2)
+    identity.check_data(config.base["data"])  # once, before designing or launching anything (a bad glob: exit 2)
     if _DRY_RUN.value:
         return _dry_run(workdir, config)
     if _LAUNCHER.value == "slurm":
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> None:
         retried = runner.results.drop_failed(workdir)
         print(f"retrying {len(retried)} failed runs", flush=True)
     if _PARALLEL.value == 1:
-        setup_jax(config.base)
+        setup_jax(_CONFIG.value.base)
     code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
     for note in doc["notes"]:
         print(f"note: {note}", flush=True)
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> None:
               and not (r.get("role") == "lr" and lr_scan.diverged(r))]
     try:
         with runner.results.locked(os.path.join(workdir, "fit.lock")):  # runners finishing together: one at a time
-            fit = outcome.finish(workdir, doc)
+            fit = outcome.finish(workdir, doc, announce=False)
     except Exception as e:  # the runs are safe in results.jsonl; the fit can be redone on its own
         again = ("python -m experiments.fit --sweep=" + workdir + " --out=" + os.path.join(workdir, "fit")
                  if doc["mode"] == "isoflop" else "this command")
@@ -190,6 +190,8 @@ def _report_fit(mode: str, fit: dict, workdir: str) -> None:
         return
     from transformer.scaling.report import summary
     print(summary(fit))
+    for line in outcome.summary_lines(fit):  # excluded points named, estimates not credible, the prediction check
+        print(line)
     print(f"fit -> {workdir}/fit/ (N_opt ∝ C^a, D_opt ∝ C^b)")
 
 

@@ -117,14 +117,13 @@ def _train(corpus_dir: str, workdir: str, positional: str, steps: int = 300) -> 
 def _second_half_losses(workdir: str) -> tuple[float, float]:
     """Mean loss on tokens 32–63 of 64-token validation rows (one document each): with the whole row as context
     (slots 32–63 are past the training length), and restarted at token 32 (contexts within the training length)."""
-    import copy
+    import dataclasses
 
     from transformer.data import make_lm_iterator
     from transformer.training.restore import load_run
 
     run = load_run(workdir)
-    data_cfg = copy.deepcopy(run.config.data)
-    data_cfg.seq_len = 64
+    data_cfg = dataclasses.replace(run.spec.data, seq_len=64)
     it = make_lm_iterator(data_cfg, split="validation", global_batch_size=32, seed=0, shuffle=False, repeat=False)
     apply = jax.jit(lambda tokens, positions: run.model.apply({"params": run.params}, tokens, positions))
     full, restarted, weights = [], [], []

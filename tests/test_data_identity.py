@@ -141,7 +141,7 @@ def test_a_sweep_refuses_to_go_on_with_other_data(tmp_path):
     recorded = runner.load_sweep(workdir)["data_identity"]
     assert recorded["files"] and recorded == doc["data_identity"]
     run_cfg = runner.run_config(workdir, doc["runs"][0])
-    run_cfg.data.identity = recorded  # what runner.train_run gives each run
+    run_cfg["data"]["identity"] = recorded  # what runner.train_run gives each run
     resolve(run_cfg, 1, 1)  # the same data: fine
     added = os.path.join(folder, "e_late.txt")
     with open(added, "w") as f:

@@ -305,8 +305,8 @@ def test_mup_transfer_sweep_designs_the_same_scan_under_both_parametrizations():
         scans[parametrization] = runs
         assert sorted({r.shape.d_model for r in runs}) == [32, 64, 128]          # 4x in width ...
         assert {r.shape.num_layers for r in runs} == {2} and len({r.tokens for r in runs}) == 1  # ... only
-        assert {r.config.model.parametrization for r in runs} == {parametrization}
-        assert {r.config.model.mup_base_width for r in runs} == {mup_transfer.BASE_WIDTH}
+        assert {r.config["model"]["parametrization"] for r in runs} == {parametrization}
+        assert {r.config["model"]["mup_base_width"] for r in runs} == {mup_transfer.BASE_WIDTH}
     assert [(r.shape, r.learning_rate) for r in scans["sp"]] == [(r.shape, r.learning_rate) for r in scans["mup"]]
     assert not {r.run_id for r in scans["sp"]} & {r.run_id for r in scans["mup"]}
 

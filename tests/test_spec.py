@@ -241,7 +241,7 @@ def test_spec_scaling_and_the_sweep_design_import_without_jax(tmp_path):
     code = ("import importlib, pkgutil, transformer.spec, transformer.scaling\n"
             "names = [m.name for p in (transformer.spec, transformer.scaling) "
             "for m in pkgutil.iter_modules(p.__path__, p.__name__ + '.')]\n"
-            "names += ['transformer.design.defaults', 'transformer.design.grid', 'transformer.design.plan']\n"
+            "names += ['transformer.design.' + m for m in ('spec', 'defaults', 'grid', 'budgets', 'lr_stages', 'plan')]\n"
             "for n in names: importlib.import_module(n)\n"
             "print(len(names))")
     r = _without_jax(tmp_path, "-c", code)

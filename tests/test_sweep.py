@@ -2,6 +2,7 @@
 (killed and resumed), bad configs, the SLURM dry run."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 import multiprocessing
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -63,11 +65,11 @@ def test_a_new_model_option_at_its_default_keeps_the_run_ids():
     """A config from before a model option existed (the key absent) and one with the option at its default
     are the same runs; the option set to another value is another run."""
     run = plan.design(quick.get_config()).runs[0]
-    older = run.config.copy_and_resolve_references()
-    del older.model["attention_scale"]  # as written before the option existed
+    older = copy.deepcopy(run.config)
+    del older["model"]["attention_scale"]  # as written before the option existed
     assert grid.run_id("x", older) == grid.run_id("x", run.config)
-    other = run.config.copy_and_resolve_references()
-    other.model.attention_scale = 1.0
+    other = copy.deepcopy(run.config)
+    other["model"]["attention_scale"] = 1.0
     assert grid.run_id("x", other) != grid.run_id("x", run.config)
 
 
@@ -76,7 +78,7 @@ def test_grid_straddles_prior_with_equal_flops(dense):
     c = quick.get_config()
     if dense:  # widths every 4 at budgets where that is a fine step in N: the sizes can follow their targets
         c.sweep.update(dict(d_models=tuple(range(8, 400, 4)), head_dim=4, aspect_ratio=1e4, budgets=(1e13, 1e14),
-                            validate_flops=4e14))
+                            validate_flops=4e14, max_hours=0.0))
     runs = plan.design(c, preview=True).runs  # every budget, centred on the prior
     s = c.sweep
     unclamped = 0  # runs whose warm-up is set by N alone (a warm-up always clamped would test nothing)
@@ -87,12 +89,13 @@ def test_grid_straddles_prior_with_equal_flops(dense):
         assert sizes[0] < grid.prior_optimum(s, budget) < sizes[-1]
         for r in group:  # the config that trains spends the budget up to rounding of steps (per-token FLOPs
             # against XLA in test_a_designed_run_spends_its_budget_as_xla_counts_it)
-            tokens_per_step = r.config.train.batch_size * r.config.data.seq_len
-            assert abs(r.config.train.steps * tokens_per_step * r.flops_per_token - budget) \
+            train = r.config["train"]
+            tokens_per_step = train["batch_size"] * r.config["data"]["seq_len"]
+            assert abs(train["steps"] * tokens_per_step * r.flops_per_token - budget) \
                 <= 0.5 * tokens_per_step * r.flops_per_token
-            assert r.config.train.steps == r.steps and r.config.train.learning_rate == r.learning_rate
+            assert train["steps"] == r.steps and train["learning_rate"] == r.learning_rate
             # warm-up over warmup_tokens_per_param·N tokens (Porian et al.), whole steps, clamped to [min, steps/2]
-            assert s.warmup_tokens_per_param > 0 and r.config.train.warmup_steps == r.warmup_steps
+            assert s.warmup_tokens_per_param > 0 and train["warmup_steps"] == r.warmup_steps
             assert s.warmup_min <= r.warmup_steps <= r.steps // 2
             if s.warmup_min < r.warmup_steps < r.steps // 2:
                 unclamped += 1
@@ -112,7 +115,7 @@ def test_a_designed_run_spends_its_budget_as_xla_counts_it():
     from test_training import xla_step_flops
 
     r = max(plan.design(quick.get_config(), preview=True).runs, key=lambda r: r.size)
-    ratio = r.config.train.steps * xla_step_flops(r.config) / r.budget
+    ratio = r.config["train"]["steps"] * xla_step_flops(ml_collections.ConfigDict(r.config)) / r.budget
     assert 1.0 <= ratio <= 1.1, (r.run_id, ratio)
 
 
@@ -129,7 +132,7 @@ def test_grid_lr_rule_from_lr_fit(tmp_path):
 @pytest.mark.parametrize("change, message", [
     (dict(budgets=(1e7, 1e11)), r"budget 1e7 is too small for its smallest model d8-L2 .*smallest budget that works is"),
     (dict(sizes_per_budget=2), r"sweep.sizes_per_budget=2"),
-    (dict(min_steps=2000), r"budget 1e11 has only \d sizes .*sweep.min_sizes=3"),
+    (dict(budgets=(1e11, 2e11, 4e11), min_steps=2000), r"budget 1e11 has only \d sizes .*sweep.min_sizes=3"),
     (dict(bogus=1), r"unknown sweep setting\(s\) sweep.bogus"),
     (dict(d_models=(8, 16, 20)), r"d_model=20 is not a multiple of sweep.head_dim=8"),
     (dict(mode="grid"), r"sweep.mode='grid'"),

@@ -94,7 +94,7 @@ def test_failing_run_is_retried_then_recorded(tmp_path, monkeypatch):
         calls.append(workdir)
         if len(calls) <= 2:  # the first run fails twice (e.g. a lost node), then works
             raise RuntimeError("transient fault")
-        if "always_fail" in str(config.model.get("activation", "")):
+        if "always_fail" in str(config["model"].get("activation", "")):  # a plain dict (sweep.json)
             raise RuntimeError("deterministic fault")
         return {"status": "ok", "wall_seconds": 1.0, "eval_loss": 3.0, "train_loss": 3.1}
 

@@ -14,7 +14,9 @@ from ml_collections import ConfigDict
 
 from configs.sweeps import common
 from sweep_fixture import law
-from transformer.design import plan
+from transformer.design import grid, plan
+from transformer.design.spec import SweepSpec
+from transformer.spec import TrainSpec
 from transformer.sweeps import outcome, results, runner
 from transformer.training.optimizer import decay_start
 
@@ -76,7 +78,7 @@ def test_lr_calibration_extends_past_an_edge_and_finds_the_laws_rate(tmp_path):
 
 def _law_optimum(c: ConfigDict, budget: float) -> float:
     """The total N of the ladder width with the law's lowest loss at `budget` (widths every 8)."""
-    best = min(plan.ladder(c, range(8, 513, 8)), key=lambda sm: law(sm[1]["flops_per_token"] / 6.0,
+    best = min(grid.ladder(SweepSpec.of(c), range(8, 513, 8)), key=lambda sm: law(sm[1]["flops_per_token"] / 6.0,
                                                                      budget / sm[1]["flops_per_token"]))
     return best[1]["params"]
 
@@ -115,13 +117,13 @@ def test_wsd_branches_seeds_and_schedule_check_are_designed(tmp_path):
             assert r.branch_from is None and r.start_step == 0
         else:
             branched += 1
-            assert r.branch_from == src.run_id and r.start_step == decay_start(src.config.train) > 0
+            assert r.branch_from == src.run_id and r.start_step == decay_start(TrainSpec.from_config(src.config["train"])) > 0
             assert r.warmup_steps == src.warmup_steps  # N tokens of warm-up: the same at every budget
     assert branched >= 6
     seeds = [r for r in runs if r.seed != 0]
     assert sorted(r.seed for r in seeds) == [1, 1, 2, 2] and {r.budget for r in seeds} == {1e11}
     checks = [r for r in runs if r.role == "check"]
-    assert len(checks) == 5 and {r.config.train.schedule for r in checks} == {"cosine"}
+    assert len(checks) == 5 and {r.config["train"]["schedule"] for r in checks} == {"cosine"}
     assert {r.shape for r in checks} == {r.shape for (b, _), r in grid_runs.items() if b == 2e11}
 
 
@@ -137,7 +139,7 @@ def test_the_validation_run_is_designed_from_the_prediction_written_first(tmp_pa
     # the ladder's width whose N_eff is nearest the prediction (any multiple of head_dim)
     n_eff = val.flops_per_token / 6.0
     for d in (val.shape.d_model - 8, val.shape.d_model + 8):
-        other = plan.ladder(c, [d])[0][1]["flops_per_token"] / 6.0
+        other = grid.ladder(SweepSpec.of(c), [d])[0][1]["flops_per_token"] / 6.0
         assert abs(math.log(n_eff / prediction["params"])) <= abs(math.log(other / prediction["params"]))
     out = outcome.finish(workdir, runner.load_sweep(workdir))
     checked = json.load(open(os.path.join(workdir, "fit", "validation.json")))
@@ -203,7 +205,7 @@ def test_a_variant_sweep_trains_the_baselines_grid_and_compare_pairs_them(tmp_pa
                 for b in (1e11, 2e11, 4e11, 8e11)}
 
     assert widths(variant) == widths(baseline)
-    assert {r.config.model.activation for r in variant.runs} == {"swiglu"}
+    assert {r.config["model"]["activation"] for r in variant.runs} == {"swiglu"}
     own = plan.design(_config(prior_tokens_per_param=20.0, recenter=True), preview=True)
     assert widths(own)[1e11] != widths(baseline)[1e11]  # without grid_from the variant's first budget differs
     grids = [compare.read_grid(d, flag) for d, flag in ((base_dir, "--baseline"), (var_dir, "--variant"))]

@@ -176,9 +176,9 @@ def test_sweep_runs_are_grouped_by_sweep_and_logging_is_not_part_of_a_run_id(tmp
     assert grid.run_id("d64-L2-1e11", config) == plain
 
     run = {"run_id": "d64-L2-1e11-" + plain[-8:], "config": config.to_dict()}
-    assert runner.run_config(str(tmp_path / "sweeps" / "cpu"), run).logging.wandb_group == "cpu"
+    assert runner.run_config(str(tmp_path / "sweeps" / "cpu"), run)["logging"]["wandb_group"] == "cpu"
     run["config"]["logging"]["wandb_group"] = "mine"
-    assert runner.run_config(str(tmp_path / "cpu"), run).logging.wandb_group == "mine"
+    assert runner.run_config(str(tmp_path / "cpu"), run)["logging"]["wandb_group"] == "mine"
 
     # a run resumed with W&B switched on (or another group) is the same run
     workdir = str(tmp_path / "run")
@@ -216,4 +216,5 @@ def test_configs_without_a_logging_section_still_run():
     resolve(config, 8, 1)
     run = {"run_id": "x", "config": config.to_dict()}
     assert "logging" not in runner.run_config("/sweeps/cpu", run)
-    assert isinstance(runner.run_config("/sweeps/cpu", run), ml_collections.ConfigDict)
+    assert isinstance(runner.run_config("/sweeps/cpu", run), dict)  # a plain dict: resolve reads it by item access
+    resolve(runner.run_config("/sweeps/cpu", run), 8, 1)

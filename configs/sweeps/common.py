@@ -31,9 +31,9 @@ def tiny_lm_base(seq_len: int, batch_size: int) -> ml_collections.ConfigDict:
 
 
 def make(sweep_overrides: dict, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The sweep config: defaults updated with `sweep_overrides` (unknown keys are caught by grid.validate)."""
+    """The sweep config: defaults updated with `sweep_overrides` (unknown keys are caught by design/spec.py)."""
     c = ml_collections.ConfigDict()
-    c.sweep = sweep_defaults()
+    c.sweep = ml_collections.ConfigDict(sweep_defaults())
     lr_scan = sweep_overrides.pop("lr_scan", None)
     slurm = sweep_overrides.pop("slurm", None)
     c.sweep.update(sweep_overrides)

@@ -17,12 +17,10 @@ import json
 import math
 from typing import Any, Callable
 
-import ml_collections
 import numpy as np
 
-from transformer.design.defaults import MODES, PARAM_COUNTS, sweep_defaults
-from transformer.spec import (SCHEDULES, ConfigError, MissingInputError, flops_per_token, model_defaults, model_spec,
-                              param_counts)
+from transformer.design.spec import SweepSpec, plain
+from transformer.spec import ConfigError, DataSpec, MissingInputError, flops_per_token, model_defaults, model_spec, param_counts
 
 # Settings that say where or how a run executes, not what it computes: left out of the run id.
 _ENVIRONMENT_KEYS = ("data.data_dir", "data.cache_dir", "data.worker_count", "distributed", "logging")
@@ -58,7 +56,7 @@ class Run:
     seq_len: int
     learning_rate: float
     warmup_steps: int
-    config: ml_collections.ConfigDict
+    config: dict                 # the run's full training config (plain nested dict, as in sweep.json)
     role: str = "grid"           # grid | lr (calibration) | check (schedule check) | validate (prediction check)
     stage: str = ""              # the stage that designed it (plan.py): "lr", "C1e12", "validate"
     seed: int = 0
@@ -81,7 +79,7 @@ class Run:
                 "steps": self.steps, "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps, "role": self.role,
                 "stage": self.stage, "seed": self.seed, "branch_from": self.branch_from,
-                "start_step": self.start_step, "schedule": self.config.train.schedule,
+                "start_step": self.start_step, "schedule": self.config["train"]["schedule"],
                 **dataclasses.asdict(self.shape)}
 
 
@@ -91,11 +89,11 @@ def format_flops(c: float) -> str:
     return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
-def run_id(label: str, config: ml_collections.ConfigDict) -> str:
+def run_id(label: str, config: Any) -> str:
     """`label-<8 hex>`: sha1 of the canonical JSON of the config without its environment keys and without the
     model settings at ModelConfig's defaults, so a new model option (whose default keeps today's model) does
     not rename every existing run."""
-    d = json.loads(json.dumps(config.to_dict()))
+    d = plain(config)
     defaults = json.loads(json.dumps(model_defaults()))
     d["model"] = {k: v for k, v in d.get("model", {}).items() if k not in defaults or v != defaults[k]}
     for key in _ENVIRONMENT_KEYS:
@@ -108,106 +106,31 @@ def run_id(label: str, config: ml_collections.ConfigDict) -> str:
     return f"{label}-{hashlib.sha1(canonical.encode()).hexdigest()[:8]}"
 
 
-def _check_keys(section: Any, defaults: ml_collections.ConfigDict, prefix: str) -> None:
-    unknown = sorted(set(section.keys()) - set(defaults.keys()))
-    if unknown:
-        raise ConfigError(f"unknown sweep setting(s) {', '.join(prefix + k for k in unknown)}; valid: "
-                          f"{', '.join(prefix + k for k in sorted(defaults.keys()))}")
-    for k in defaults.keys():
-        if isinstance(defaults[k], ml_collections.ConfigDict):
-            _check_keys(section[k], defaults[k], f"{prefix}{k}.")
+_VOCAB: dict[str, int] = {}  # vocab_size's answers by settings: a tokenizer file is read once per process
 
 
-def validate_sweep(config: ml_collections.ConfigDict) -> None:
-    """Checks the sweep section's keys and values; raises ConfigError naming the setting."""
-    if "sweep" not in config or "base" not in config:
-        raise ConfigError("a sweep config needs a `sweep` section and a `base` training config "
-                          "(see transformer/design/defaults.py)")
-    s = config.sweep
-    _check_keys(s, sweep_defaults(), "sweep.")
-    if s.mode not in MODES:
-        raise ConfigError(f"sweep.mode={s.mode!r} is not valid; choose one of {', '.join(MODES)}")
-    if s.param_count not in PARAM_COUNTS:
-        raise ConfigError(f"sweep.param_count={s.param_count!r} is not valid; choose one of {', '.join(PARAM_COUNTS)}")
-    for name in ("head_dim", "min_layers", "max_layers", "sizes_per_budget", "min_steps", "min_sizes",
-                 "batch_multiple", "evals_per_run", "checkpoints_per_run", "logs_per_run"):
-        if not isinstance(s[name], int) or s[name] <= 0:
-            raise ConfigError(f"sweep.{name}={s[name]!r} must be a positive integer")
-    if s.min_sizes < 3:
-        raise ConfigError(f"sweep.min_sizes={s.min_sizes} must be at least 3 (a parabola needs three points)")
-    if s.sizes_per_budget < s.min_sizes:
-        raise ConfigError(f"sweep.sizes_per_budget={s.sizes_per_budget} is below sweep.min_sizes={s.min_sizes}: "
-                          f"each IsoFLOP curve needs at least {s.min_sizes} sizes")
-    if not s.size_span > 1:
-        raise ConfigError(f"sweep.size_span={s.size_span!r} must be > 1 (largest / smallest N in a budget)")
-    if not 0 <= s.warmup_fraction < 1:
-        raise ConfigError(f"sweep.warmup_fraction={s.warmup_fraction!r} must be in [0, 1)")
-    if not isinstance(s.num_layers, int) or s.num_layers < 0:
-        raise ConfigError(f"sweep.num_layers={s.num_layers!r} must be 0 (depth from aspect_ratio) or a positive integer")
-    if s.mode == "isoflop":
-        budgets = list(s.budgets)
-        if not budgets or any(not (isinstance(c, (int, float)) and c > 0) for c in budgets):
-            raise ConfigError(f"sweep.budgets={tuple(budgets)} must be a non-empty list of positive FLOP counts")
-        if len(set(budgets)) != len(budgets):
-            raise ConfigError(f"sweep.budgets={tuple(budgets)} has repeated budgets")
-        _validate_stages(config)
-    else:
-        scan = s.lr_scan
-        if scan.num_lrs < 3:
-            raise ConfigError(f"sweep.lr_scan.num_lrs={scan.num_lrs}: an LR scan needs at least 3 learning "
-                              f"rates per size (the optimum is a parabola through the best point and its neighbours)")
-        if not 0 < scan.lr_min < scan.lr_max:
-            raise ConfigError(f"sweep.lr_scan.lr_min={scan.lr_min!r} and lr_max={scan.lr_max!r} must satisfy "
-                              f"0 < lr_min < lr_max")
-        if len(scan.d_models) < 2:
-            raise ConfigError(f"sweep.lr_scan.d_models={tuple(scan.d_models)}: fitting lr_opt = c·N^k needs at "
-                              f"least 2 sizes")
-
-
-def _validate_stages(config: ml_collections.ConfigDict) -> None:
-    """The staged settings of an IsoFLOP sweep (plan.py): calibration, seeds, schedule check, branches, validation."""
-    s = config.sweep
-    budgets = list(s.budgets)
-    mults = list(s.lr_calibration.multipliers)
-    if s.lr_calibration.d_models:
-        ratios = np.diff(np.log(sorted(mults))) if len(mults) > 1 else []
-        if len(mults) < 3 or any(m <= 0 for m in mults) or not np.allclose(ratios, ratios[0]):
-            raise ConfigError(f"sweep.lr_calibration.multipliers={tuple(mults)} must be 3 or more positive factors "
-                              "evenly spaced in log (e.g. 0.5, 1, 2)")
-        if s.lr_calibration.fit_exponent and len(set(s.lr_calibration.d_models)) < 2:
-            raise ConfigError("sweep.lr_calibration.fit_exponent=True needs 2 or more lr_calibration.d_models")
-    if not isinstance(s.seeds.extra, int) or s.seeds.extra < 0 or s.seeds.sizes < 1:
-        raise ConfigError(f"sweep.seeds.extra={s.seeds.extra!r} must be an integer >= 0 and sweep.seeds.sizes "
-                          f"({s.seeds.sizes!r}) >= 1")
-    for c in list(s.seeds.budgets) + ([s.schedule_check.budget] if s.schedule_check.budget else []):
-        if not any(math.isclose(c, b, rel_tol=1e-9) for b in budgets):
-            raise ConfigError(f"sweep.seeds.budgets / sweep.schedule_check.budget: {c!r} is not one of "
-                              f"sweep.budgets={tuple(budgets)}")
-    if s.schedule_check.schedule not in SCHEDULES:
-        raise ConfigError(f"sweep.schedule_check.schedule={s.schedule_check.schedule!r} is not valid; choose one "
-                          f"of {', '.join(SCHEDULES)}")
-    if s.branch and config.base.train.schedule != "wsd":
-        raise ConfigError(f"sweep.branch=True continues runs from a decay start: it needs base.train.schedule='wsd' "
-                          f"(got {config.base.train.schedule!r})")
-    if s.validate_flops and not s.validate_flops > max(budgets):
-        raise ConfigError(f"sweep.validate_flops={s.validate_flops!r} must exceed the largest budget "
-                          f"({max(budgets):.3g}): the prediction is checked beyond the grid")
-
-
-def vocab_size(base: ml_collections.ConfigDict) -> int:
+def vocab_size(base: dict) -> int:
     """The vocabulary the runs will have: model.vocab_size, else the tokenizer's (without training one)."""
-    if base.model.vocab_size:
-        return int(base.model.vocab_size)
-    if base.data.tokenizer == "bytes":
+    model, data = base["model"], base["data"]
+    key = json.dumps([model.get("vocab_size"), data], sort_keys=True, default=str)
+    if key not in _VOCAB:
+        _VOCAB[key] = _vocab_size(model, data)
+    return _VOCAB[key]
+
+
+def _vocab_size(model: dict, data: dict) -> int:
+    if model.get("vocab_size"):
+        return int(model["vocab_size"])
+    if data["tokenizer"] == "bytes":
         from transformer.data.tokenizers import ByteTokenizer
         return ByteTokenizer().vocab_size
-    if base.data.tokenizer == "sentencepiece":
-        return int(base.data.vocab_size)
+    if data["tokenizer"] == "sentencepiece":
+        return int(data["vocab_size"])
     from transformer.data.tokenizers import get_tokenizer  # a tokenizer file: read it (errors name the path)
-    return get_tokenizer(base.data).vocab_size
+    return get_tokenizer(DataSpec.of(data)).vocab_size
 
 
-def shape_for(sweep: ml_collections.ConfigDict, d_model: int) -> Shape:
+def shape_for(sweep: SweepSpec, d_model: int) -> Shape:
     """The ladder's rule: depth sweep.num_layers (or from the aspect ratio when 0), heads from the fixed
     head_dim, d_ff from the ratio."""
     if d_model % sweep.head_dim:
@@ -219,7 +142,7 @@ def shape_for(sweep: ml_collections.ConfigDict, d_model: int) -> Shape:
                  head_dim=sweep.head_dim, d_ff=d_ff)
 
 
-def warmup_for(sweep: ml_collections.ConfigDict, steps: int, size: int, tokens_per_step: int) -> int:
+def warmup_for(sweep: SweepSpec, steps: int, size: int, tokens_per_step: int) -> int:
     """Warm-up steps: sweep.warmup_tokens_per_param · N tokens when set (Porian et al. 2024 warm up for N
     tokens; it depends on N alone, so wsd runs of one size at several budgets share it and can branch), else
     warmup_fraction of the run; at least warmup_min, at most half the run."""
@@ -230,47 +153,48 @@ def warmup_for(sweep: ml_collections.ConfigDict, steps: int, size: int, tokens_p
     return min(max(sweep.warmup_min, warmup), steps // 2)
 
 
-def run_config(base: ml_collections.ConfigDict, sweep: ml_collections.ConfigDict, shape: Shape, vocab: int,
-               steps: int = 1, learning_rate: float = 1e-3, batch_size: int | None = None, size: int = 0,
-               seed: int | None = None, schedule: str | None = None) -> ml_collections.ConfigDict:
-    """`base` with the shape, steps, schedule, warm-up, seed and batch of one run filled in."""
-    c = ml_collections.ConfigDict(base.to_dict())
-    c.model.update(dict(d_model=shape.d_model, num_layers=shape.num_layers, num_heads=shape.num_heads,
-                        num_kv_heads=0, head_dim=shape.head_dim, d_ff=shape.d_ff, vocab_size=vocab))
-    if c.model.positional in ("learned", "sinusoidal"):
-        c.model.max_len = c.data.seq_len  # no unused position-table rows inflating N
-    batch = batch_size or c.train.batch_size
-    warmup = warmup_for(sweep, steps, size, batch * c.data.seq_len)
-    c.train.update(dict(
+def run_config(base: dict, sweep: SweepSpec, shape: Shape, vocab: int, steps: int = 1, learning_rate: float = 1e-3,
+               batch_size: int | None = None, size: int = 0, seed: int | None = None,
+               schedule: str | None = None) -> dict:
+    """A copy of `base` (plain nested dict) with the shape, steps, schedule, warm-up, seed and batch of one run."""
+    c = plain(base)
+    c["model"].update(d_model=shape.d_model, num_layers=shape.num_layers, num_heads=shape.num_heads,
+                      num_kv_heads=0, head_dim=shape.head_dim, d_ff=shape.d_ff, vocab_size=vocab)
+    seq_len, train = c["data"]["seq_len"], c["train"]
+    if c["model"].get("positional") in ("learned", "sinusoidal"):
+        c["model"]["max_len"] = seq_len  # no unused position-table rows inflating N
+    batch = batch_size or train["batch_size"]
+    warmup = warmup_for(sweep, steps, size, batch * seq_len)
+    train.update(
         steps=steps, learning_rate=float(learning_rate), warmup_steps=warmup, batch_size=batch,
-        seed=c.train.seed if seed is None else int(seed), schedule=schedule or c.train.schedule,
+        seed=train["seed"] if seed is None else int(seed), schedule=schedule or train["schedule"],
         eval_every=max(1, math.ceil(steps / sweep.evals_per_run)),
         checkpoint_every=max(1, math.ceil(steps / sweep.checkpoints_per_run)),
-        log_every=max(1, steps // sweep.logs_per_run)))
+        log_every=max(1, steps // sweep.logs_per_run))
     return c
 
 
-def measure(config: ml_collections.ConfigDict, vocab: int) -> dict[str, float]:
+def measure(config: dict, vocab: int) -> dict[str, float]:
     """params, params_non_embedding, flops_per_token (with attention) and flops_per_token_no_attention of a
     run config's model."""
     cfg = model_spec(config, vocab)  # the counts need no layer: registry names are checked by plan.design
-    counts, fpt = param_counts(cfg), flops_per_token(cfg, config.data.seq_len)
+    counts, fpt = param_counts(cfg), flops_per_token(cfg, config["data"]["seq_len"])
     return {"params": counts["total"], "params_non_embedding": counts["non_embedding"],
             "flops_per_token": fpt["with_attention"], "flops_per_token_no_attention": fpt["six_n"]}
 
 
-def size_of(m: dict[str, float], sweep: ml_collections.ConfigDict) -> int:
+def size_of(m: dict[str, float], sweep: SweepSpec) -> int:
     return int(m["params"] if sweep.param_count == "total" else m["params_non_embedding"])
 
 
-def prior_optimum(sweep: ml_collections.ConfigDict, budget: float) -> float:
+def prior_optimum(sweep: SweepSpec, budget: float) -> float:
     """N_opt = G · C^a; G = (6 · tokens_per_param)^-a unless sweep.prior_coefficient is set."""
     a = sweep.prior_exponent
     g = sweep.prior_coefficient or (6.0 * sweep.prior_tokens_per_param) ** -a
     return g * budget ** a
 
 
-def lr_rule(sweep: ml_collections.ConfigDict, fitted: dict | None = None) -> Callable[[float], float]:
+def lr_rule(sweep: SweepSpec, fitted: dict | None = None) -> Callable[[float], float]:
     """N → peak learning rate: c·N^k, capped at sweep.lr_max; (c, k) from `fitted` (the sweep's own LR
     calibration), else from the file sweep.lr_fit names, else sweep.lr_coefficient and sweep.lr_exponent."""
     c, k = sweep.lr_coefficient, sweep.lr_exponent
@@ -289,7 +213,7 @@ def lr_rule(sweep: ml_collections.ConfigDict, fitted: dict | None = None) -> Cal
     return lambda n: float(min(sweep.lr_max, c * n ** k))
 
 
-def pick_sizes(candidates: list[tuple[Shape, dict]], sweep: ml_collections.ConfigDict, n_opt: float) -> list:
+def pick_sizes(candidates: list[tuple[Shape, dict]], sweep: SweepSpec, n_opt: float) -> list:
     """The ladder entries best matching targets log-evenly spaced over size_span around n_opt.
 
     An order-preserving assignment of the k targets to k distinct ladder entries (sorted by N) with
@@ -315,9 +239,74 @@ def pick_sizes(candidates: list[tuple[Shape, dict]], sweep: ml_collections.Confi
     return [candidates[order[i]] for i in reversed(picked)]
 
 
-def batch_size_for(base: ml_collections.ConfigDict, sweep: ml_collections.ConfigDict, budget: float, smallest: float) -> int:
-    b = base.train.batch_size
+def batch_size_for(base: dict, sweep: SweepSpec, budget: float, smallest: float) -> int:
+    b = base["train"]["batch_size"]
     if sweep.batch_size_exponent == 0:
         return b
     scaled = b * (budget / smallest) ** sweep.batch_size_exponent
     return max(sweep.batch_multiple, int(round(scaled / sweep.batch_multiple)) * sweep.batch_multiple)
+
+
+def ladder(sweep: SweepSpec, d_models: Any = None) -> list[tuple[Shape, dict]]:
+    """(shape, {params, params_non_embedding, flops_per_token}) for each d_model, in increasing width."""
+    vocab = vocab_size(sweep.base)
+    out = []
+    for d in sorted(set(sweep.d_models if d_models is None else d_models)):
+        shape = shape_for(sweep, d)
+        out.append((shape, measure(run_config(sweep.base, sweep, shape, vocab), vocab)))
+    return out
+
+
+def make_run(sweep: SweepSpec, shape: Shape, m: dict, budget: float, lr: float, *, role: str, stage: str,
+             seed: int | None = None, schedule: str | None = None, label: str = "") -> Run:
+    """One run at `budget` FLOPs: steps = round(C / (flops_per_token · tokens per step))."""
+    base = sweep.base
+    seq_len = base["data"]["seq_len"]
+    batch = batch_size_for(base, sweep, budget, min(sweep.budgets))
+    steps = round(budget / (m["flops_per_token"] * batch * seq_len))
+    size = size_of(m, sweep)
+    cfg = run_config(base, sweep, shape, vocab_size(base), steps, lr, batch, size, seed, schedule)
+    rid = run_id(label or f"{shape.name}-C{format_flops(budget)}", cfg)
+    return Run(rid, 0, shape, float(budget), int(m["params"]), int(m["params_non_embedding"]), size,
+               m["flops_per_token"], steps, batch, seq_len, float(lr), cfg["train"]["warmup_steps"], cfg,
+               role=role, stage=stage, seed=cfg["train"]["seed"])
+
+
+class BudgetError(ConfigError):
+    """A budget the ladder cannot serve (too few sizes with sweep.min_steps steps, or sizes that do not straddle
+    the prior optimum): the sweep's choice of budgets (budgets.py) tries the next one."""
+
+
+def budget_sizes(sweep: SweepSpec, lad: list, budget: float, n_opt: float, how: str,
+                 lr_of: Callable[[float], float]) -> tuple[list[tuple[Run, dict]], list[str]]:
+    """(grid run, measures) of the ladder sizes picked around n_opt with at least sweep.min_steps steps, and notes
+    on what was dropped; BudgetError when the budget cannot make an IsoFLOP curve (`how`: where n_opt is from)."""
+    stage, notes, kept = f"C{format_flops(budget)}", [], []
+    for i, (shape, m) in enumerate(pick_sizes(lad, sweep, n_opt)):
+        run = make_run(sweep, shape, m, budget, lr_of(size_of(m, sweep)), role="grid", stage=stage)
+        if i == 0 and run.steps < sweep.min_steps:
+            need = sweep.min_steps * run.batch_size * run.seq_len * run.flops_per_token
+            raise BudgetError(
+                f"sweep.budgets: budget {format_flops(budget)} is too small for its smallest model {shape.name} "
+                f"(N={run.size:,}): {run.steps} steps of {run.batch_size * run.seq_len} tokens < sweep.min_steps="
+                f"{sweep.min_steps}; the smallest budget that works is {format_flops(need)} FLOPs (or lower "
+                f"batch_size/seq_len)")
+        if run.steps < sweep.min_steps:
+            notes.append(f"budget {format_flops(budget)}: dropped {shape.name} (N={run.size:,}), only {run.steps} "
+                         f"steps < sweep.min_steps={sweep.min_steps}")
+        else:
+            kept.append((run, m))
+    if len(kept) < sweep.min_sizes:
+        raise BudgetError(
+            f"sweep.budgets: budget {format_flops(budget)} has only {len(kept)} sizes with at least "
+            f"sweep.min_steps={sweep.min_steps} steps; an IsoFLOP curve needs sweep.min_sizes={sweep.min_sizes}: "
+            f"raise the budget, lower sweep.min_steps or add smaller d_models")
+    sizes = [r.size for r, _ in kept]
+    if not sizes[0] < n_opt < sizes[-1]:
+        message = (f"budget {format_flops(budget)}'s sizes (N {sizes[0]:,}..{sizes[-1]:,}) do not straddle its "
+                   f"{how} optimum N_opt={n_opt:,.0f}; sweep.d_models spans N {size_of(lad[0][1], sweep):,}.."
+                   f"{size_of(lad[-1][1], sweep):,}")
+        if how == "prior":
+            raise BudgetError(f"sweep.budgets: {message}: extend the ladder or change the budget")
+        notes.append(f"{message}: extend sweep.d_models")
+    return kept, notes

@@ -23,19 +23,20 @@ from transformer.data import get_tokenizer
 from transformer.interop.hf import converter_for, to_pretrained
 from transformer.interop.hf_tokenizer import to_hf_tokenizer
 from transformer.training.resolve import model_config
-from transformer.training.restore import latest_step, load_config, load_run
+from transformer.training.restore import latest_step, load_config, load_run, recorded_spec
 
 HF_CLASSES = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM", "qwen3": "AutoModelForCausalLM",
               "gpt_neox": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM",
               "t5": "AutoModelForSeq2SeqLM"}
 
 
-def _extra_tokens(config: Any, tokenizer: Any) -> tuple[list[str], str | None]:
-    """The task's ids past the tokenizer's vocabulary, as token names, and the mask token among them."""
-    task = config.train.get("task", "lm")
+def _extra_tokens(spec: Any, tokenizer: Any) -> tuple[list[str], str | None]:
+    """The task's ids past the tokenizer's vocabulary, as token names, and the mask token among them (`spec`: the
+    run's RunSpec)."""
+    task = spec.train.task or "lm"
     if task == "span_corruption":
         from transformer.data.span_corruption import span_corruption_lengths
-        return [f"<extra_id_{i}>" for i in range(span_corruption_lengths(config.data)[2])], None
+        return [f"<extra_id_{i}>" for i in range(span_corruption_lengths(spec.data)[2])], None
     if task == "mlm":
         return ["[MASK]"], "[MASK]"
     return [], None
@@ -49,10 +50,11 @@ def export_run(workdir: str, out: str, step: int | None = None) -> dict[str, Any
         raise MissingInputError(f"--step={step}: no checkpoint {os.path.join(workdir, 'checkpoints', str(step))}")
     if os.path.isdir(out) and os.listdir(out):
         raise ConfigError(f"--out={out} exists and is not empty; choose a new directory")
-    tokenizer = get_tokenizer(config.data, workdir=workdir)
-    model_cfg = model_config(config, _model_vocab(config, tokenizer))
+    spec = recorded_spec(config)
+    tokenizer = get_tokenizer(spec.data, workdir=workdir)
+    model_cfg = model_config(config, _model_vocab(spec, tokenizer))
     name, _ = converter_for(model_cfg)           # ConfigError: no Hugging Face counterpart
-    extra, mask = _extra_tokens(config, tokenizer)
+    extra, mask = _extra_tokens(spec, tokenizer)
     hf_tokenizer = to_hf_tokenizer(tokenizer, extra, mask)
     run = load_run(workdir, step=step)
     token_ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}

@@ -6,14 +6,13 @@ Used by the runner (transformer/sweeps/runner.py: one run after another, worker 
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import time
 import traceback
 from typing import Any
-
-import ml_collections
 
 from transformer.spec import MissingInputError
 from transformer.sweeps import claims, results
@@ -44,12 +43,13 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
 CLAIMED_ELSEWHERE = 4  # exit code of a worker whose run another runner holds
 
 
-def run_config(workdir: str, run: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A run's training config from sweep.json; its W&B runs are grouped by sweep: logging.wandb_group, when
-    unset, is the sweep directory's name (logging is not part of the run id)."""
-    config = ml_collections.ConfigDict(run["config"])
-    if "logging" in config and not config.logging.get("wandb_group"):
-        config.logging.wandb_group = os.path.basename(os.path.normpath(workdir))
+def run_config(workdir: str, run: dict[str, Any]) -> dict[str, Any]:
+    """A run's training config from sweep.json (a plain nested dict: training.resolve reads it by item access);
+    its W&B runs are grouped by sweep: logging.wandb_group, when unset, is the sweep directory's name (logging is
+    not part of the run id)."""
+    config = copy.deepcopy(run["config"])
+    if "logging" in config and not config["logging"].get("wandb_group"):
+        config["logging"]["wandb_group"] = os.path.basename(os.path.normpath(workdir))
     return config
 
 
@@ -75,7 +75,7 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
     config = run_config(workdir, run)
     recorded = load_sweep(workdir).get("data_identity")
     if recorded:  # resolve refuses the run unless its data is the sweep's (data/identity.py)
-        config.data.identity = recorded
+        config["data"]["identity"] = recorded
     seed_branch(workdir, run, verbose)
     for attempt in range(max_retries + 1):
         try:

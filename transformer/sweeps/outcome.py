@@ -122,9 +122,9 @@ def schedule_check(workdir: str, rows: list[dict[str, Any]]) -> dict[str, Any] |
     return out
 
 
-def finish(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
+def finish(workdir: str, doc: dict[str, Any], announce: bool = True) -> dict[str, Any]:
     """After the last run: the fit into DIR/fit/ (validation and schedule check beside it) or, for an LR scan,
-    DIR/lr_fit.json."""
+    DIR/lr_fit.json. `announce`: print the prediction check (the command line prints it in its end summary)."""
     rows = results.read_results(workdir)
     if doc["mode"] == "lr_scan":
         from transformer.scaling import lr_scan
@@ -132,12 +132,8 @@ def finish(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
     checked = validation(workdir, doc, rows)
     check = schedule_check(workdir, rows)
     fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check)) if v})
-    if checked is not None and checked["measured_loss"] is not None:
-        print(f"prediction check at {checked['flops']:.3g} FLOPs: predicted loss {checked['predicted_loss']:.4f}"
-              + (f" [{checked['predicted_loss_ci95'][0]:.4f}, {checked['predicted_loss_ci95'][1]:.4f}]"
-                 if checked["predicted_loss_ci95"] else "")
-              + f", measured {checked['measured_loss']:.4f}: relative error {100 * checked['relative_error']:+.2f}%",
-              flush=True)
+    if announce and checked is not None and checked["measured_loss"] is not None:
+        print(validation_line(checked), flush=True)
     return fit
 
 
@@ -162,3 +158,70 @@ def _fitted(marker: str, doc: dict[str, Any]) -> bool:
         return True
     with open(marker) as f:
         return json.load(f).get("num_rows") == len(doc["runs"])
+
+
+# ---------------------------------------------------------------- what the console says about the outcome
+
+PLAUSIBLE_A = (0.2, 0.9)   # N_opt ∝ C^a: published fits lie within (Kaplan 0.73, Chinchilla 0.46–0.50)
+CREDIBLE_GAP = 0.15        # an approach this far from the approaches' median a, its interval not covering it
+
+
+def prediction_line(workdir: str, pred: dict[str, Any]) -> str:
+    """The line printed when the prediction is written, before the validation run trains."""
+    ci = pred.get("loss_ci95") or [float("nan"), float("nan")]
+    return (f"prediction written to {workdir}/fit/predictions.json before anything trains at {pred['flops']:.3g} "
+            f"FLOPs: N_opt {pred['params']:.3g} ({pred['convention']}), D_opt {pred['tokens']:.3g}, loss "
+            f"{pred['loss']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]")
+
+
+def validation_line(checked: dict[str, Any]) -> str:
+    """The prediction check in one line: predicted and measured loss, the error, and whether the measurement
+    landed inside the prediction's 95% interval (validation.json's inside_ci95)."""
+    ci = checked.get("predicted_loss_ci95")
+    inside = checked.get("inside_ci95")
+    verdict = ("no interval to check against" if inside is None else
+               "inside its 95% interval" if inside else "OUTSIDE its 95% interval")
+    return (f"prediction check at {checked['flops']:.3g} FLOPs: predicted loss {checked['predicted_loss']:.4f}"
+            + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
+            + f", measured {checked['measured_loss']:.4f}: relative error {100 * checked['relative_error']:+.2f}%, "
+            + verdict)
+
+
+def credibility(fit: dict[str, Any]) -> list[str]:
+    """Why an approach's exponent a is not credible: outside PLAUSIBLE_A, or (with 3 approaches) more than
+    CREDIBLE_GAP from their median with a 95% interval that does not cover it. Empty: every estimate holds up."""
+    found = {name: fit[name] for name in ("approach1", "approach2", "approach3")
+             if isinstance(fit.get(name), dict) and fit[name].get("a") is not None}
+    median = float(sorted(r["a"] for r in found.values())[len(found) // 2]) if len(found) >= 3 else None
+    out = []
+    for name, r in found.items():
+        a, ci = float(r["a"]), r.get("a_ci95")
+        why = []
+        if not PLAUSIBLE_A[0] <= a <= PLAUSIBLE_A[1]:
+            why.append(f"outside the {PLAUSIBLE_A[0]}–{PLAUSIBLE_A[1]} that published fits span")
+        if median is not None and abs(a - median) > CREDIBLE_GAP and not (ci and ci[0] <= median <= ci[1]):
+            why.append(f"{abs(a - median):.2f} from the approaches' median {median:.3f}, beyond its own interval")
+        if why:
+            out.append(f"{name}'s a = {a:.3f} is not credible ({'; '.join(why)}): read the other approaches")
+    return out
+
+
+_ROLE_WHY = {"validate": " (the validation run: checked against the prediction, never fitted)",
+             "lr": " (a learning-rate calibration run)", "check": " (a schedule-check run: DIR/fit/schedule_check.json)"}
+
+
+def _role(reason: Any) -> str:
+    return str(reason).split("'")[1] if str(reason).startswith("role='") else ""
+
+
+def summary_lines(fit: dict[str, Any]) -> list[str]:
+    """What the end of a sweep adds to the fit's summary: each excluded point and why, the approaches whose
+    estimate is not credible, and the prediction check with its verdict."""
+    lines = [f"excluded {p.get('id')}: {p.get('reason')}{_ROLE_WHY.get(_role(p.get('reason')), '')}"
+             for p in fit.get("points_excluded", [])]
+    lines += [f"warning: {w}" for w in credibility(fit)]
+    checked = fit.get("validation")
+    if checked and checked.get("measured_loss") is not None:
+        lines.append(validation_line(checked))
+    return lines
+

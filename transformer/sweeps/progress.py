@@ -6,31 +6,47 @@ import json
 import time
 from typing import Any, Sequence
 
-import ml_collections
-
 from transformer.data import token_cache
 from transformer.design.grid import format_flops
+from transformer.spec import DataSpec
 
 
 class Progress:
-    """One line per event: done/running/failed/total, what happened, and an ETA."""
+    """One line per event: done/running/failed/total, what happened, and an ETA for the whole sweep: the runs
+    of this stage not yet finished plus `later_seconds`, the estimate of the stages not designed yet (plan.design's
+    preview), rescaled by how the runs finished so far in this session compared with their estimates (before the
+    first: by how the recorded runs' wall_seconds compared with theirs, so a resumed sweep keeps its speed)."""
 
-    def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict]):
+    def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict], later_seconds: float = 0.0):
+        self.t0 = time.time()
+        self.estimate_done = 0.0  # estimated seconds of the runs finished in this session
+        self.stage(runs, recorded, later_seconds)
+
+    def stage(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict], later_seconds: float = 0.0) -> None:
+        """The runs of the sweep designed so far (a new stage keeps the measured speed)."""
         self.runs = {r["run_id"]: r for r in runs}
         self.status = {rid: row.get("status") for rid, row in recorded.items() if rid in self.runs}
         self.running: set[str] = set()
-        self.t0 = time.time()
-        self.estimate_done = 0.0  # estimated seconds of the runs finished in this session
+        self.later_seconds = float(later_seconds)
+        timed = [(row["wall_seconds"], self.runs[rid]["estimated_seconds"]) for rid, row in recorded.items()
+                 if rid in self.runs and row.get("status") == "ok" and row.get("wall_seconds")]
+        # a resumed sweep: the speed its recorded runs measured, until a run of this session finishes
+        self.recorded_ratio = sum(w for w, _ in timed) / sum(e for _, e in timed) if timed else None
 
-    def _eta(self) -> str:
-        """The remaining runs' estimates (FLOPs and steps at the configured speed, plus overhead),
-        rescaled by how the runs finished so far compared with their estimates."""
+    def eta_seconds(self) -> float:
+        """Seconds left for the whole sweep (see the class docstring)."""
         left = [r for rid, r in self.runs.items() if rid not in self.status]
-        if not left:
-            return "0s"
-        seconds = sum(r["estimated_seconds"] for r in left)
+        seconds = sum(r["estimated_seconds"] for r in left) + self.later_seconds
         if self.estimate_done > 0:
             seconds *= (time.time() - self.t0) / self.estimate_done
+        elif self.recorded_ratio:
+            seconds *= self.recorded_ratio
+        return seconds
+
+    def _eta(self) -> str:
+        seconds = self.eta_seconds()
+        if seconds <= 0:
+            return "0s"
         return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
             f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
@@ -66,7 +82,7 @@ def _train_split_tokens(data: dict, known: dict) -> int | None:
     a dry run builds, trains and writes nothing)."""
     key = json.dumps(data, sort_keys=True)
     if key not in known:
-        path = token_cache.existing_cache(ml_collections.ConfigDict(data))
+        path = token_cache.existing_cache(DataSpec.of(data))
         known[key] = int(token_cache.read_meta(path)["train"]["tokens"]) if path else None
     return known[key]
 
@@ -96,6 +112,8 @@ def print_table(doc: dict) -> None:
         print("note: epochs (?) are unknown until the data is tokenized: python -m experiments.prepare_data "
               "--config=<this sweep's config> (or the first run) builds the token cache")
     s = doc["sweep"]
+    if s.get("max_hours"):
+        print(f"time limit: sweep.max_hours={s['max_hours']:g} h")
     total_flops = sum(r["flops"] for r in doc["runs"])
     print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(doc['estimated_seconds'])} in one process "
           f"at {s['estimate_flops_per_second']:.3g} FLOP/s sustained + {s['estimate_step_overhead_s'] * 1e3:.0f} ms "

@@ -11,8 +11,6 @@ import os
 import traceback
 from typing import Any, Sequence
 
-import ml_collections
-
 from transformer.sweeps import execute
 from transformer.sweeps.progress import Progress
 
@@ -33,7 +31,7 @@ def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, 
     for run in runs:
         summary = os.path.join(workdir, "runs", run["run_id"], "summary.json")
         finished = os.path.exists(summary) and _read_json(summary).get("status") == "ok"
-        key = None if finished else group_key(ml_collections.ConfigDict(run["config"]))
+        key = None if finished else group_key(run["config"])
         if key is None or key not in by_key:
             out.append([run])
             if key is not None:

@@ -9,7 +9,6 @@ interrupted run from its checkpoints and returns at once for a finished one.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -19,9 +18,8 @@ import time
 import warnings
 from typing import Any, Container, Sequence
 
-import ml_collections
-
 from transformer import files
+from transformer.design.spec import SweepSpec
 from transformer.spec import ConfigError
 from transformer.sweeps import claims, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
@@ -34,17 +32,18 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 WORKER_MODULE = "experiments.sweep"
 
 
-def sweep_document(config: ml_collections.ConfigDict, p: Any) -> dict[str, Any]:
-    """What DIR/sweep.json holds: the resolved sweep section and base, the plan's notes and what it waits for,
-    and every run designed so far (plan.design) with its time estimate."""
+def sweep_document(config: Any, p: Any) -> dict[str, Any]:
+    """What DIR/sweep.json holds: the resolved sweep section (p.spec, the budgets it chose filled in; else
+    `config`'s) and base, the plan's notes and what it waits for, and every run designed so far (plan.design)
+    with its time estimate."""
     from transformer.design.plan import estimate_seconds
 
-    estimates = [estimate_seconds(r, config.sweep) for r in p.runs]
-    return {"name": config.sweep.name, "mode": config.sweep.mode,
-            "sweep": json.loads(json.dumps(config.sweep.to_dict())),
-            "base": json.loads(json.dumps(config.base.to_dict())), "notes": list(p.notes),
-            "waiting": p.waiting, "lr_fit": p.lr_fit, "estimated_seconds": float(sum(estimates)),
-            "runs": [{**r.describe(), "estimated_seconds": e, "config": json.loads(json.dumps(r.config.to_dict()))}
+    s = p.spec if p.spec is not None else SweepSpec.of(config)
+    estimates = [estimate_seconds(r, s) for r in p.runs]
+    return {"name": s.name, "mode": s.mode, "sweep": s.settings(), "base": json.loads(json.dumps(s.base)),
+            "notes": list(p.notes), "waiting": p.waiting, "lr_fit": p.lr_fit,
+            "estimated_seconds": float(sum(estimates)),
+            "runs": [{**r.describe(), "estimated_seconds": e, "config": json.loads(json.dumps(r.config))}
                      for r, e in zip(p.runs, estimates)]}
 
 
@@ -74,11 +73,21 @@ def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dic
     return [r for r in runs if r["run_id"] not in recorded], recorded
 
 
-def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False) -> int:
+def _progress(doc: dict[str, Any], recorded: dict[str, dict], progress: Progress | None,
+              later_seconds: float) -> Progress:
+    if progress is None:
+        return Progress(doc["runs"], recorded, later_seconds)
+    progress.stage(doc["runs"], recorded, later_seconds)
+    return progress
+
+
+def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False, progress: Progress | None = None,
+                   later_seconds: float = 0.0) -> int:
     """Runs the pending runs one after another in this process (compiled programs and caches reused),
-    or, with sweep.multirun, group by group. Runs claimed by another runner on the same DIR are left to it."""
+    or, with sweep.multirun, group by group. Runs claimed by another runner on the same DIR are left to it.
+    `progress` (kept across stages) and `later_seconds` (the stages not designed yet): the ETA's."""
     todo, recorded = pending_runs(workdir, doc["runs"])
-    progress = Progress(doc["runs"], recorded)
+    progress = _progress(doc, recorded, progress, later_seconds)
     progress.event(f"{len(todo)} runs to go in {workdir}")
     if doc["sweep"].get("multirun"):
         for group in run_groups.groups(workdir, todo):
@@ -161,11 +170,13 @@ def ready_to_submit(workdir: str, doc: dict[str, Any]) -> list[int]:
     return [r["index"] for r in todo if not r.get("branch_from") or r["branch_from"] in recorded]
 
 
-def run_parallel(workdir: str, doc: dict[str, Any], parallel: int) -> int:
-    """Runs the pending runs in `parallel` worker processes; each records its own result."""
+def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Progress | None = None,
+                 later_seconds: float = 0.0) -> int:
+    """Runs the pending runs in `parallel` worker processes; each records its own result (progress and
+    later_seconds as run_in_process's)."""
     todo, recorded = pending_runs(workdir, doc["runs"])
     index = {r["run_id"]: i for i, r in enumerate(doc["runs"])}
-    progress = Progress(doc["runs"], recorded)
+    progress = _progress(doc, recorded, progress, later_seconds)
     progress.event(f"{len(todo)} runs to go in {workdir}, {parallel} workers")
     procs: dict[int, tuple[subprocess.Popen, dict[str, Any]]] = {}  # slot -> (process, run)
     stop = {"signal": None}
@@ -240,37 +251,49 @@ def all_recorded(workdir: str, doc: dict[str, Any]) -> bool:
 OTHER_RUNNERS = 5  # run_sweep: runs of this stage are left to other runners on the same DIR
 
 
-def plan_and_write(workdir: str, config: ml_collections.ConfigDict) -> tuple[Any, dict[str, Any]]:
-    """The plan from DIR's recorded results (plan.design) and its DIR/sweep.json."""
+def plan_and_write(workdir: str, config: Any) -> tuple[Any, dict[str, Any]]:
+    """The plan from DIR's recorded results (plan.design) and its DIR/sweep.json. `config`: a sweep config
+    (ConfigDict or mapping) or its SweepSpec."""
     from transformer.data import identity
     from transformer.design import plan
+    from transformer.spec import DataSpec
     from transformer.sweeps import outcome
 
+    spec = SweepSpec.of(config)
     rows = {r["run_id"]: r for r in results.read_results(workdir)}
-    p = plan.design(config, rows, outcome.load_prediction(workdir))
-    doc = {**sweep_document(config, p), "data_identity": identity.peek(config.base.data)}  # None until built
+    p = plan.design(spec, rows, outcome.load_prediction(workdir))
+    doc = {**sweep_document(spec, p), "data_identity": identity.peek(DataSpec.of(spec.base["data"]))}  # None until built
     write_sweep(workdir, doc)
     return p, doc
 
 
-def run_sweep(workdir: str, config: ml_collections.ConfigDict, parallel: int = 1,
+def later_seconds(preview: Any, doc: dict[str, Any]) -> float:
+    """The estimated seconds of the stages of `preview` (plan.design(preview=True): every stage from the priors)
+    that `doc` has not designed yet."""
+    from transformer.design.plan import estimate_seconds
+
+    designed = {r["stage"] for r in doc["runs"]}
+    return float(sum(estimate_seconds(r, preview.spec) for r in preview.runs if r.stage not in designed))
+
+
+def run_sweep(workdir: str, config: Any, parallel: int = 1,
               verbose: bool = False) -> tuple[int, dict[str, Any]]:
     """Trains the sweep stage by stage (plan.py): design from the results so far, train what is pending, again
     until every stage is designed and recorded; the prediction is written (outcome.predict) before the
     validation run is designed. Returns (0: done, 3: preempted, OTHER_RUNNERS; the last sweep document)."""
+    from transformer.design import plan
     from transformer.sweeps import outcome
 
+    spec = SweepSpec.of(config)
+    preview, progress = plan.design(spec, preview=True), None  # the whole sweep from the priors: the ETA's
     while True:
-        p, doc = plan_and_write(workdir, config)
+        p, doc = plan_and_write(workdir, spec)
         if p.waiting == "prediction":
             pred = outcome.predict(workdir, doc)
             if pred["params"] is None:
                 print(f"warning: {pred['note']}; see {workdir}/fit/fit.json", flush=True)
                 continue
-            ci = pred.get("loss_ci95") or [math.nan, math.nan]
-            print(f"prediction written to {workdir}/fit/predictions.json before anything trains at "
-                  f"{pred['flops']:.3g} FLOPs: N_opt {pred['params']:.3g} ({pred['convention']}), D_opt "
-                  f"{pred['tokens']:.3g}, loss {pred['loss']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]", flush=True)
+            print(outcome.prediction_line(workdir, pred), flush=True)
             continue
         todo, _ = pending_runs(workdir, doc["runs"])
         if not todo:
@@ -280,7 +303,10 @@ def run_sweep(workdir: str, config: ml_collections.ConfigDict, parallel: int = 1
             raise RuntimeError(f"the sweep plan waits for {p.waiting} but has no run to train (a bug)")
         if p.waiting:
             print(f"stage: {len(todo)} runs, then {p.waiting} decides the next stage", flush=True)
-        code = run_parallel(workdir, doc, parallel) if parallel > 1 else run_in_process(workdir, doc, verbose)
+        later = later_seconds(preview, doc)
+        progress = progress or Progress(doc["runs"], {}, later)
+        code = (run_parallel(workdir, doc, parallel, progress, later) if parallel > 1
+                else run_in_process(workdir, doc, verbose, progress, later))
         if code:
             return code, doc
         if pending_runs(workdir, todo)[0]:

@@ -10,6 +10,8 @@ reruns the command when they have ended; (5) or, everything recorded, say so (th
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import re
@@ -17,7 +19,6 @@ import time
 import types
 from typing import Any, Sequence
 
-import ml_collections
 
 from transformer.spec import ConfigError
 from transformer.sweeps import results, runner, slurm, slurm_query
@@ -180,23 +181,23 @@ def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
     gpus = int(doc["sweep"]["slurm"]["gpus_per_task"]) or 1
     seen_data: set[str] = set()
     for i in indices:
-        config = ml_collections.ConfigDict(doc["runs"][i]["config"])
-        key = json.dumps(doc["runs"][i]["config"]["data"], sort_keys=True)
+        config = copy.deepcopy(doc["runs"][i]["config"])  # a plain nested dict, as sweep.json holds it
+        key = json.dumps(config["data"], sort_keys=True)
         if key in seen_data:
-            DataSpec.of(config.data)
-            model_config(config, int(config.model.vocab_size) or 256)
+            DataSpec.of(config["data"])
+            model_config(config, int(config["model"].get("vocab_size", 0)) or 256)
             continue
         seen_data.add(key)
-        data = DataSpec.of(config.data)
+        data = DataSpec.of(config["data"])
         if not sources.is_available(data):  # a dataset not prepared yet: here, once, not by every task at once
             print(f"preparing the dataset {data.tfds_name} in {data.data_dir or '$TFDS_DATA_DIR'} before "
                   f"submitting (the tasks read it from there)", flush=True)
             identity.ensure_available(data)  # an unknown dataset: ConfigError
         tokenizer = None
-        if config.data.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(config.data)):
-            tokenizer = types.SimpleNamespace(vocab_size=config.data.vocab_size)  # trained by the first task
+        if data.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data)):
+            tokenizer = types.SimpleNamespace(vocab_size=data.vocab_size)  # trained by the first task
         if doc.get("data_identity"):
-            config.data.identity = doc["data_identity"]
+            config["data"]["identity"] = doc["data_identity"]
         resolve(config, gpus, 1, tokenizer)
     return {doc["runs"][i]["run_id"] for i in indices}
 
@@ -232,7 +233,7 @@ def submit(workdir: str, doc: dict[str, Any], indices: Sequence[int], command: S
     return entry
 
 
-def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str] | None, cwd: str,
+def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
          retry_failed: bool = False) -> tuple[str, dict[str, Any] | None]:
     """One step of the sweep on SLURM (module docstring). Returns (status, sweep document): "queued" (its jobs
     are in the queue), "submitted", "failed" (a run failed: stopped), "stuck" (nothing ready, nothing
@@ -248,7 +249,7 @@ def step(workdir: str, config: ml_collections.ConfigDict, command: Sequence[str]
                   f"(scancel {' '.join(sorted({t.split('_')[0] for t in q}))} stops them)", flush=True)
             _warn_hopeless(q)
             return "queued", None
-        cap = slurm.check_partition(config.sweep.slurm.to_dict())  # what no node can give: refused before anything
+        cap = slurm.check_partition(dataclasses.asdict(config.slurm))  # what no node can give: refused before anything
         if os.path.exists(os.path.join(workdir, "sweep.json")):
             for rid in reconcile(workdir, runner.load_sweep(workdir)):
                 print(f"recorded {rid} as failed (its SLURM task ended without a result)", flush=True)

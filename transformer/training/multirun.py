@@ -22,7 +22,7 @@ FREE_KEYS = ("learning_rate", "seed")  # the train.* settings in which a group's
 def group_key(config: Any) -> str | None:
     """Runs with the same key can train as one group; None: this run trains alone (dropout masks
     follow the step's one seed; warm starts are per run)."""
-    c = json.loads(json.dumps(config.to_dict()))
+    c = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict") else config))  # ConfigDict or dict
     if c["model"].get("dropout_rate", 0) or c["train"].get("init_from"):
         return None
     c["train"] = {k: v for k, v in c["train"].items() if k not in FREE_KEYS}

@@ -4,14 +4,17 @@
 Every plain-value check lives in the spec constructors (ModelConfig, TrainSpec, MeshSpec, RunSpec); what needs
 the layers stays here: the registry names (positional, activation, norm, attention_impl) and attention_impl="auto"
 (models.resolve), and the logging settings (profiler, W&B). Each failure raises ConfigError naming the setting.
+The config is read by item access, so a ConfigDict (the command lines) and a plain nested dict (a sweep's run
+config from sweep.json) are resolved alike.
 """
 from __future__ import annotations
 
 import dataclasses
+import copy
 import json
 import os
 import types
-from typing import Any
+from typing import Any, Mapping
 
 from transformer.data import get_tokenizer
 from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
@@ -36,6 +39,15 @@ class Resolved:
     data: RunData | None = None
 
 
+def plain_config(config: Any) -> dict:
+    """A ConfigDict or nested mapping as a plain nested dict (a copy; sequences kept as they are)."""
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if isinstance(config, Mapping):
+        return {k: plain_config(v) for k, v in config.items()}
+    return config
+
+
 def model_config(config: Any, vocab_size: int) -> ModelConfig:
     """The validated ModelConfig (spec.model_spec: vocabulary padded to a multiple of 128 when model.vocab_size
     is 0, compute dtype from train.compute_dtype) with registry names checked and attention_impl="auto"
@@ -47,12 +59,12 @@ def run_spec(config: Any, model_cfg: ModelConfig, num_devices: int, process_coun
              resolved: dict | None = None) -> RunSpec:
     """The RunSpec of `config` for this model, device count and process count: the train, mesh, logging and
     joint checks (ConfigError naming the setting)."""
-    train = TrainSpec.from_config(config.train)  # steps, batch, schedule, warm-up, clipping, nonfinite policy
+    train = TrainSpec.from_config(config["train"])  # steps, batch, schedule, warm-up, clipping, nonfinite policy
     profiler.window(config)  # logging.profile_*
     wandb_run.check(config)  # logging.wandb*: the package installed, a valid mode
-    resolved = resolved if resolved is not None else config.to_dict()
-    return RunSpec(model=model_cfg, train=train, mesh=MeshSpec.from_config(config.mesh, num_devices),
-                   seq_len=config.data.seq_len, config=resolved, process_count=process_count,
+    resolved = resolved if resolved is not None else plain_config(config)
+    return RunSpec(model=model_cfg, train=train, mesh=MeshSpec.from_config(config["mesh"], num_devices),
+                   seq_len=config["data"]["seq_len"], config=resolved, process_count=process_count,
                    data=DataSpec.of(resolved["data"]))
 
 
@@ -73,31 +85,37 @@ def keep_recorded_warmup(config: Any, workdir: str) -> tuple[Any, int | None]:
     on a workdir that already holds a run keeps that run's resolved warm-up, so a wsd run continued to more steps
     (run_io.check_workdir_config) is the same run up to its decay start without any setting; a resumed run
     resolves to what it recorded anyway. `config` is copied, never changed in place."""
-    warmup = recorded_warmup(workdir) if int(config.train.warmup_steps) == AUTO_WARMUP else None
-    if warmup is None or warmup == warmup_steps(config.train):
+    train = config["train"]  # a ConfigDict or a plain mapping
+    if int(train["warmup_steps"]) != AUTO_WARMUP:
         return config, None
-    config = config.copy_and_resolve_references()
-    config.train.warmup_steps = warmup
+    warmup = recorded_warmup(workdir)
+    if warmup is None or warmup == warmup_steps(types.SimpleNamespace(warmup_steps=AUTO_WARMUP,
+                                                                        steps=train["steps"])):
+        return config, None
+    config = copy.deepcopy(config)
+    config["train"]["warmup_steps"] = warmup
     return config, warmup
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:
-    """Validates `config` for this many devices and processes (ConfigError naming the setting on a mistake).
-    `tokenizer`: anything with `vocab_size`; default: the one `data.tokenizer` names."""
-    DataSpec.of(config.data)  # the plain data.* checks, before any tokenizer is trained or file read
-    tokenizer = tokenizer if tokenizer is not None else get_tokenizer(config.data)
-    model_cfg = model_config(config, model_vocab_size(config, tokenizer))
-    resolved = config.to_dict()
+    """Validates `config` (a ConfigDict or a plain nested mapping) for this many devices and processes
+    (ConfigError naming the setting on a mistake). `tokenizer`: anything with `vocab_size`; default: the one
+    `data.tokenizer` names."""
+    resolved = plain_config(config)
+    data_spec = DataSpec.of(resolved["data"])  # the plain data.* checks, before any tokenizer is trained or file read
+    tokenizer = tokenizer if tokenizer is not None else get_tokenizer(data_spec)
+    task_of = types.SimpleNamespace(train=TrainSpec.from_config(resolved["train"]), data=data_spec,
+                                    model=types.SimpleNamespace(family=resolved["model"].get("family", "decoder")))
+    model_cfg = model_config(resolved, model_vocab_size(task_of, tokenizer))
     resolved["model"]["vocab_size"] = model_cfg.vocab_size
     if getattr(tokenizer, "fingerprint", None):  # which tokenizer the run used (its copy is in the workdir)
         resolved["data"]["tokenizer_fingerprint"] = tokenizer.fingerprint
-    data = resolve_data(config.data, tokenizer) if resolvable(config.data, tokenizer) else None
+    data = resolve_data(data_spec, tokenizer) if resolvable(data_spec, tokenizer) else None
     if data is None:
-        check_settings(config.data)  # evaluation on training data is refused even in a dry run
+        check_settings(data_spec)  # evaluation on training data is refused even in a dry run
     else:
-        expected = config.data.get(IDENTITY_KEY)  # a sweep's recorded data (or an earlier run's config.json)
-        check_same("data.identity (the data this run must train on, e.g. its sweep's)",
-                   expected.to_dict() if hasattr(expected, "to_dict") else expected, data.identity())
+        expected = resolved["data"].get(IDENTITY_KEY)  # a sweep's recorded data (or an earlier run's config.json)
+        check_same("data.identity (the data this run must train on, e.g. its sweep's)", expected, data.identity())
         resolved["data"][IDENTITY_KEY] = data.identity()  # the documents and tokenizer, checked on resuming
-    spec = run_spec(config, model_cfg, num_devices, process_count, resolved)
+    spec = run_spec(resolved, model_cfg, num_devices, process_count, resolved)
     return Resolved(model_cfg, spec.mesh.shape, resolved, spec, data)

@@ -3,23 +3,24 @@
 A run directory (transformer/training/loop.py) holds DIR/config.json (the resolved config) and
 DIR/checkpoints/<step>/state, an orbax StandardSave of TrainState(step, params, opt_state). Only the
 `params` subtree is read (orbax partial restore), so no optimizer is built and its moments are never
-loaded; the parameters land on one device.
+loaded; the parameters land on one device. The recorded config is read as a plain dict and its RunSpec
+(spec/run.py), never as a ConfigDict.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
 import flax.linen as nn
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 
 from transformer.data import Tokenizer, get_tokenizer
 from transformer.models import build_model
-from transformer.spec import MissingInputError, ModelConfig
+from transformer.spec import MissingInputError, ModelConfig, RunSpec
 
 from transformer.tasks import get_task
 from transformer.training.resolve import model_config
@@ -27,7 +28,10 @@ from transformer.training.resolve import model_config
 
 @dataclasses.dataclass(frozen=True)
 class LoadedRun:
-    config: ml_collections.ConfigDict
+    """config: DIR/config.json as a plain nested dict; spec: its RunSpec (spec.data, spec.train, spec.model)."""
+
+    config: dict
+    spec: RunSpec
     model_cfg: ModelConfig
     model: nn.Module
     params: Any
@@ -35,15 +39,22 @@ class LoadedRun:
     step: int
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-    """DIR/config.json as a ConfigDict; FileNotFoundError (one line) when the run is missing."""
+def load_config(workdir: str) -> dict:
+    """DIR/config.json as a plain nested dict; FileNotFoundError (one line) when the run is missing."""
     if not os.path.isdir(workdir):
         raise MissingInputError(f"--workdir={workdir} does not exist")
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise MissingInputError(f"{path} not found: {workdir} is not a training run directory")
     with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        return json.load(f)
+
+
+def recorded_spec(config: dict) -> RunSpec:
+    """The RunSpec of a recorded config (config.json) for inference on this host: the mesh is taken at the size
+    its fixed axes name (a -1 axis: one device), so the recorded run's checks hold as they did when it trained."""
+    fixed = [int(config["mesh"][a]) for a in ("data", "fsdp", "tensor") if int(config["mesh"].get(a, 1)) > 0]
+    return RunSpec.from_dict(config, num_devices=math.prod(fixed) if fixed else 1)
 
 
 def latest_step(workdir: str) -> int:
@@ -76,10 +87,11 @@ def load_run(workdir: str, *, step: int | None = None, model_kwargs: dict | None
     state_dir = os.path.join(workdir, "checkpoints", str(step), "state")
     if not os.path.isdir(state_dir):
         raise MissingInputError(f"checkpoint {state_dir} not found")
-    tokenizer = get_tokenizer(config.data, workdir=workdir)  # the copy the run recorded
+    spec = recorded_spec(config)
+    tokenizer = get_tokenizer(spec.data, workdir=workdir)  # the copy the run recorded
     model_cfg = model_config(config, tokenizer.vocab_size)
     model = build_model(model_cfg)
     if model_kwargs:
         model = model.clone(**model_kwargs)
-    params = restore_params(model, get_task(config).init_inputs(config), state_dir)
-    return LoadedRun(config, model_cfg, model, params, tokenizer, step)
+    params = restore_params(model, get_task(spec).init_inputs(spec), state_dir)
+    return LoadedRun(config, spec, model_cfg, model, params, tokenizer, step)

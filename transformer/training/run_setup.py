@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from transformer.spec import ConfigError, RunSpec, flops_per_token, param_counts
+from transformer.spec import ConfigError, DataSpec, RunSpec, flops_per_token, param_counts
 from transformer.data import get_tokenizer, identity, record_tokenizer
 from transformer.data.batches import process_rows
 from transformer.data.span_corruption import span_corruption_lengths
@@ -149,8 +149,9 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                 print(f"{w}: keeping the warm-up its run resolved, {warmup} steps (train.warmup_steps=-1 on a "
                       f"workdir that holds a run)", flush=True)
     config = configs[0]
-    identity.ensure_available(config.data)  # a first run builds the dataset: its identity is recorded at once
-    tokenizer = get_tokenizer(config.data, workdir=workdirs[0], training=True)  # the recorded copy when resuming
+    data_spec = DataSpec.of(config["data"])  # a ConfigDict's data block or a plain dict's (a sweep's run config)
+    identity.ensure_available(data_spec)  # a first run builds the dataset: its identity is recorded at once
+    tokenizer = get_tokenizer(data_spec, workdir=workdirs[0], training=True)  # the recorded copy when resuming
     resolved_runs = [resolve(c, len(devices), nproc, tokenizer) for c in configs]
     resolved = [r.config for r in resolved_runs]
     specs = [r.spec for r in resolved_runs]  # below here every setting is read from the specs

@@ -1,0 +1,326 @@
+"""A sweep's settings as one frozen, checked spec: every `sweep.*` key with its default (the one source of them),
+and the checks of their values, all in the constructors.
+
+`SweepSpec.of(config)` reads a sweep config (a ConfigDict from configs/sweeps/, or a plain mapping with the same
+`sweep` and `base` sections) once; the design (grid.py, plan.py, budgets.py) and the runner read the spec, and
+`base` (a full training config) is carried as a plain nested dict. Standard library only: no ml_collections.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Mapping
+
+from transformer.spec import SCHEDULES, ConfigError
+
+MODES = ("isoflop", "lr_scan")
+PARAM_COUNTS = ("total", "non_embedding")
+
+
+def plain(value: Any) -> Any:
+    """A ConfigDict, mapping or sequence as JSON-shaped plain values (dicts, lists), as sweep.json stores them."""
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, (set, tuple)) else str(v)))
+
+
+@dataclasses.dataclass(frozen=True)
+class LrCalibration:
+    """The learning rate from measurement, a stage before the budgets: each size trains at the smallest budget's
+    compute at the rule's rate × each multiplier (extended where a size's best rate is at an edge); lr_opt = c·N^k
+    is refitted from the optima (k = lr_exponent held unless fit_exponent), and every later run uses it."""
+
+    d_models: tuple[int, ...] = ()     # empty: no calibration
+    multipliers: tuple[float, ...] = (0.5, 1.0, 2.0)
+    max_extensions: int = 2
+    fit_exponent: bool = False
+
+    def __post_init__(self) -> None:
+        mults = sorted(self.multipliers)
+        if self.d_models:
+            logs = [math.log(m) for m in mults if m > 0]
+            ratios = [b - a for a, b in zip(logs, logs[1:])]
+            if len(mults) < 3 or len(logs) < len(mults) or any(abs(r - ratios[0]) > 1e-6 for r in ratios):
+                raise ConfigError(f"sweep.lr_calibration.multipliers={tuple(self.multipliers)} must be 3 or more "
+                                  "positive factors evenly spaced in log (e.g. 0.5, 1, 2)")
+            if self.fit_exponent and len(set(self.d_models)) < 2:
+                raise ConfigError("sweep.lr_calibration.fit_exponent=True needs 2 or more lr_calibration.d_models")
+
+
+@dataclasses.dataclass(frozen=True)
+class Seeds:
+    """Seed replicates: the `sizes` runs nearest the optimum of each budget in `budgets` (empty: the smallest)
+    train again under `extra` more seeds; the fits take σ from their spread."""
+
+    extra: int = 0
+    budgets: tuple[float, ...] = ()
+    sizes: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.extra, int) or self.extra < 0 or self.sizes < 1:
+            raise ConfigError(f"sweep.seeds.extra={self.extra!r} must be an integer >= 0 and sweep.seeds.sizes "
+                              f"({self.sizes!r}) >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleCheck:
+    """The grid runs of one budget trained again under another schedule (e.g. wsd against cosine), reported in
+    DIR/fit/schedule_check.json and not fitted."""
+
+    budget: float = 0.0                # 0: off
+    schedule: str = "cosine"
+    sizes: int = 0                     # the sizes nearest the budget's centre that are checked; 0: all
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"sweep.schedule_check.schedule={self.schedule!r} is not valid; choose one of "
+                              f"{', '.join(SCHEDULES)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LrScan:
+    """mode lr_scan: each size trained at `num_lrs` peak learning rates log-spaced over [lr_min, lr_max], on
+    tokens_per_param · N tokens (or a fixed `tokens` when nonzero)."""
+
+    d_models: tuple[int, ...] = (32, 64, 96)
+    lr_min: float = 1e-3
+    lr_max: float = 3e-2
+    num_lrs: int = 5
+    tokens_per_param: float = 20.0
+    tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Slurm:
+    """--launcher=slurm: a job array per stage, one task per run, and a driver job after it (docs/clusters.md)."""
+
+    time: str = "auto"                 # per run: time_factor x the plan's estimate (at least 10 min); or "HH:MM:SS"
+    time_factor: float = 3.0
+    gpus_per_task: int = 1             # 0 on a CPU partition
+    gpu_request: str = "gres"          # how GPUs are asked for: "gres" (--gres=gpu[:type]:N), "gpus", "gpus-per-task"
+    gpu_type: str = ""                 # e.g. "a100", as `sinfo -o %G` names it
+    cpus_per_task: int = 8
+    mem: str = ""                      # e.g. "64G"; "" leaves it to the cluster
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    constraint: str = ""
+    exclude: str = ""                  # nodes, e.g. "node[01-03]"
+    sbatch_options: str = ""           # more #SBATCH lines, space-separated: "--reservation=r1 --mail-type=END"
+    max_parallel: int = 0              # array throttle (%K); 0: no limit
+    setup: str = ""                    # shell lines run before the worker (module load, venv activation)
+    signal: str = "USR1"               # sent signal_seconds before the time limit: checkpoint, then requeue
+    signal_seconds: int = 120
+    max_submits: int = 3               # submissions of a run that end without a result before it counts as failed
+    driver_time: str = "01:00:00"      # the driver job's limit (it designs the next stage, predicts, fits)
+
+
+_SECTIONS = {"lr_calibration": LrCalibration, "seeds": Seeds, "schedule_check": ScheduleCheck, "lr_scan": LrScan,
+             "slurm": Slurm}
+_POSITIVE_INTS = ("head_dim", "min_layers", "max_layers", "sizes_per_budget", "min_steps", "min_sizes",
+                  "batch_multiple", "evals_per_run", "checkpoints_per_run", "logs_per_run", "num_budgets")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """Every key a sweep config's `sweep` section may have, with its default (anything else is a ConfigError);
+    `base`: the sweep's full training config (configs/lm.py) as a plain nested dict."""
+
+    name: str = "sweep"
+    mode: str = "isoflop"              # isoflop | lr_scan
+    # Compute budgets C in FLOPs (tokens × flops_per_token with attention). Empty: the sweep chooses them
+    # (design/budgets.py): num_budgets budgets budget_ratio apart, the smallest at which every budget's sizes
+    # straddle the prior optimum with at least min_steps steps, checked against max_hours.
+    budgets: tuple[float, ...] = ()
+    num_budgets: int = 3
+    budget_ratio: float = 2.0
+    max_hours: float = 0.0             # > 0: the designed sweep's estimated time must fit (sweep.estimate_*)
+
+    # The shape ladder: one model per d_model; num_layers = clip(round(d_model / aspect_ratio)),
+    # num_heads = d_model / head_dim, d_ff = ffn_ratio · d_model rounded to a multiple of ffn_multiple.
+    d_models: tuple[int, ...] = (32, 48, 64, 96, 128)
+    num_layers: int = 0                # > 0: every shape has this depth and only the width varies; 0: aspect_ratio
+    aspect_ratio: float = 32.0         # d_model / num_layers
+    min_layers: int = 1
+    max_layers: int = 64
+    head_dim: int = 32
+    ffn_ratio: float = 4.0
+    ffn_multiple: int = 8
+
+    # Which sizes each budget gets: around the prior optimum N_opt = G · C^a, evenly spaced in log N.
+    param_count: str = "total"         # total | non_embedding: the N of the prior, spacing, LR rule and fits
+    sizes_per_budget: int = 4
+    size_span: float = 10.0            # largest / smallest N within a budget
+    prior_exponent: float = 0.5        # a in N_opt = G · C^a
+    prior_tokens_per_param: float = 20.0  # G = (6 · tokens_per_param)^-a when prior_coefficient is 0
+    prior_coefficient: float = 0.0
+    recenter: bool = False             # centre each budget on the power law through the finished budgets' minima
+    grid_from: str = ""                # DIR of a baseline IsoFLOP sweep: each budget trains that sweep's grid sizes
+    min_steps: int = 20                # a run with fewer steps is dropped (or the budget is an error)
+    min_sizes: int = 3                 # a budget with fewer sizes left is an error
+
+    # Per-run rules.
+    lr_coefficient: float = 0.05       # peak learning rate = lr_coefficient · N^lr_exponent ...
+    lr_exponent: float = -0.25
+    lr_max: float = 1e-2               # ... capped here
+    lr_fit: str = ""                   # a DIR/lr_fit.json from an LR scan replaces the two numbers above
+    warmup_fraction: float = 0.05      # warm-up = max(warmup_min, warmup_fraction · steps), at most steps / 2
+    warmup_min: int = 10
+    warmup_tokens_per_param: float = 0.0  # > 0: warm-up = this · N tokens instead (Porian et al. 2024: 1)
+    branch: bool = False               # base.train.schedule=wsd: a size's run continues from the decay start of its
+                                       # run at the previous budget (Hägele et al. 2024)
+    batch_size_exponent: float = 0.0   # batch = base batch · (C / smallest budget)^exponent ...
+    batch_multiple: int = 8            # ... rounded to a multiple of this (0 exponent: the base batch)
+    validate_flops: float = 0.0        # > 0: after the grid, predict the compute-optimal model and its loss at this
+                                       # budget (DIR/fit/predictions.json), train it, DIR/fit/validation.json
+    validate_ratio: float = 0.0        # > 1 and validate_flops 0: validate at this × the largest budget (chosen budgets)
+
+    lr_calibration: LrCalibration = LrCalibration()
+    seeds: Seeds = Seeds()
+    schedule_check: ScheduleCheck = ScheduleCheck()
+
+    evals_per_run: int = 1             # evaluations spread over each run (the last one at its end)
+    checkpoints_per_run: int = 4       # checkpoints spread over each run (resume granularity)
+    logs_per_run: int = 10
+    fit_bootstrap: int = 200           # bootstrap resamples for the fit's 95% intervals at the end of the sweep
+    max_retries: int = 1               # a run that raises is retried (resuming) this many times, then recorded failed
+    claim_timeout_s: float = 600.0     # a run claim not refreshed for this long (its runner died) may be taken over
+    multirun: bool = False             # runs that differ only in learning rate or seed as one vmapped program;
+                                       # one device, --parallel=1, no SLURM (slower on the 2-core CPU)
+
+    # Time estimate (the dry run, the chosen budgets, the ETA): per run, steps × (tokens_per_step · flops_per_token
+    # / estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s.
+    estimate_flops_per_second: float = 2.5e10
+    estimate_step_overhead_s: float = 0.004
+    estimate_run_overhead_s: float = 8.0
+
+    lr_scan: LrScan = LrScan()
+    slurm: Slurm = Slurm()
+    base: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("budgets", "d_models"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.mode not in MODES:
+            raise ConfigError(f"sweep.mode={self.mode!r} is not valid; choose one of {', '.join(MODES)}")
+        if self.param_count not in PARAM_COUNTS:
+            raise ConfigError(f"sweep.param_count={self.param_count!r} is not valid; choose one of "
+                              f"{', '.join(PARAM_COUNTS)}")
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"sweep.{name}={value!r} must be a positive integer")
+        if self.min_sizes < 3:
+            raise ConfigError(f"sweep.min_sizes={self.min_sizes} must be at least 3 (a parabola needs three points)")
+        if self.sizes_per_budget < self.min_sizes:
+            raise ConfigError(f"sweep.sizes_per_budget={self.sizes_per_budget} is below sweep.min_sizes="
+                              f"{self.min_sizes}: each IsoFLOP curve needs at least {self.min_sizes} sizes")
+        if not self.size_span > 1:
+            raise ConfigError(f"sweep.size_span={self.size_span!r} must be > 1 (largest / smallest N in a budget)")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ConfigError(f"sweep.warmup_fraction={self.warmup_fraction!r} must be in [0, 1)")
+        if not isinstance(self.num_layers, int) or self.num_layers < 0:
+            raise ConfigError(f"sweep.num_layers={self.num_layers!r} must be 0 (depth from aspect_ratio) or a "
+                              "positive integer")
+        if self.max_hours < 0:
+            raise ConfigError(f"sweep.max_hours={self.max_hours!r} must be >= 0 (0: no time limit)")
+        if self.mode == "isoflop":
+            self._check_isoflop()
+        else:
+            self._check_lr_scan()
+
+    def _check_isoflop(self) -> None:
+        budgets = list(self.budgets)
+        if any(not (isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0) for c in budgets):
+            raise ConfigError(f"sweep.budgets={tuple(budgets)} must be positive FLOP counts (or empty: the sweep "
+                              "chooses them)")
+        if len(set(budgets)) != len(budgets):
+            raise ConfigError(f"sweep.budgets={tuple(budgets)} has repeated budgets")
+        if not self.budget_ratio > 1:
+            raise ConfigError(f"sweep.budget_ratio={self.budget_ratio!r} must be > 1 (the factor between chosen "
+                              "budgets)")
+        if self.validate_ratio and not self.validate_ratio > 1:
+            raise ConfigError(f"sweep.validate_ratio={self.validate_ratio!r} must be > 1: the prediction is "
+                              "checked beyond the grid")
+        named = list(self.seeds.budgets) + ([self.schedule_check.budget] if self.schedule_check.budget else [])
+        if named and not budgets:
+            raise ConfigError("sweep.seeds.budgets / sweep.schedule_check.budget name budgets, but sweep.budgets "
+                              "is empty (the sweep chooses them): set sweep.budgets, or leave those at their default")
+        for c in named:
+            if not any(math.isclose(c, b, rel_tol=1e-9) for b in budgets):
+                raise ConfigError(f"sweep.seeds.budgets / sweep.schedule_check.budget: {c!r} is not one of "
+                                  f"sweep.budgets={tuple(budgets)}")
+        schedule = self.base.get("train", {}).get("schedule")
+        if self.branch and schedule != "wsd":
+            raise ConfigError(f"sweep.branch=True continues runs from a decay start: it needs "
+                              f"base.train.schedule='wsd' (got {schedule!r})")
+        if budgets and self.validate_flops and not self.validate_flops > max(budgets):
+            raise ConfigError(f"sweep.validate_flops={self.validate_flops!r} must exceed the largest budget "
+                              f"({max(budgets):.3g}): the prediction is checked beyond the grid")
+
+    def _check_lr_scan(self) -> None:
+        scan = self.lr_scan
+        if scan.num_lrs < 3:
+            raise ConfigError(f"sweep.lr_scan.num_lrs={scan.num_lrs}: an LR scan needs at least 3 learning rates "
+                              "per size (the optimum is a parabola through the best point and its neighbours)")
+        if not 0 < scan.lr_min < scan.lr_max:
+            raise ConfigError(f"sweep.lr_scan.lr_min={scan.lr_min!r} and lr_max={scan.lr_max!r} must satisfy "
+                              "0 < lr_min < lr_max")
+        if len(scan.d_models) < 2:
+            raise ConfigError(f"sweep.lr_scan.d_models={tuple(scan.d_models)}: fitting lr_opt = c·N^k needs at "
+                              "least 2 sizes")
+
+    @property
+    def staged(self) -> list[str]:
+        """The settings that make later stages depend on earlier results."""
+        return [k for k, on in (("lr_calibration", bool(self.lr_calibration.d_models)), ("recenter", self.recenter),
+                                ("validate_flops", bool(self.validate_flops or self.validate_ratio))) if on]
+
+    def settings(self) -> dict[str, Any]:
+        """The `sweep` section as a plain dict (sweep.json's "sweep")."""
+        d = dataclasses.asdict(self)
+        d.pop("base")
+        return plain(d)
+
+    @classmethod
+    def of(cls, config: Any) -> "SweepSpec":
+        """The spec of a sweep config (ConfigDict or mapping with `sweep` and `base`), or `config` itself."""
+        if isinstance(config, SweepSpec):
+            return config
+        if "sweep" not in config or "base" not in config:
+            raise ConfigError("a sweep config needs a `sweep` section and a `base` training config "
+                              "(see transformer/design/spec.py)")
+        return cls.from_settings(plain(config["sweep"]), plain(config["base"]))
+
+    @classmethod
+    def from_settings(cls, sweep: Mapping[str, Any], base: Mapping[str, Any]) -> "SweepSpec":
+        """From the `sweep` section's plain dict (unknown keys: ConfigError listing the valid ones)."""
+        return cls(**_fields(cls, sweep, "sweep."), base=dict(base))
+
+
+def _fields(cls: type, section: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """`section`'s keys checked against `cls`'s fields, nested sections built as their dataclasses."""
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.')} must be a section of settings, got {section!r}")
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "base"]
+    unknown = sorted(set(section) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown sweep setting(s) {', '.join(prefix + k for k in unknown)}; valid: "
+                          f"{', '.join(prefix + k for k in sorted(names))}")
+    out = {}
+    for k, v in section.items():
+        sub = _SECTIONS.get(k) if prefix == "sweep." else None
+        if sub is not None:
+            out[k] = sub(**{n: tuple(x) if isinstance(x, list) else x for n, x in _fields(sub, v, f"{prefix}{k}.").items()})
+        else:
+            out[k] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def sweep_defaults() -> dict[str, Any]:
+    """Every key a `sweep` section may have, with its default, as a plain dict (configs/sweeps/common.py wraps it
+    in a ConfigDict)."""
+    d = dataclasses.asdict(SweepSpec())
+    d.pop("base")
+    return d
