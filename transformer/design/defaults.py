@@ -58,6 +58,8 @@ def sweep_defaults() -> ml_collections.ConfigDict:
                                        # decay start of its run at the previous budget (Hägele et al. 2024)
     s.batch_size_exponent = 0.0        # batch = base batch · (C / smallest budget)^exponent ...
     s.batch_multiple = 8               # ... rounded to a multiple of this (0 exponent: the base batch)
+    s.micro_batch_size = 0             # >0: a run's batch above this many rows is accumulated in micro-batches
+                                       # of at most this many (train.grad_accum_steps); 0: never
     s.validate_flops = 0.0             # > 0: after the grid, predict the compute-optimal model and its loss at
                                        # this budget (DIR/fit/predictions.json), train it, DIR/fit/validation.json
 

@@ -68,7 +68,8 @@ class Loop:
         self.use_dropout = setup.model_cfg.dropout_rate > 0
         train_step = steps.make_train_step(setup.model, setup.task, setup.tx, seed=self.t.seed,
                                            use_dropout=self.use_dropout,
-                                           loss_chunk_size=self.t.loss_chunk_size)
+                                           loss_chunk_size=self.t.loss_chunk_size,
+                                           grad_accum_steps=self.t.grad_accum_steps)
         self.train_jit, self.eval_fn = steps.jit_steps(train_step, steps.make_eval_step(setup.model, setup.task),
                                                        setup.shardings, setup.mesh, setup.rules,
                                                        runs=self.R if grouped else 0)
