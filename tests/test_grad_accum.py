@@ -84,7 +84,7 @@ def _assert_same(a, b, rtol=1e-5):
     assert np.linalg.norm(y - x) <= rtol * np.linalg.norm(x), np.linalg.norm(y - x) / np.linalg.norm(x)
 
 
-def test_accumulated_gradients_equal_the_full_batch_gradients():
+def test_accumulated_loss_and_gradients_equal_the_full_batch_ones():
     c, model, task = _setup()
     batch = jax.tree.map(jnp.asarray, _batches(1)[0])
     params = model.init(jax.random.PRNGKey(0), np.zeros((1, T), np.int32))["params"]
@@ -93,7 +93,10 @@ def test_accumulated_gradients_equal_the_full_batch_gradients():
     (loss_1, tokens_1), grads_1 = out[1]
     (loss_4, tokens_4), grads_4 = out[4]
     assert float(tokens_4) == float(tokens_1) == float(np.sum(batch["weights"]))
-    assert float(loss_4) == pytest.approx(float(loss_1), rel=1e-6)
+    assert float(loss_4) == pytest.approx(float(loss_1), rel=1e-6)  # the token mean over the whole batch ...
+    micro_loss = jax.jit(steps.make_loss_fn(model, task, seed=0, use_dropout=False))
+    means = [float(micro_loss(params, {k: v[i::4] for k, v in batch.items()}, jnp.int32(0))[0]) for i in range(4)]
+    assert abs(np.mean(means) - float(loss_1)) > 1e-4  # ... not the mean of micro-batch means, which differs here
     floor = 1e-3 * np.linalg.norm(_flat(grads_1))  # a leaf with a zero gradient (the key bias) is rounding only
     for (path, g1), g4 in zip(jax.tree_util.tree_leaves_with_path(grads_1), jax.tree.leaves(grads_4)):
         diff = np.linalg.norm(np.asarray(g4) - np.asarray(g1))
@@ -106,20 +109,6 @@ def test_accumulated_updates_equal_the_full_batch_update():
     full = _train(c, model, task, 1, batches)
     _assert_same(full, _train(c, model, task, 4, batches))
     assert not np.allclose(full[0][1:], full[0][0])  # the parameters moved: the steps differ
-
-
-def test_the_loss_is_the_token_mean_over_the_batch_not_a_mean_of_micro_batch_means():
-    c, model, task = _setup()
-    batch = _batches(1)[0]
-    params = model.init(jax.random.PRNGKey(0), np.zeros((1, T), np.int32))["params"]
-    (loss, tokens), _ = jax.jit(steps.make_value_and_grad(model, task, seed=0, use_dropout=False,
-                                                          grad_accum_steps=4))(params, batch, jnp.int32(0))
-    assert float(tokens) == batch["weights"].sum()
-    means = [float(jax.jit(steps.make_loss_fn(model, task, seed=0, use_dropout=False))(
-        params, {k: v[i::4] for k, v in batch.items()}, jnp.int32(0))[0]) for i in range(4)]
-    whole = float(steps.make_loss_fn(model, task, seed=0, use_dropout=False)(params, batch, jnp.int32(0))[0])
-    assert float(loss) == pytest.approx(whole, rel=1e-6)
-    assert abs(np.mean(means) - whole) > 1e-4  # the batch tells the two apart
 
 
 def test_accumulation_on_eight_devices_equals_one_device():
@@ -192,3 +181,44 @@ def test_accumulation_lowers_peak_memory():
         with jax.set_mesh(mesh):
             temp[k] = fn.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
     assert temp[4] < 0.6 * temp[1], temp
+
+
+@pytest.mark.slow
+def test_a_run_trains_with_accumulation_and_resumes_with_another_k(corpus_dir, tmp_path):
+    """Through the loop: k = 2 logs the losses of k = 1; a finished k = 1 run reopened with k = 2 is the same run
+    (the setting says how an update is computed, not which: an out-of-memory run may resume with a larger k)."""
+    import json
+
+    from transformer.training.loop import train
+
+    def config(k: int):
+        c = lm.get_config("gpt2_tiny")
+        c.data.data_dir, c.data.seq_len = corpus_dir, 32
+        c.train.update(steps=3, warmup_steps=1, batch_size=16, eval_every=3, eval_steps=1, checkpoint_every=3,
+                       log_every=1, grad_accum_steps=k)
+        return c
+
+    losses = {}
+    for k in (1, 2):
+        summary = train(config(k), str(tmp_path / f"k{k}"), verbose=False)
+        assert summary["status"] == "ok"
+        with open(tmp_path / f"k{k}" / "metrics.jsonl") as f:
+            losses[k] = [r["train_loss"] for r in map(json.loads, f) if "train_loss" in r]
+    assert len(losses[1]) == 3
+    np.testing.assert_allclose(losses[2], losses[1], rtol=1e-5)
+    again = train(config(2), str(tmp_path / "k1"), verbose=False)  # recorded with k = 1: not "a different run"
+    assert again["status"] == "ok" and again["train_loss"] == pytest.approx(losses[1][-1], rel=1e-6)
+
+
+def test_a_workdir_resumes_with_another_k_and_from_before_the_key(tmp_path):
+    import json
+
+    from transformer.training.run_io import check_workdir_config
+
+    recorded = {"model": {"d_model": 64}, "train": {"steps": 10, "batch_size": 16}, "data": {}}
+    (tmp_path / "config.json").write_text(json.dumps(recorded))  # written before train.grad_accum_steps existed
+    for k in (1, 4):
+        assert check_workdir_config(str(tmp_path), {**recorded, "train": {**recorded["train"],
+                                                                          "grad_accum_steps": k}}) is None
+    with pytest.raises(ConfigError, match="differs in train.batch_size"):
+        check_workdir_config(str(tmp_path), {**recorded, "train": {"steps": 10, "batch_size": 32}})
