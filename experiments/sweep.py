@@ -50,6 +50,7 @@ def _worker(workdir: str, index: int) -> None:
             print(f"{run['run_id']} is claimed by another runner; nothing to do", flush=True)
             raise SystemExit(runner.CLAIMED_ELSEWHERE)
         setup_jax(ml_collections.ConfigDict(run["config"]))
+        import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
         with held:
             row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
                                          max_retries=doc["sweep"].get("max_retries", 0))
@@ -126,6 +127,7 @@ def main(argv: list[str]) -> None:
         print(f"retrying {len(retried)} failed runs", flush=True)
     if _PARALLEL.value == 1:
         setup_jax(config.base)
+        import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
     code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
     for note in doc["notes"]:
         print(f"note: {note}", flush=True)
