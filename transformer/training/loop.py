@@ -223,7 +223,7 @@ class Loop:
     def _diagnose(self, bad_step: int, bad_loss: float) -> str:
         s, t = self.s, self.t
         grad_fn = nonfinite.make_grad_fn(s.model, s.task, seed=t.seed, use_dropout=self.use_dropout,
-                                         loss_chunk_size=t.loss_chunk_size)
+                                         loss_chunk_size=t.loss_chunk_size, grad_accum_steps=t.grad_accum_steps)
         return guards.replay_diagnosis(
             bad_step, bad_loss, checkpointer=self.runs.ckpts[0], abstract=s.abstract,
             make_iterator=lambda: s.task.make_iterator(s.spec, **self.runs.data_args[0]),
