@@ -23,10 +23,10 @@ def write_json(path: str, obj: Any) -> None:
 LAUNCH_SECTIONS = ("distributed", "logging")
 
 
-# A wsd run continued to more steps on its workdir differs from the run it continues only in these.
 # Settings a run may resume with changed: same updates, same checkpoint layout (a run out of memory resumes with
 # a larger train.grad_accum_steps); a run recorded before the key existed had 1.
 RESUMABLE_TRAIN_KEYS = ("grad_accum_steps",)
+# A wsd run continued to more steps on its workdir differs from the run it continues only in these.
 CONTINUABLE_KEYS = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every")
 
 
