@@ -10,7 +10,8 @@ cache's directory and its document/token/byte counts per split.
 --compare_tokenizers (a Hugging Face tokenizer.json only; for BENCHMARKS.md): builds the cache timed (an existing
 cache of these data and tokenizer is rebuilt), then times the `tokenizers` library's own `encode_batch` on the
 same documents in the same blocks (reading them is not timed), and adds both rates and their ratio to the JSON
-line (`tokenize`).
+line (`tokenize`): `ratio` from wall-clock time, `cpu_ratio` from the process's CPU time (every thread), the one
+to read on a machine shared with other work.
 """
 from __future__ import annotations
 
@@ -34,15 +35,22 @@ def reference_rate(data_cfg, tokenizer) -> dict:
     in blocks of the size the cache build hands it."""
     from transformer.data import sources, token_cache
 
-    seconds, tokens = 0.0, 0
+    seconds, cpu_seconds, tokens = 0.0, 0.0, 0
     raw = tokenizer._tok  # the tokenizers.Tokenizer itself
     for split in token_cache.SPLITS:
         for block in token_cache._batches(sources.texts(data_cfg, split)):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), _cpu()
             encoded = raw.encode_batch(block, add_special_tokens=False)
-            seconds += time.perf_counter() - start
+            seconds, cpu_seconds = seconds + time.perf_counter() - start, cpu_seconds + _cpu() - cpu_start
             tokens += sum(len(e.ids) + 2 for e in encoded)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9)}
+    return {"tokens": tokens, "seconds": seconds, "cpu_seconds": cpu_seconds,
+            "tokens_per_second": tokens / max(seconds, 1e-9)}
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, all threads (the tokenizer's too): robust to other processes' load."""
+    t = os.times()
+    return t.user + t.system
 
 
 def main(argv: list[str]) -> None:
@@ -59,11 +67,11 @@ def main(argv: list[str]) -> None:
         if not isinstance(tokenizer, HFTokenizer):
             raise ConfigError("--compare_tokenizers needs data.tokenizer to be a Hugging Face tokenizer.json")
         shutil.rmtree(token_cache.cache_path(DataSpec.of(data_cfg), tokenizer), ignore_errors=True)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu()
     path = token_cache.ensure_cache(data_cfg, tokenizer)
     meta = token_cache.read_meta(path)
     if _COMPARE.value:
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, _cpu() - cpu_start
         tokens = sum(meta[s]["tokens"] for s in token_cache.SPLITS)
         ref = reference_rate(DataSpec.of(data_cfg), tokenizer)
         if ref["tokens"] != tokens:
@@ -72,7 +80,9 @@ def main(argv: list[str]) -> None:
                              "seconds": seconds, "tokens_per_second": tokens / seconds,
                              "encode_batch_seconds": ref["seconds"],
                              "encode_batch_tokens_per_second": ref["tokens_per_second"],
-                             "ratio": tokens / seconds / ref["tokens_per_second"], "cpus": os.cpu_count(),
+                             "ratio": tokens / seconds / ref["tokens_per_second"],
+                             "cpu_seconds": cpu_seconds, "encode_batch_cpu_seconds": ref["cpu_seconds"],
+                             "cpu_ratio": ref["cpu_seconds"] / cpu_seconds, "cpus": os.cpu_count(),
                              "load_average": os.getloadavg()}
     print(json.dumps({"cache": path, **{s: {k: meta[s][k] for k in ("documents", "tokens", "bytes")}
                                         for s in token_cache.SPLITS}, **extra}))
