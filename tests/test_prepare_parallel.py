@@ -111,3 +111,4 @@ def test_prepare_data_compares_its_rate_with_encode_batch(tmp_path):
     assert t["tokens"] == report["train"]["tokens"] + report["eval"]["tokens"]
     assert t["tokens_per_second"] > 0 and t["encode_batch_tokens_per_second"] > 0
     assert t["ratio"] == pytest.approx(t["tokens_per_second"] / t["encode_batch_tokens_per_second"])
+    assert t["cpu_seconds"] > 0 and t["cpu_ratio"] == pytest.approx(t["encode_batch_cpu_seconds"] / t["cpu_seconds"])
