@@ -63,6 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.init_from = ""            # a train workdir whose latest parameters initialise this run (fine-tuning)
     c.train.steps = 1000
     c.train.batch_size = 16           # global, across all processes
+    c.train.grad_accum_steps = 1      # k > 1: each update sums k micro-batches of batch_size/k rows (less memory)
     c.train.learning_rate = 1e-3
     c.train.warmup_steps = -1           # -1: min(100, 10% of train.steps); an explicit count must be <= steps
     c.train.schedule = "cosine"       # cosine | linear | constant | wsd (warm-up, stable, decay)

@@ -76,7 +76,8 @@ def build(config: Any, devices: Any = None) -> dict:
     state, shardings = init_state(model, tx, config.train.seed, task.init_inputs(config), mesh, rules)
     train_step = steps.make_train_step(model, task, tx, seed=config.train.seed,
                                        use_dropout=model_cfg.dropout_rate > 0,
-                                       loss_chunk_size=config.train.get("loss_chunk_size", 0))
+                                       loss_chunk_size=config.train.get("loss_chunk_size", 0),
+                                       grad_accum_steps=config.train.get("grad_accum_steps", 1))
     train_fn, _ = steps.jit_steps(train_step, steps.make_eval_step(model, task), shardings, mesh, rules)
     batch = synthetic_batch(task, config, model_cfg.vocab_size, sharding.batch_sharding(mesh, rules))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

@@ -58,6 +58,7 @@ def _worker(workdir: str, index: int) -> None:
             raise SystemExit(runner.CLAIMED_ELSEWHERE)
         setup_jax(ml_collections.ConfigDict(run["config"]))
         requeue_signal = slurm.arm_requeue()  # a SLURM task: checkpoint and requeue itself before its time limit
+        import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
         with held:
             row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
                                          max_retries=doc["sweep"].get("max_retries", 0))
@@ -121,6 +122,7 @@ def main(argv: list[str]) -> None:
         print(f"retrying {len(retried)} failed runs", flush=True)
     if _PARALLEL.value == 1:
         setup_jax(_CONFIG.value.base)
+        import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
     code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
     for note in doc["notes"]:
         print(f"note: {note}", flush=True)

@@ -78,6 +78,7 @@ def main(argv: list[str]) -> None:
     if _DRY_RUN.value:
         return dry_run(config, _WORKDIR.value)
     from transformer.training.loop import train  # after JAX's distributed/compilation-cache set-up
+    import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
     try:
         summary = train(config, _WORKDIR.value)
     except FloatingPointError as e:  # train.nonfinite="stop": the diagnosis, without a traceback

@@ -21,13 +21,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import tqdm
 
 from transformer.data import sources, tokenizers
-from transformer.data.corpus import file_lock
 from transformer.data.tokenizers import Tokenizer
 from transformer.spec import ConfigError, DataSpec
 
@@ -95,7 +94,8 @@ def _overlap(hashes: dict[str, np.ndarray]) -> int:
 
 
 def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_dir: str,
-                    dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray]:
+                    dtype: np.dtype, verbose: bool, refresh: Callable[[], None] = lambda: None
+                    ) -> tuple[dict, np.ndarray]:
     """Streams the split's documents through the tokenizer into out_dir/{split}.tokens; returns its counts
     and each document's hash (uint64 [D], document_hash)."""
     offsets, num_tokens, num_bytes, hashes = [0], 0, 0, []
@@ -115,6 +115,7 @@ def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_di
                 offsets.append(num_tokens)
             num_bytes += sum(len(t.encode("utf-8", errors="replace")) for t in batch)
             bar.update(num_tokens - bar.n)
+            refresh()
     seconds = time.perf_counter() - start
     if len(offsets) == 1:
         raise sources.empty_split_error(data_cfg, split)
@@ -135,44 +136,118 @@ def _check_overlap(data_cfg: DataSpec, overlap: int, eval_documents: int) -> Non
                           f"side, or leave data.eval_files empty to hold out data.eval_fraction of data.files")
 
 
+CLAIM_STALE_S = 300.0  # a build claim not refreshed for this long is its builder's death: another takes over
+_CLAIM_REFRESH_S = 30.0
+_CLAIM_POLL_S = 2.0
+
+
+class _Claim:
+    """`<cache>.building`: who builds the cache. Created with O_CREAT | O_EXCL (atomic on local file systems and
+    NFS v3+, unlike fcntl locks over NFS), refreshed (mtime) while the build runs, removed when it ends."""
+
+    def __init__(self, path: str):
+        self.path = path + ".building"
+        self.last = 0.0
+
+    def take(self) -> bool:
+        """True: this process holds the claim; False: another live builder does. A stale claim is removed."""
+        try:
+            age = time.time() - os.stat(self.path).st_mtime
+            if age > CLAIM_STALE_S:
+                os.replace(self.path, f"{self.path}.stale-{os.getpid()}")  # one taker renames it; others miss it
+                os.remove(f"{self.path}.stale-{os.getpid()}")
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"host": os.uname().nodename, "pid": os.getpid(), "time": time.time()}))
+        self.last = time.time()
+        return True
+
+    def refresh(self) -> None:
+        if time.time() - self.last > _CLAIM_REFRESH_S:
+            self.last = time.time()
+            try:
+                os.utime(self.path)
+            except FileNotFoundError:  # taken over as stale (a very long stall): the rename below decides
+                pass
+
+    def release(self) -> None:
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+
+
 def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
                  source_fingerprint: str | None = None) -> str:
-    """The cache directory for (files, tokenizer), built on first use; safe across processes.
+    """The cache directory for (files, tokenizer), built on first use; safe across processes and hosts on a
+    shared file system without file locks: one process claims the build (`_Claim`), the others wait for its
+    meta.json (or take a stale claim over); the build is written into a temporary directory renamed into place
+    when complete, and a rename that finds the cache already there (a racing builder won) keeps that one.
     `source_fingerprint`: as cache_path."""
     source = source_fingerprint if source_fingerprint is not None else sources.fingerprint(data_cfg)
     path = cache_path(data_cfg, tokenizer, source)
-    if os.path.isfile(os.path.join(path, "meta.json")):
+    meta_path = os.path.join(path, "meta.json")
+    if os.path.isfile(meta_path):
         return path
     root = os.path.dirname(path)
     _check_writable(root)
-    with file_lock(path + ".lock", remove_on_error=True):  # a data error leaves no lock file in the cache
-        if os.path.isfile(os.path.join(path, "meta.json")):
+    claim = _Claim(path)
+    waited = False
+    while not claim.take():
+        if os.path.isfile(meta_path):
+            return path
+        if verbose and not waited:
+            print(f"waiting for another process to build the token cache {path} (claim {claim.path})", flush=True)
+            waited = True
+        time.sleep(_CLAIM_POLL_S)
+    try:
+        if os.path.isfile(meta_path):
             return path
         if os.path.isdir(path):  # not written by ensure_cache (no meta.json): never trust it
             shutil.rmtree(path)
-        dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=root)
-        try:
-            meta = {"source_fingerprint": source,
-                    "tokenizer_fingerprint": tokenizer.fingerprint, "dtype": dtype.name,
-                    "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
-            hashes = {}
-            for split in SPLITS:
-                meta[split], hashes[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
-            overlap = _overlap(hashes)
-            _check_overlap(data_cfg, overlap, len(hashes["eval"]))
-            meta[OVERLAP_KEY] = overlap
-            if overlap and verbose:
-                print(f"warning: {overlap} of the {len(hashes['eval'])} eval documents are also train documents "
-                      f"(same text)", flush=True)
-            with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump(meta, f, indent=2)
-            os.rename(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; a failed build leaves nothing
-        if verbose:
-            print(f"token cache: {path}", flush=True)
+        _build(data_cfg, tokenizer, source, path, claim, verbose)
+    finally:
+        claim.release()
     return path
+
+
+def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, claim: _Claim, verbose: bool) -> None:
+    root = os.path.dirname(path)
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=root)
+    try:
+        meta = {"source_fingerprint": source,
+                "tokenizer_fingerprint": tokenizer.fingerprint, "dtype": dtype.name,
+                "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+        hashes = {}
+        for split in SPLITS:
+            meta[split], hashes[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose,
+                                                         claim.refresh)
+        overlap = _overlap(hashes)
+        _check_overlap(data_cfg, overlap, len(hashes["eval"]))
+        meta[OVERLAP_KEY] = overlap
+        if overlap and verbose:
+            print(f"warning: {overlap} of the {len(hashes['eval'])} eval documents are also train documents "
+                  f"(same text)", flush=True)
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the cache from the other users of a shared one
+        try:
+            os.rename(tmp, path)
+        except OSError:  # ENOTEMPTY / EEXIST: a builder that took over a stale claim finished first
+            if not os.path.isfile(os.path.join(path, "meta.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; a failed build leaves nothing
+    if verbose:
+        print(f"token cache: {path}", flush=True)
 
 
 def open_split(path: str, split: str) -> TokenSplit:
@@ -191,12 +266,11 @@ def overlap_documents(path: str) -> int:
     if OVERLAP_KEY in meta:
         return int(meta[OVERLAP_KEY])
     meta[OVERLAP_KEY] = _overlap({s: _split_hashes(open_split(path, s)) for s in SPLITS})
-    try:
-        with file_lock(path + ".lock"):
-            tmp = os.path.join(path, f"meta.json.tmp{os.getpid()}")
-            with open(tmp, "w") as f:
-                json.dump(meta, f, indent=2)
-            os.replace(tmp, os.path.join(path, "meta.json"))
+    try:  # an atomic replace: concurrent writers write the same content, a reader sees one whole file
+        tmp = os.path.join(path, f"meta.json.tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=2)
+        os.replace(tmp, os.path.join(path, "meta.json"))
     except OSError:  # a read-only cache: the count is computed again next time
         pass
     return int(meta[OVERLAP_KEY])

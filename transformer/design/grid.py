@@ -96,6 +96,8 @@ def run_id(label: str, config: Any) -> str:
     d = plain(config)
     defaults = json.loads(json.dumps(model_defaults()))
     d["model"] = {k: v for k, v in d.get("model", {}).items() if k not in defaults or v != defaults[k]}
+    if d.get("train", {}).get("grad_accum_steps") == 1:  # the default (no accumulation) keeps the earlier ids
+        d["train"].pop("grad_accum_steps")
     for key in _ENVIRONMENT_KEYS:
         *parents, last = key.split(".")
         holder = d
@@ -165,6 +167,8 @@ def run_config(base: dict, sweep: SweepSpec, shape: Shape, vocab: int, steps: in
         c["model"]["max_len"] = seq_len  # no unused position-table rows inflating N
     batch = batch_size or train["batch_size"]
     warmup = warmup_for(sweep, steps, size, batch * seq_len)
+    if sweep.micro_batch_size:  # a grown batch that would not fit: accumulated (train.grad_accum_steps)
+        train["grad_accum_steps"] = grad_accum_for(sweep, batch)
     train.update(
         steps=steps, learning_rate=float(learning_rate), warmup_steps=warmup, batch_size=batch,
         seed=train["seed"] if seed is None else int(seed), schedule=schedule or train["schedule"],
@@ -245,6 +249,13 @@ def batch_size_for(base: dict, sweep: SweepSpec, budget: float, smallest: float)
         return b
     scaled = b * (budget / smallest) ** sweep.batch_size_exponent
     return max(sweep.batch_multiple, int(round(scaled / sweep.batch_multiple)) * sweep.batch_multiple)
+
+
+def grad_accum_for(sweep: SweepSpec, batch: int) -> int:
+    """train.grad_accum_steps for a run of `batch` rows: the fewest micro-batches (a divisor k of batch) of at
+    most sweep.micro_batch_size rows each, the rows one forward and backward pass is known to hold."""
+    limit = int(sweep.micro_batch_size)
+    return next(k for k in range(1, batch + 1) if batch % k == 0 and batch // k <= limit)
 
 
 def ladder(sweep: SweepSpec, d_models: Any = None) -> list[tuple[Shape, dict]]:

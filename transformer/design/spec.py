@@ -172,6 +172,8 @@ class SweepSpec:
                                        # run at the previous budget (Hägele et al. 2024)
     batch_size_exponent: float = 0.0   # batch = base batch · (C / smallest budget)^exponent ...
     batch_multiple: int = 8            # ... rounded to a multiple of this (0 exponent: the base batch)
+    micro_batch_size: int = 0          # > 0: a run's batch above this many rows is accumulated in micro-batches
+                                       # of at most this many (train.grad_accum_steps; grid.grad_accum_for)
     validate_flops: float = 0.0        # > 0: after the grid, predict the compute-optimal model and its loss at this
                                        # budget (DIR/fit/predictions.json), train it, DIR/fit/validation.json
     validate_ratio: float = 0.0        # > 1 and validate_flops 0: validate at this × the largest budget (chosen budgets)
@@ -225,6 +227,10 @@ class SweepSpec:
                               "positive integer")
         if self.max_hours < 0:
             raise ConfigError(f"sweep.max_hours={self.max_hours!r} must be >= 0 (0: no time limit)")
+        if not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool) \
+                or self.micro_batch_size < 0:
+            raise ConfigError(f"sweep.micro_batch_size={self.micro_batch_size!r} must be 0 (no accumulation) or a "
+                              "positive number of rows")
         if self.mode == "isoflop":
             self._check_isoflop()
         else:

@@ -42,6 +42,11 @@ class RunSpec:
         if self.data.seq_len != self.seq_len:
             raise ConfigError(f"data.seq_len={self.data.seq_len} of the data spec is not the run's {self.seq_len}")
         self.mesh.check_batch(self.train.batch_size, self.process_count)
+        k, dp = self.train.grad_accum_steps, self.mesh.ways("batch")
+        if k > 1 and (self.train.batch_size // k) % dp:
+            raise ConfigError(f"train.grad_accum_steps={k}: a micro-batch of train.batch_size/{k}="
+                              f"{self.train.batch_size // k} rows must split over the data-parallel size {dp} "
+                              f"(mesh {self.mesh.describe()}); use a k with batch_size/k divisible by {dp}")
         m = self.model
         if m.positional != "none" and self.seq_len > m.max_len:
             what = ("the position table" if m.positional in ("learned", "sinusoidal") else

@@ -99,11 +99,17 @@ class TrainSpec:
     nonfinite: str = "stop"
     task: str = ""
     init_from: str = ""
+    grad_accum_steps: int = 1
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_every", "eval_steps", "checkpoint_every",
                      "keep_checkpoints"):
             check_positive_int(f"train.{name}", getattr(self, name))
+        check_positive_int("train.grad_accum_steps", self.grad_accum_steps)
+        if self.batch_size % self.grad_accum_steps:
+            raise ConfigError(f"train.grad_accum_steps={self.grad_accum_steps} must divide train.batch_size="
+                              f"{self.batch_size} (each update sums that many micro-batches of equal size); valid: "
+                              f"{', '.join(str(k) for k in range(1, self.batch_size + 1) if self.batch_size % k == 0)}")
         check_choice("train.nonfinite", self.nonfinite, NONFINITE_POLICIES)
         check_choice("train.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         if self.grad_clip < 0:

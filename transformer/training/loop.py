@@ -68,7 +68,8 @@ class Loop:
         self.use_dropout = setup.model_cfg.dropout_rate > 0
         train_step = steps.make_train_step(setup.model, setup.task, setup.tx, seed=self.t.seed,
                                            use_dropout=self.use_dropout,
-                                           loss_chunk_size=self.t.loss_chunk_size)
+                                           loss_chunk_size=self.t.loss_chunk_size,
+                                           grad_accum_steps=self.t.grad_accum_steps)
         self.train_jit, self.eval_fn = steps.jit_steps(train_step, steps.make_eval_step(setup.model, setup.task),
                                                        setup.shardings, setup.mesh, setup.rules,
                                                        runs=self.R if grouped else 0)
@@ -222,7 +223,7 @@ class Loop:
     def _diagnose(self, bad_step: int, bad_loss: float) -> str:
         s, t = self.s, self.t
         grad_fn = nonfinite.make_grad_fn(s.model, s.task, seed=t.seed, use_dropout=self.use_dropout,
-                                         loss_chunk_size=t.loss_chunk_size)
+                                         loss_chunk_size=t.loss_chunk_size, grad_accum_steps=t.grad_accum_steps)
         return guards.replay_diagnosis(
             bad_step, bad_loss, checkpointer=self.runs.ckpts[0], abstract=s.abstract,
             make_iterator=lambda: s.task.make_iterator(s.spec, **self.runs.data_args[0]),

@@ -55,13 +55,15 @@ def nonfinite_leaves(tree: Any) -> list[str]:
     return bad
 
 
-def make_grad_fn(model: nn.Module, task: Any, *, seed: int, use_dropout: bool, loss_chunk_size: int = 0):
-    """jit((params, batch, step) -> (loss, grads)): the train step's own loss (steps.make_loss_fn) and its
-    gradients, nothing donated."""
-    loss_fn = steps.make_loss_fn(model, task, seed=seed, use_dropout=use_dropout, loss_chunk_size=loss_chunk_size)
+def make_grad_fn(model: nn.Module, task: Any, *, seed: int, use_dropout: bool, loss_chunk_size: int = 0,
+                 grad_accum_steps: int = 1):
+    """jit((params, batch, step) -> (loss, grads)): the train step's own loss and gradients
+    (steps.make_value_and_grad, its micro-batches too), nothing donated."""
+    value_and_grad = steps.make_value_and_grad(model, task, seed=seed, use_dropout=use_dropout,
+                                               loss_chunk_size=loss_chunk_size, grad_accum_steps=grad_accum_steps)
 
     def grad_fn(params: Any, batch: dict, step: jax.Array) -> tuple[jax.Array, Any]:
-        (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, step)
+        (loss, _), grads = value_and_grad(params, batch, step)
         return loss, grads
 
     return jax.jit(grad_fn)

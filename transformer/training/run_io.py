@@ -24,6 +24,9 @@ def write_json(path: str, obj: Any) -> None:
 LAUNCH_SECTIONS = ("distributed", "logging")
 
 
+# Settings a run may resume with changed: same updates, same checkpoint layout (a run out of memory resumes with
+# a larger train.grad_accum_steps); a run recorded before the key existed had 1.
+RESUMABLE_TRAIN_KEYS = ("grad_accum_steps",)
 # A wsd run continued to more steps on its workdir differs from the run it continues only in these.
 CONTINUABLE_KEYS = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every")
 
@@ -42,6 +45,8 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
     existing, resolved = ({k: ({**v, identity.IDENTITY_KEY: None} if k == "data" else v) for k, v in d.items()
                            if k not in LAUNCH_SECTIONS} for d in (existing, resolved))  # compared just above
     existing, resolved = _warmup_resolved(existing), _warmup_resolved(resolved)  # -1 and the count it gives agree
+    existing, resolved = ({**d, "train": {k: v for k, v in d.get("train", {}).items() if k not in RESUMABLE_TRAIN_KEYS}}
+                          for d in (existing, resolved))  # how an update is computed, not which: may change
     if existing == resolved:
         return None
     old, new = flatten_keys(existing), flatten_keys(resolved)
