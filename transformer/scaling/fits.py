@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import conventions, frontier, isoflop, noise, parametric
+from transformer.scaling import backtest, conventions, frontier, isoflop, noise, parametric
 from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points
 
@@ -246,6 +246,7 @@ def fit_all(
         raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
     if any(not (np.isfinite(c) and c > 0) for c in predict_flops):
         raise ConfigError(f"predict_flops={list(predict_flops)} is not valid; give positive FLOP counts")
+    points = points.canonical()  # results independent of the order of the rows
     used = drop_highest_loss(points, drop_highest)
     names = conventions.available(used)
     headline = headline or names[0]
@@ -293,24 +294,34 @@ def fit_all(
     result["frontier"] = _frontier(a2, draws2, a3)
     if predict_flops:
         result["predictions"] = frontier.predictions(predict_flops, a2, result["frontier"].get("law"),
-                                                     result["frontier"].get("_draws"))
+                                                     result["frontier"].get("_draws"),
+                                                     result["frontier"].get("_calibration"))
     result["frontier"].pop("_draws", None)
+    result["frontier"].pop("_calibration", None)
     return result
 
 
+MISFIT_FLAG = 2.0  # the frontier misfits when its residual RMS exceeds this many times the minima's noise sd
+
+
 def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict[str, Any]) -> dict[str, Any]:
-    """L_opt(C) = E + k·C^-γ through approach 2's minima, with its noise draws (kept under `_draws`).
+    """L_opt(C) = E + k·C^-γ through the largest `frontier.FRONTIER_BUDGETS` of approach 2's minima, with its
+    noise draws (kept under `_draws`), its backtest (`backtest`), and a warning where it misfits its minima
+    beyond their noise.
 
     When the minima do not pin E down (the fit drives it to ~0, a pure power law), E is held at
-    approach 3's (its draws too, where they are there), and the frontier says so."""
+    approach 3's (its draws too, where they are there), and the frontier says so; the backtest's refits hold it
+    there as well."""
     budgets = a2.get("budgets", [])
     flops_B, loss_B = [b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets]
-    law = frontier.fit(flops_B, loss_B)
-    out: dict[str, Any] = {"form": "L_opt(C) = E + k·C^-gamma through approach 2's minima", "E_from": "the minima"}
-    e_draws = None
+    law = frontier.fit_largest(flops_B, loss_B)
+    out: dict[str, Any] = {"form": f"L_opt(C) = E + k·C^-gamma through the largest {frontier.FRONTIER_BUDGETS} "
+                                   "of approach 2's minima", "E_from": "the minima"}
+    e_draws, e_held = None, None
     if budgets and (law is None or law["E"] < frontier.E_UNIDENTIFIED * min(loss_B)):  # the minima do not pin E
         if a3.get("E") and a3["E"] < min(loss_B):
-            law = frontier.fit(flops_B, loss_B, e_fixed=a3["E"])
+            e_held = a3["E"]
+            law = frontier.fit_largest(flops_B, loss_B, e_fixed=e_held)
             out["E_from"] = "approach 3 (the minima alone do not identify E)"
             e_draws = a3.get("bootstrap", {}).get("draws", {}).get("E")
         elif law is not None:
@@ -320,18 +331,32 @@ def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict
     if law is None:
         out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
         return out
+    bt = backtest.pairs(flops_B, loss_B, lambda f, l: frontier.fit_largest(
+        f, l, e_fixed=e_held if e_held is not None and e_held < min(l) else None), frontier.loss_at)
+    out["backtest"] = backtest.summary(bt)
+    out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt)}
     if draws2 is not None:
         fits_K = []
         for k in range(draws2["a"].size):
             e_k = None if out["E_from"].startswith("the minima") else (
                 e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
-            fits_K.append(frontier.fit(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
+            fits_K.append(frontier.fit_largest(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
         out.update(_intervals(draws, ("E", "gamma")))
         out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
                             "draws": draw_lists(draws)}
         out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
+        # The minima's own noise: the sd of ln L_opt over the draws, per budget fitted.
+        _, kept_loss = frontier.largest(flops_B, np.arange(len(flops_B)))
+        noise_B = [backtest.log_sd(draws2["loss_opt"][int(i)]) for i in kept_loss]
+        noise_sd = float(np.median([v for v in noise_B if v is not None])) if any(v is not None for v in noise_B) else None
+        out["minima_noise_sd"] = noise_sd
+        if noise_sd and law["rms_log_residual"] > MISFIT_FLAG * noise_sd:
+            out["warning"] = (f"the frontier's log residual RMS {law['rms_log_residual']:.4f} is "
+                              f"{law['rms_log_residual'] / noise_sd:.1f}x the minima's noise sd {noise_sd:.4f}: "
+                              "E + k·C^-γ does not describe these minima to their noise; trust the predictions "
+                              "only as far as the backtest's calibrated interval says")
     return out
 
 

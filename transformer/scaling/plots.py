@@ -87,6 +87,12 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
     return _save(fig, path)
 
 
+def _yerr(value: float, ci: list[float]) -> list[list[float]]:
+    """matplotlib's [[below], [above]] error bar of an interval; an interval that does not contain its value (a
+    noise-draw percentile beside a point estimate) draws a zero-length bar on that side, never a negative one."""
+    return [[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]]
+
+
 def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     exps = np.array(draws["a" if kind == "N" else "b"], float)  # a failed draw is null: NaN, left out
     coefs = np.array(draws[f"{kind}_coef"], float)
@@ -126,7 +132,7 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
         for p in fit.get("predictions", []):  # where the fit says the optimum lies beyond the grid
             if p.get(key) is not None:
                 ci = p.get(f"{key}_ci95") or [p[key], p[key]]
-                ax.errorbar([p["flops"]], [p[key]], yerr=[[p[key] - ci[0]], [ci[1] - p[key]]], fmt="D", color="C3",
+                ax.errorbar([p["flops"]], [p[key]], yerr=_yerr(p[key], ci), fmt="D", color="C3",
                             ms=5, capsize=3, zorder=4, label="prediction (95% interval)")
         checked = fit.get("validation")
         if checked and fit["headline"]["convention"] == "eff":  # the model trained there, N_eff = C / (6·D)
@@ -184,7 +190,7 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
         if p.get("loss") is None:
             continue
         ci = p.get("loss_ci95") or [p["loss"], p["loss"]]
-        ax.errorbar([p["flops"]], [p["loss"]], yerr=[[p["loss"] - ci[0]], [ci[1] - p["loss"]]], fmt="D",
+        ax.errorbar([p["flops"]], [p["loss"]], yerr=_yerr(p["loss"], ci), fmt="D",
                     color="C3", ms=5, capsize=3, zorder=4)
     if predictions:
         ax.errorbar([], [], yerr=[], fmt="D", color="C3", ms=5, capsize=3, label="prediction (95% interval)")
