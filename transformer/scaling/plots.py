@@ -275,9 +275,36 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     return _save(fig, path)
 
 
+def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
+    """The frontier's backtest: each refit's relative error at the later budgets against the extrapolation
+    factor C_j / C_k, with the calibrated 95% band ±t·s·x (None: no backtest)."""
+    bt = fit.get("frontier", {}).get("backtest") or {}
+    if not bt.get("pairs"):
+        return None
+    fig = figure.Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    ks = sorted({p["k"] for p in bt["pairs"]})
+    for i, k in enumerate(ks):
+        sel = [p for p in bt["pairs"] if p["k"] == k]
+        ax.plot([np.exp(p["distance"]) for p in sel], [100 * (np.exp(p["log_error"]) - 1) for p in sel], "o-",
+                color=f"C{i % 10}", ms=4, lw=1, label=f"fit to the first {k} budgets (≤ {sel[0]['fit_flops']:.2g})")
+    if bt.get("misfit_per_efold") is not None:
+        x_G = np.linspace(0, max(p["distance"] for p in bt["pairs"]) * 1.1, 50)
+        half_G = 100 * (np.exp(bt["misfit_t"] * bt["misfit_per_efold"] * x_G) - 1)
+        ax.fill_between(np.exp(x_G), -half_G, half_G, color="0.5", alpha=0.2, lw=0,
+                        label="calibrated 95% misfit band (without the noise term)")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(xscale="log", xlabel="extrapolation factor C / C_largest fitted",
+           ylabel="predicted / measured optimal loss − 1 (%)", title="frontier backtest")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def write_all(fit: dict[str, Any], out_dir: str) -> list[str]:
     """Write every figure under `out_dir`; returns the paths written."""
     written = [
+        plot_backtest(fit, os.path.join(out_dir, "backtest.png")),
         plot_isoflops(fit, os.path.join(out_dir, "isoflops.png")),
         plot_optimal(fit, os.path.join(out_dir, "optimal_scaling.png")),
         plot_frontier(fit, os.path.join(out_dir, "loss_frontier.png")),

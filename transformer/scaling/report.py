@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+import numpy as np
+
 from transformer import files
 from transformer.scaling import fits, plots
 from transformer.scaling import points as points_lib
@@ -103,9 +105,30 @@ def summary(fit: dict[str, Any]) -> str:
         lines.append(f"frontier: L_opt(C) = {law['E']:.3f} + {law['k']:.4g}·C^-{law['gamma']:.3f}"
                      f"{_ci(fit['frontier'], 'gamma')}"
                      + (f" (E from {fit['frontier']['E_from']})" if fit["frontier"]["E_from"] != "the minima" else ""))
+    if fit["frontier"].get("warning"):
+        lines.append(f"frontier WARNING: {fit['frontier']['warning']}")
+    lines.extend(backtest_table(fit["frontier"].get("backtest")))
     for p in fit.get("predictions", []):
         lines.append(f"prediction at C = {p['flops']:.3g}: N_opt {p.get('params', float('nan')):.4g}"
                      f"{_ci(p, 'params', '.4g')}  D_opt {p.get('tokens', float('nan')):.4g}"
                      f"{_ci(p, 'tokens', '.4g')}  loss "
-                     + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a"))
+                     + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
+                     + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip()}; "
+                        + ("calibrated on the backtest" if p["loss_interval"]["calibrated"] else "NOT calibrated: "
+                           "too few budgets for a backtest") + ")" if p.get("loss_interval") else ""))
     return "\n".join(lines)
+
+
+def backtest_table(bt: dict[str, Any] | None) -> list[str]:
+    """The frontier's backtest as console lines: per refit (first k budgets), the error at each later budget."""
+    if not bt or not bt.get("pairs"):
+        return ["backtest: fewer than 4 budget minima: none (the loss interval is the noise one)"] if bt else []
+    lines = [f"backtest (refit on the first k budget minima, predict each later one): median |error| "
+             f"{100 * bt['median_abs_error']:.2f}%, max {100 * bt['max_abs_error']:.2f}%; misfit "
+             f"{100 * bt['misfit_per_efold']:.2f}% per e-fold of extrapolation ({bt['misfit_pairs']} pairs, "
+             f"{bt['misfit_origins']} refits)",
+             "   k  fitted to C      predicts C   x(C/C_k)  predicted  measured  error"]
+    for p in bt["pairs"]:
+        lines.append(f"  {p['k']:2d}  {p['fit_flops']:10.3g}  {p['flops']:10.3g}  {np.exp(p['distance']):8.2f}  "
+                     f"{p['predicted']:9.4f}  {p['measured']:8.4f}  {100 * (np.exp(p['log_error']) - 1):+.2f}%")
+    return lines
