@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import backtest, conventions, frontier, isoflop, noise, parametric
+from transformer.scaling import at_points, backtest, conventions, frontier, isoflop, noise, parametric
 from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points
 
@@ -233,6 +233,7 @@ def fit_all(
     points: Points, *, drop_highest: int = 0, bootstrap: int = 0, seed: int = 0,
     isoflop_window: int | None = None, isoflop_method: str | None = None, headline: str | None = None,
     predict_flops: Sequence[float] = (), approach3_near: float = APPROACH3_NEAR,
+    predict_points: Sequence[tuple[float, float]] = (),
 ) -> dict[str, Any]:
     """The fit.json content.
 
@@ -240,7 +241,8 @@ def fit_all(
     (and 3's a) under every convention, the loss noise σ, the frontier L_opt(C) = E + k·C^-γ and, for
     `predict_flops`, predictions. `bootstrap` > 0: that many loss-noise draws give 95% intervals (200
     are drawn when predictions are asked for without it). `isoflop_window`/`isoflop_method`: see
-    `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points).
+    `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points). `predict_points`: (N, D) pairs
+    whose loss approach 3 predicts, with intervals calibrated on a backtest by model size (`at_points`).
     """
     if bootstrap < 0:
         raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
@@ -252,7 +254,7 @@ def fit_all(
     headline = headline or names[0]
     if headline not in names:
         raise ConfigError(f"headline={headline!r} is not valid for these points; available: {', '.join(names)}")
-    samples = bootstrap or (200 if predict_flops else 0)
+    samples = bootstrap or (200 if predict_flops or predict_points else 0)
     rng = np.random.default_rng(seed)
     sigma = noise.estimate(used)
     main = conventions.apply(used, headline)
@@ -298,6 +300,8 @@ def fit_all(
                                                      result["frontier"].get("_calibration"))
     result["frontier"].pop("_draws", None)
     result["frontier"].pop("_calibration", None)
+    if predict_points:
+        result["point_predictions"] = at_points.predict(chosen, a3, predict_points)
     return result
 
 

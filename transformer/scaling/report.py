@@ -29,6 +29,7 @@ def run_fit(
     predict_flops: Sequence[float] = (),
     approach3_near: float = fits.APPROACH3_NEAR,
     annotate: dict[str, Any] | None = None,
+    predict_points: Sequence[tuple[float, float]] = (),
 ) -> dict[str, Any]:
     """Fit the points (a CSV path, a sweep directory or `Points`) and write `out_dir/fit.json` + PNGs.
 
@@ -42,7 +43,7 @@ def run_fit(
         pts = points_lib.load(str(points_source), n_kind=n_kind)
     fit = fits.fit_all(pts, drop_highest=drop_highest, bootstrap=bootstrap, seed=seed,
                        isoflop_window=isoflop_window, isoflop_method=isoflop_method, headline=headline,
-                       predict_flops=predict_flops, approach3_near=approach3_near)
+                       predict_flops=predict_flops, approach3_near=approach3_near, predict_points=predict_points)
     fit["n_kind"] = n_kind
     fit.update(annotate or {})
     os.makedirs(out_dir, exist_ok=True)
@@ -116,6 +117,20 @@ def summary(fit: dict[str, Any]) -> str:
                      + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip()}; "
                         + ("calibrated on the backtest" if p["loss_interval"]["calibrated"] else "NOT calibrated: "
                            "too few budgets for a backtest") + ")" if p.get("loss_interval") else ""))
+    at = fit.get("point_predictions")
+    if at and at.get("predictions"):
+        bt = at["backtest"]
+        lines.append("loss at (N, D) from approach 3; backtest by model size: " + (
+            f"median |error| {100 * bt['median_abs_error']:.2f}%, misfit {100 * bt['misfit_per_efold']:.2f}% per "
+            f"e-fold beyond the largest fitted model ({bt['misfit_pairs']} pairs)" if bt.get("pairs") else
+            "none (too few model sizes): noise-only intervals"))
+        if at.get("warning"):
+            lines.append(f"approach3 WARNING (applies to these losses): {at['warning']}")
+        for p in at["predictions"]:
+            lines.append(f"loss at N = {p['params']:.4g}, D = {p['tokens']:.4g}: {p['loss']:.4f}{_ci(p, 'loss', '.4f')}"
+                         + ("" if p["loss_interval"]["calibrated"] else " (not calibrated)"))
+    elif at:
+        lines.append(f"loss at (N, D): {at.get('note')}")
     return "\n".join(lines)
 
 
