@@ -68,7 +68,7 @@ def holdout(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, A
             out.append({**rec, "note": pred.get("note", "no interval")})
             continue
         lo, hi = pred["loss_ci95"]
-        nlo, nhi = pred.get("loss_ci95_noise") or (np.nan, np.nan)
+        nlo, nhi = pred.get("loss_noise_ci95") or (np.nan, np.nan)
         out.append({**rec, "predicted": pred["loss"], "ci95": [lo, hi], "error": pred["loss"] / held["loss_opt"] - 1,
                     "covered": bool(lo <= held["loss_opt"] <= hi), "width": (hi - lo) / pred["loss"],
                     "noise_covered": bool(nlo <= held["loss_opt"] <= nhi),

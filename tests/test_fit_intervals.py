@@ -51,7 +51,7 @@ def coverage(sweeps: int, samples: int) -> tuple[float, float, float]:
         pred = predict.frontier_predictions(sweep(seed), [target], samples=samples, seed=seed)["predictions"][0]
         lo, hi = pred["loss_ci95"]
         hits += lo <= truth <= hi
-        nlo, nhi = pred["loss_ci95_noise"]
+        nlo, nhi = pred["loss_noise_ci95"]
         noise_hits += nlo <= truth <= nhi
         errors.append(abs(pred["loss"] / truth - 1))
     return hits / sweeps, noise_hits / sweeps, float(np.median(errors))
@@ -72,12 +72,12 @@ def test_calibrated_interval_coverage_many_sweeps():
 
 
 def test_interval_widens_with_distance_and_without_backtest_says_uncalibrated():
-    scale = {"per_efold": 0.01, "t": 2.0, "origins": 5, "pairs": 10}
+    scale = {"per_efold": 0.01, "t": 2.0, "origins": 5, "pairs": 10}  # as misfit_scale gives
     near = backtest.interval(2.0, np.log(2), 0.001, scale)
     far = backtest.interval(2.0, np.log(8), 0.001, scale)
     assert far["loss_ci95"][1] - far["loss_ci95"][0] > 2.5 * (near["loss_ci95"][1] - near["loss_ci95"][0])
-    bare = backtest.interval(2.0, np.log(8), 0.001, backtest.misfit_scale([]))
-    assert not bare["calibrated"] and bare["loss_ci95"][1] / 2.0 - 1 == pytest.approx(1.96 * 0.001, rel=1e-3)
+    bare = backtest.interval(2.0, np.log(8), 0.001, backtest.misfit_scale([]))  # no backtest: the prior alone
+    assert not bare["calibrated"] and bare["loss_ci95"][1] / 2.0 - 1 > 3 * 1.96 * 0.001
 
 
 def test_backtest_pairs_every_origin_with_three_budgets_and_exact_law_has_no_error():

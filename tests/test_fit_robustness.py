@@ -64,7 +64,7 @@ def test_near_duplicate_sizes_do_not_explode_the_draws():
     groups = isoflop.group_budgets(pts.flops_P)
     assert all(len(isoflop.sizes(pts, g)["log_n"]) == 6 for g in groups)
     pred = predict.frontier_predictions(pts, [1e20], samples=30)["predictions"][0]
-    lo, hi = pred["loss_ci95_noise"]
+    lo, hi = pred["loss_noise_ci95"]
     assert 0.97 * pred["loss"] < lo < pred["loss"] < hi < 1.03 * pred["loss"]
 
 

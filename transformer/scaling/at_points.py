@@ -68,13 +68,13 @@ def size_backtest(points: Points, start: np.ndarray | None = None) -> list[dict[
 
 def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, float]]) -> dict[str, Any]:
     """fit.json's "point_predictions": {"backtest", "predictions": [{"params", "tokens", "loss", "loss_ci95",
-    "loss_ci95_noise", "loss_interval"}], "warning"?} from approach 3 `a3` (fitted to `points`, with its
+    "loss_noise_ci95", "loss_interval"}], "warning"?} from approach 3 `a3` (fitted to `points`, with its
     bootstrap draws where there are any)."""
     if a3.get("E") is None:
         return {"note": f"approach 3 is not fitted ({a3.get('note', 'no result')}): no loss at (N, D)"}
     start = np.array([[np.log(a3["A"]), np.log(a3["B"]), np.log(a3["E"]), a3["alpha"], a3["beta"]]])
     bt = size_backtest(points, start)
-    scale = backtest.misfit_scale(bt)
+    scale = backtest.misfit_scale(bt)  # every refit: each sees at least half the sizes
     draws = a3.get("bootstrap", {}).get("draws")
     n_max, d_max = float(points.params_P.max()), float(points.tokens_P.max())
     preds = []
@@ -90,7 +90,7 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
                 loss_K = cols["E"] + cols["A"] / n ** cols["alpha"] + cols["B"] / d ** cols["beta"]
             loss_K = loss_K[np.isfinite(loss_K) & (loss_K > 0)]
             if len(loss_K) >= 2:
-                pred["loss_ci95_noise"] = [float(v) for v in np.percentile(loss_K, [2.5, 97.5])]
+                pred["loss_noise_ci95"] = [float(v) for v in np.percentile(loss_K, [2.5, 97.5])]
                 noise_sd = backtest.log_sd(loss_K)
         distance = max(0.0, np.log(n / n_max)) + max(0.0, np.log(d / d_max))
         cal = backtest.interval(loss, distance, noise_sd, scale)

@@ -337,8 +337,9 @@ def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict
         return out
     bt = backtest.pairs(flops_B, loss_B, lambda f, l: frontier.fit_largest(
         f, l, e_fixed=e_held if e_held is not None and e_held < min(l) else None), frontier.loss_at)
-    out["backtest"] = backtest.summary(bt)
-    out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt)}
+    min_origin = max(backtest.MIN_BUDGETS, min(frontier.FRONTIER_BUDGETS, len(flops_B) - 1))
+    out["backtest"] = backtest.summary(bt, min_origin)
+    out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt, min_origin)}
     if draws2 is not None:
         fits_K = []
         for k in range(draws2["a"].size):

@@ -98,7 +98,7 @@ def predictions(
     """One object per budget asked for: flops, params (N_opt), tokens (D_opt), loss (L_opt) and their
     95% intervals (`draws`: a, b, N_coef, D_coef and E, k, gamma, each (K,)). The loss interval is
     `backtest.interval`'s: the noise draws' spread widened by the backtest's misfit at the distance beyond the
-    largest fitted budget (`calibration`: {"largest_flops", "scale"}); the noise-only one is `loss_ci95_noise`."""
+    largest fitted budget (`calibration`: {"largest_flops", "scale"}); the noise-only one is `loss_noise_ci95`."""
     out = []
     for c in flops_Q:
         pred: dict[str, Any] = {"flops": float(c)}
@@ -116,13 +116,13 @@ def predictions(
                 pred["tokens_ci95"] = _ci(draws["D_coef"] * c ** draws["b"])
                 if law:
                     loss_K = draws["E"] + draws["k"] * c ** -draws["gamma"]
-                    pred["loss_ci95_noise"] = _ci(loss_K[loss_K > 0])
+                    pred["loss_noise_ci95"] = _ci(loss_K[loss_K > 0])
         if law and calibration is not None:
             cal = backtest.interval(pred["loss"], float(np.log(c / calibration["largest_flops"])),
                                     backtest.log_sd(loss_K) if loss_K is not None else None, calibration["scale"])
             pred["loss_ci95"] = cal.pop("loss_ci95")
             pred["loss_interval"] = cal
         elif law:
-            pred["loss_ci95"] = pred.get("loss_ci95_noise")
+            pred["loss_ci95"] = pred.get("loss_noise_ci95")
         out.append(pred)
     return out

@@ -116,7 +116,7 @@ def summary(fit: dict[str, Any]) -> str:
                      + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
                      + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip()}; "
                         + ("calibrated on the backtest" if p["loss_interval"]["calibrated"] else "NOT calibrated: "
-                           "too few budgets for a backtest") + ")" if p.get("loss_interval") else ""))
+                           "no backtest refit, the misfit prior alone") + ")" if p.get("loss_interval") else ""))
     at = fit.get("point_predictions")
     if at and at.get("predictions"):
         bt = at["backtest"]
@@ -137,11 +137,11 @@ def summary(fit: dict[str, Any]) -> str:
 def backtest_table(bt: dict[str, Any] | None) -> list[str]:
     """The frontier's backtest as console lines: per refit (first k budgets), the error at each later budget."""
     if not bt or not bt.get("pairs"):
-        return ["backtest: fewer than 4 budget minima: none (the loss interval is the noise one)"] if bt else []
+        return ["backtest: fewer than 4 budget minima: none (the loss interval uses the misfit prior alone)"] if bt else []
     lines = [f"backtest (refit on the first k budget minima, predict each later one): median |error| "
              f"{100 * bt['median_abs_error']:.2f}%, max {100 * bt['max_abs_error']:.2f}%; misfit "
-             f"{100 * bt['misfit_per_efold']:.2f}% per e-fold of extrapolation ({bt['misfit_pairs']} pairs, "
-             f"{bt['misfit_origins']} refits)",
+             f"{100 * bt['misfit_per_efold']:.2f}% per e-fold of extrapolation (calibrated on {bt['misfit_pairs']} pairs "
+             f"from {bt['misfit_origins']} refits on ≥ {bt['misfit_min_origin']} budgets, with the prior)",
              "   k  fitted to C      predicts C   x(C/C_k)  predicted  measured  error"]
     for p in bt["pairs"]:
         lines.append(f"  {p['k']:2d}  {p['fit_flops']:10.3g}  {p['flops']:10.3g}  {np.exp(p['distance']):8.2f}  "
