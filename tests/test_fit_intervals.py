@@ -100,3 +100,23 @@ def test_frontier_is_set_by_the_largest_budgets():
     target = flops_B[-1] * 4
     predicted = frontier.loss_at(frontier.fit_largest(flops_B, loss_B), target)
     assert predicted == pytest.approx(1.7 + 300.0 * target ** -0.15, rel=1e-4)
+
+
+def test_frontier_warns_when_its_form_misfits_the_minima_beyond_their_noise():
+    """Minima zig-zagging ±1% about E + k·C^-γ while their noise draws scatter 0.1%: the frontier warns; the same
+    minima without the zig-zag do not."""
+    from transformer.scaling import fits
+
+    flops_B = np.geomspace(1e18, 1e18 * 2**7, 8)
+    rng = np.random.default_rng(0)
+
+    def frontier_of(loss_B):
+        a2 = {"a": 0.5, "budgets": [{"C_opt": c, "loss_opt": l} for c, l in zip(flops_B, loss_B)]}
+        draws2 = {"C_opt": np.repeat(flops_B[:, None], 30, 1),
+                  "loss_opt": loss_B[:, None] * np.exp(rng.normal(0, 0.001, (8, 30))),
+                  **{k: np.full(30, 0.5) for k in ("a", "b", "N_coef", "D_coef")}}
+        return fits._frontier(a2, draws2, {})
+
+    smooth_B = 1.7 + 300.0 * flops_B ** -0.15
+    assert "warning" not in frontier_of(smooth_B)
+    assert "does not describe these minima" in frontier_of(smooth_B * (1 + 0.01 * (-1) ** np.arange(8)))["warning"]
