@@ -13,6 +13,7 @@ points: --points=experiments/reference_data/porian2024_isoflop_points.csv --wher
 from __future__ import annotations
 
 import csv
+import os
 import sys
 
 from absl import flags
@@ -70,6 +71,9 @@ def _predict_flops() -> list[float]:
 def _predict_points() -> list[tuple[float, float]]:
     texts = list(_PREDICT_POINTS.value)
     if _PREDICT_POINTS_CSV.value:
+        if not os.path.isfile(_PREDICT_POINTS_CSV.value):
+            raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: no such file (a CSV with params and "
+                              "tokens columns)")
         with open(_PREDICT_POINTS_CSV.value, newline="") as f:
             for row in csv.DictReader(f):
                 row = {points_lib.CSV_ALIASES.get(k.strip(), k.strip()): (v or "").strip() for k, v in row.items()}
