@@ -120,3 +120,8 @@ def test_frontier_warns_when_its_form_misfits_the_minima_beyond_their_noise():
     smooth_B = 1.7 + 300.0 * flops_B ** -0.15
     assert "warning" not in frontier_of(smooth_B)
     assert "does not describe these minima" in frontier_of(smooth_B * (1 + 0.01 * (-1) ** np.arange(8)))["warning"]
+
+
+def test_a_runaway_backtest_gives_no_interval_instead_of_inf():
+    scale = {"per_efold": 1e3, "t": 4.0, "origins": 1, "pairs": 1}
+    assert backtest.interval(2.0, 2.0, 0.01, scale)["loss_ci95"] is None

@@ -85,7 +85,11 @@ def interval(loss: float, distance: float, noise_sd: float | None, scale: dict[s
     sigma = float(np.hypot(noise_sd, scale["per_efold"] * x))
     t, calibrated = scale["t"], bool(scale["origins"])
     half = t * sigma
-    return {"loss_ci95": [float(loss * np.exp(-half)), float(loss * np.exp(half))], "sigma_log": sigma,
+    with np.errstate(over="ignore"):
+        bounds = [float(loss * np.exp(-half)), float(loss * np.exp(half))]
+    if not (np.isfinite(half) and np.all(np.isfinite(bounds))):  # a runaway backtest: no finite interval
+        bounds = None
+    return {"loss_ci95": bounds, "sigma_log": sigma if np.isfinite(sigma) else None,
             "noise_sd_log": noise_sd, "distance": x, "t": float(t), "calibrated": calibrated,
             "method": "ln L ± t·sqrt(σ_noise² + (s·x)²), s from the backtest pooled with the prior" + (
                 "" if calibrated else " (no backtest refit: the prior alone, not calibrated on these data)")}
