@@ -6,7 +6,8 @@ Legend: P = points, Q = (N, D) pairs asked for, K = noise draws, J = backtest pa
 Backtest: the distinct model sizes, increasing; for each k from max(MIN_SIZES, half of them) to all but the
 largest, approach 3 is refitted on the points of the k smallest sizes and predicts every point of the larger
 ones: e = ln(L̂ / L) at the distance x = ln(N / N_k) + max(0, ln(D / D_max)) beyond the refit's largest model
-(and tokens). The misfit scale and the interval are `backtest.misfit_scale` / `backtest.interval`'s, with the
+(and tokens), for points at least 1.5× beyond it (MIN_DISTANCE; nearer ones measure noise and would blow e/x
+up on a near-continuous ladder of sizes, as Chinchilla's). The misfit scale and the interval are `backtest.misfit_scale` / `backtest.interval`'s, with the
 noise term the sd of ln L̂ over approach 3's loss-noise draws.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformer.scaling.points import Points
 
 MIN_SIZES = 3  # a refit sees at least this many model sizes (and 5 points)
 REFIT_STARTS = 20
+MIN_DISTANCE = float(np.log(1.5))  # pairs nearer the refit's largest model than 1.5× are noise, not misfit: e/x explodes
 
 
 def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
@@ -57,10 +59,11 @@ def size_backtest(points: Points, start: np.ndarray | None = None) -> list[dict[
         for i in np.flatnonzero(~train_P):
             n, d = points.params_P[i], points.tokens_P[i]
             predicted = float(_loss(fit, n, d))
-            if not (np.isfinite(predicted) and predicted > 0):
+            distance = float(np.log(n / sizes_S[k - 1]) + max(0.0, np.log(d / d_max)))
+            if not (np.isfinite(predicted) and predicted > 0) or distance < MIN_DISTANCE:
                 continue
             out.append({"k": k, "fit_params": float(sizes_S[k - 1]), "params": float(n), "tokens": float(d),
-                        "distance": float(np.log(n / sizes_S[k - 1]) + max(0.0, np.log(d / d_max))),
+                        "distance": distance,
                         "predicted": predicted, "measured": float(points.loss_P[i]),
                         "log_error": float(np.log(predicted / points.loss_P[i]))})
     return out
