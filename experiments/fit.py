@@ -3,14 +3,17 @@
   python -m experiments.fit (--sweep=DIR | --points=FILE.csv [--where=COLUMN=VALUE ...]) --out=OUT \
       [--predict_flops=C[,C2,...]] [--bootstrap=K] [--seed=S] [--headline=CONVENTION]
       [--isoflop_method=akima|parabola] [--isoflop_window=W] [--approach3_near=F] [--drop_highest=K]
-      [--n_kind=params|params_non_embedding]
+      [--n_kind=params|params_non_embedding] [--predict_points=N:D[,N:D...] | --predict_points_csv=FILE]
 
-Writes OUT/fit.json and OUT/*.png and prints a short summary. Example, one setting of Porian et al.'s
+Writes OUT/fit.json and OUT/*.png and prints a short summary, with the frontier's backtest (fit.json["frontier"]
+["backtest"]) and the predictions' calibrated intervals (docs/fitting.md). Example, one setting of Porian et al.'s
 points: --points=experiments/reference_data/porian2024_isoflop_points.csv --where=dataset=RefinedWeb
 --where="experiment=Cosine decay".
 """
 from __future__ import annotations
 
+import csv
+import os
 import sys
 
 from absl import flags
@@ -19,7 +22,7 @@ from experiments import cli
 from experiments._paths import DEFINE_path
 from transformer.spec import ConfigError
 
-from transformer.scaling import conventions, fits, isoflop, report
+from transformer.scaling import at_points, conventions, fits, isoflop, report
 from transformer.scaling import points as points_lib
 
 _SWEEP = DEFINE_path("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
@@ -28,6 +31,10 @@ _POINTS = DEFINE_path("points", None, "CSV with a header naming params (or N), t
 _WHERE = flags.DEFINE_multi_string("where", [], "COLUMN=VALUE: keep the CSV rows of one setting (repeatable).")
 _PREDICT = flags.DEFINE_list("predict_flops", [], "Budgets C to predict N_opt, D_opt and the optimal loss at "
                              "(with 95% intervals), into fit.json['predictions'].")
+_PREDICT_POINTS = flags.DEFINE_list("predict_points", [], "N:D pairs whose loss approach 3 predicts (with calibrated "
+                                    "95% intervals), into fit.json['point_predictions'].")
+_PREDICT_POINTS_CSV = flags.DEFINE_string("predict_points_csv", None, "A CSV with params (or N) and tokens (or D) "
+                                          "columns: the (N, D) pairs to predict, as --predict_points.")
 _HEADLINE = flags.DEFINE_enum("headline", None, list(conventions.DESCRIPTIONS),
                               "The N/C convention of the main fit (default: eff where the points have it).")
 _METHOD = flags.DEFINE_enum("isoflop_method", None, list(isoflop.METHODS),
@@ -62,6 +69,22 @@ def _predict_flops() -> list[float]:
     return values
 
 
+def _predict_points() -> list[tuple[float, float]]:
+    texts = list(_PREDICT_POINTS.value)
+    if _PREDICT_POINTS_CSV.value:
+        if not os.path.isfile(_PREDICT_POINTS_CSV.value):
+            raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: no such file (a CSV with params and "
+                              "tokens columns)")
+        with open(_PREDICT_POINTS_CSV.value, newline="") as f:
+            for row in csv.DictReader(f):
+                row = {points_lib.CSV_ALIASES.get(k.strip(), k.strip()): (v or "").strip() for k, v in row.items()}
+                if "params" not in row or "tokens" not in row:
+                    raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: the header must name "
+                                      "params (or N) and tokens (or D)")
+                texts.append(f"{row['params']}:{row['tokens']}")
+    return at_points.parse(texts)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         _fail(f"unexpected arguments {' '.join(argv[1:])!r}; pass options as --name=value")
@@ -80,7 +103,7 @@ def main(argv: list[str]) -> None:
             points, _OUT.value, n_kind=_N_KIND.value,
             drop_highest=_DROP_HIGHEST.value, bootstrap=_BOOTSTRAP.value, seed=_SEED.value,
             isoflop_window=_ISOFLOP_WINDOW.value, isoflop_method=_METHOD.value, headline=_HEADLINE.value,
-            predict_flops=_predict_flops(), approach3_near=_NEAR.value,
+            predict_flops=_predict_flops(), approach3_near=_NEAR.value, predict_points=_predict_points(),
         )
     except ConfigError as e:  # the user's input; anything else is a bug and keeps its traceback
         _fail(str(e))

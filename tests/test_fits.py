@@ -280,7 +280,7 @@ def test_cli_writes_fit_json_and_figures(tmp_path):
     assert {"E", "A", "B", "alpha", "beta", "G", "a_ci95"} <= fit["approach3"].keys()
     assert fit["approach3"]["a"] == pytest.approx(TRUE_A, abs=0.02)
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["isoflops.png", "loss_contours.png", "loss_frontier.png", "optimal_scaling.png"]
+    assert pngs == ["backtest.png", "isoflops.png", "loss_contours.png", "loss_frontier.png", "optimal_scaling.png"]
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 

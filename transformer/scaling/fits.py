@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import conventions, frontier, isoflop, noise, parametric
+from transformer.scaling import at_points, backtest, conventions, frontier, isoflop, noise, parametric
 from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points
 
@@ -233,6 +233,7 @@ def fit_all(
     points: Points, *, drop_highest: int = 0, bootstrap: int = 0, seed: int = 0,
     isoflop_window: int | None = None, isoflop_method: str | None = None, headline: str | None = None,
     predict_flops: Sequence[float] = (), approach3_near: float = APPROACH3_NEAR,
+    predict_points: Sequence[tuple[float, float]] = (),
 ) -> dict[str, Any]:
     """The fit.json content.
 
@@ -240,18 +241,20 @@ def fit_all(
     (and 3's a) under every convention, the loss noise σ, the frontier L_opt(C) = E + k·C^-γ and, for
     `predict_flops`, predictions. `bootstrap` > 0: that many loss-noise draws give 95% intervals (200
     are drawn when predictions are asked for without it). `isoflop_window`/`isoflop_method`: see
-    `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points).
+    `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points). `predict_points`: (N, D) pairs
+    whose loss approach 3 predicts, with intervals calibrated on a backtest by model size (`at_points`).
     """
     if bootstrap < 0:
         raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
     if any(not (np.isfinite(c) and c > 0) for c in predict_flops):
         raise ConfigError(f"predict_flops={list(predict_flops)} is not valid; give positive FLOP counts")
+    points = points.canonical()  # results independent of the order of the rows
     used = drop_highest_loss(points, drop_highest)
     names = conventions.available(used)
     headline = headline or names[0]
     if headline not in names:
         raise ConfigError(f"headline={headline!r} is not valid for these points; available: {', '.join(names)}")
-    samples = bootstrap or (200 if predict_flops else 0)
+    samples = bootstrap or (200 if predict_flops or predict_points else 0)
     rng = np.random.default_rng(seed)
     sigma = noise.estimate(used)
     main = conventions.apply(used, headline)
@@ -293,24 +296,36 @@ def fit_all(
     result["frontier"] = _frontier(a2, draws2, a3)
     if predict_flops:
         result["predictions"] = frontier.predictions(predict_flops, a2, result["frontier"].get("law"),
-                                                     result["frontier"].get("_draws"))
+                                                     result["frontier"].get("_draws"),
+                                                     result["frontier"].get("_calibration"))
     result["frontier"].pop("_draws", None)
+    result["frontier"].pop("_calibration", None)
+    if predict_points:
+        result["point_predictions"] = at_points.predict(chosen, a3, predict_points)
     return result
 
 
+MISFIT_FLAG = 2.0  # the frontier misfits when its residual RMS exceeds this many times the minima's noise sd
+
+
 def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict[str, Any]) -> dict[str, Any]:
-    """L_opt(C) = E + k·C^-γ through approach 2's minima, with its noise draws (kept under `_draws`).
+    """L_opt(C) = E + k·C^-γ through the largest `frontier.FRONTIER_BUDGETS` of approach 2's minima, with its
+    noise draws (kept under `_draws`), its backtest (`backtest`), and a warning where it misfits its minima
+    beyond their noise.
 
     When the minima do not pin E down (the fit drives it to ~0, a pure power law), E is held at
-    approach 3's (its draws too, where they are there), and the frontier says so."""
+    approach 3's (its draws too, where they are there), and the frontier says so; the backtest's refits hold it
+    there as well."""
     budgets = a2.get("budgets", [])
     flops_B, loss_B = [b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets]
-    law = frontier.fit(flops_B, loss_B)
-    out: dict[str, Any] = {"form": "L_opt(C) = E + k·C^-gamma through approach 2's minima", "E_from": "the minima"}
-    e_draws = None
+    law = frontier.fit_largest(flops_B, loss_B)
+    out: dict[str, Any] = {"form": f"L_opt(C) = E + k·C^-gamma through the largest {frontier.FRONTIER_BUDGETS} "
+                                   "of approach 2's minima", "E_from": "the minima"}
+    e_draws, e_held = None, None
     if budgets and (law is None or law["E"] < frontier.E_UNIDENTIFIED * min(loss_B)):  # the minima do not pin E
         if a3.get("E") and a3["E"] < min(loss_B):
-            law = frontier.fit(flops_B, loss_B, e_fixed=a3["E"])
+            e_held = a3["E"]
+            law = frontier.fit_largest(flops_B, loss_B, e_fixed=e_held)
             out["E_from"] = "approach 3 (the minima alone do not identify E)"
             e_draws = a3.get("bootstrap", {}).get("draws", {}).get("E")
         elif law is not None:
@@ -320,18 +335,33 @@ def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict
     if law is None:
         out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
         return out
+    bt = backtest.pairs(flops_B, loss_B, lambda f, l: frontier.fit_largest(
+        f, l, e_fixed=e_held if e_held is not None and e_held < min(l) else None), frontier.loss_at)
+    min_origin = max(backtest.MIN_BUDGETS, min(frontier.FRONTIER_BUDGETS, len(flops_B) - 1))
+    out["backtest"] = backtest.summary(bt, min_origin)
+    out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt, min_origin)}
     if draws2 is not None:
         fits_K = []
         for k in range(draws2["a"].size):
             e_k = None if out["E_from"].startswith("the minima") else (
                 e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
-            fits_K.append(frontier.fit(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
+            fits_K.append(frontier.fit_largest(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
         out.update(_intervals(draws, ("E", "gamma")))
         out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
                             "draws": draw_lists(draws)}
         out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
+        # The minima's own noise: the sd of ln L_opt over the draws, per budget fitted.
+        _, kept_loss = frontier.largest(flops_B, np.arange(len(flops_B)))
+        noise_B = [backtest.log_sd(draws2["loss_opt"][int(i)]) for i in kept_loss]
+        noise_sd = float(np.median([v for v in noise_B if v is not None])) if any(v is not None for v in noise_B) else None
+        out["minima_noise_sd"] = noise_sd
+        if noise_sd and law["rms_log_residual"] > MISFIT_FLAG * noise_sd:
+            out["warning"] = (f"the frontier's log residual RMS {law['rms_log_residual']:.4f} is "
+                              f"{law['rms_log_residual'] / noise_sd:.1f}x the minima's noise sd {noise_sd:.4f}: "
+                              "E + k·C^-γ does not describe these minima to their noise; trust the predictions "
+                              "only as far as the backtest's calibrated interval says")
     return out
 
 

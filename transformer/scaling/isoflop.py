@@ -52,12 +52,22 @@ def group_budgets(flops_P: np.ndarray, rtol: float = BUDGET_RTOL,
     return [np.array(g) for g in groups]
 
 
+SIZE_RTOL = 0.01  # sizes of one budget within 1% in N are one size (near-duplicates, e.g. digitised points)
+
+
 def size_index(points: Points, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Which distinct size (N equal to 1e-6) each of a budget's points is: (inverse (P,), replicates (S,)),
-    sizes in increasing N. Points of one budget and one N are seed replicates (their D is C/(6N) too)."""
-    _, inverse_P, reps_S = np.unique(np.round(np.log(points.params_P[idx]), 6), return_inverse=True,
-                                     return_counts=True)
-    return inverse_P.ravel(), reps_S
+    """Which distinct size each of a budget's points is: (inverse (P,), replicates (S,)), sizes in increasing N.
+    Points of one budget whose N agree within SIZE_RTOL of the size's smallest are one size: seed replicates (their
+    D is C/(6N) too), or near-duplicates that an interpolation through both would turn into a spike."""
+    log_n_P = np.log(points.params_P[idx])
+    order_P = np.argsort(log_n_P, kind="stable")
+    inverse_P = np.empty(len(idx), dtype=int)
+    size, start = -1, -np.inf
+    for i in order_P:
+        if log_n_P[i] > start + np.log1p(SIZE_RTOL):
+            size, start = size + 1, log_n_P[i]
+        inverse_P[i] = size
+    return inverse_P, np.bincount(inverse_P)
 
 
 def sizes(points: Points, idx: np.ndarray) -> dict[str, np.ndarray]:

@@ -87,6 +87,12 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
     return _save(fig, path)
 
 
+def _yerr(value: float, ci: list[float]) -> list[list[float]]:
+    """matplotlib's [[below], [above]] error bar of an interval; an interval that does not contain its value (a
+    noise-draw percentile beside a point estimate) draws a zero-length bar on that side, never a negative one."""
+    return [[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]]
+
+
 def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     exps = np.array(draws["a" if kind == "N" else "b"], float)  # a failed draw is null: NaN, left out
     coefs = np.array(draws[f"{kind}_coef"], float)
@@ -126,7 +132,7 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
         for p in fit.get("predictions", []):  # where the fit says the optimum lies beyond the grid
             if p.get(key) is not None:
                 ci = p.get(f"{key}_ci95") or [p[key], p[key]]
-                ax.errorbar([p["flops"]], [p[key]], yerr=[[p[key] - ci[0]], [ci[1] - p[key]]], fmt="D", color="C3",
+                ax.errorbar([p["flops"]], [p[key]], yerr=_yerr(p[key], ci), fmt="D", color="C3",
                             ms=5, capsize=3, zorder=4, label="prediction (95% interval)")
         checked = fit.get("validation")
         if checked and fit["headline"]["convention"] == "eff":  # the model trained there, N_eff = C / (6·D)
@@ -184,7 +190,7 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
         if p.get("loss") is None:
             continue
         ci = p.get("loss_ci95") or [p["loss"], p["loss"]]
-        ax.errorbar([p["flops"]], [p["loss"]], yerr=[[p["loss"] - ci[0]], [ci[1] - p["loss"]]], fmt="D",
+        ax.errorbar([p["flops"]], [p["loss"]], yerr=_yerr(p["loss"], ci), fmt="D",
                     color="C3", ms=5, capsize=3, zorder=4)
     if predictions:
         ax.errorbar([], [], yerr=[], fmt="D", color="C3", ms=5, capsize=3, label="prediction (95% interval)")
@@ -269,9 +275,36 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     return _save(fig, path)
 
 
+def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
+    """The frontier's backtest: each refit's relative error at the later budgets against the extrapolation
+    factor C_j / C_k, with the calibrated 95% band ±t·s·x (None: no backtest)."""
+    bt = fit.get("frontier", {}).get("backtest") or {}
+    if not bt.get("pairs"):
+        return None
+    fig = figure.Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    ks = sorted({p["k"] for p in bt["pairs"]})
+    for i, k in enumerate(ks):
+        sel = [p for p in bt["pairs"] if p["k"] == k]
+        ax.plot([np.exp(p["distance"]) for p in sel], [100 * (np.exp(p["log_error"]) - 1) for p in sel], "o-",
+                color=f"C{i % 10}", ms=4, lw=1, label=f"fit to the first {k} budgets (≤ {sel[0]['fit_flops']:.2g})")
+    if bt.get("misfit_per_efold") is not None:
+        x_G = np.linspace(0, max(p["distance"] for p in bt["pairs"]) * 1.1, 50)
+        half_G = 100 * (np.exp(bt["misfit_t"] * bt["misfit_per_efold"] * x_G) - 1)
+        ax.fill_between(np.exp(x_G), -half_G, half_G, color="0.5", alpha=0.2, lw=0,
+                        label="calibrated 95% misfit band (without the noise term)")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(xscale="log", xlabel="extrapolation factor C / C_largest fitted",
+           ylabel="predicted / measured optimal loss − 1 (%)", title="frontier backtest")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def write_all(fit: dict[str, Any], out_dir: str) -> list[str]:
     """Write every figure under `out_dir`; returns the paths written."""
     written = [
+        plot_backtest(fit, os.path.join(out_dir, "backtest.png")),
         plot_isoflops(fit, os.path.join(out_dir, "isoflops.png")),
         plot_optimal(fit, os.path.join(out_dir, "optimal_scaling.png")),
         plot_frontier(fit, os.path.join(out_dir, "loss_frontier.png")),

@@ -4,7 +4,8 @@ Legend: P = number of points (finished runs), S = number of logged evaluations i
 
 A CSV names at least `params`, `tokens`, `loss` in its header (`N` and `D` are accepted for params and
 tokens; optional `flops`; when absent, C = 6·N·D); `where={"column": "value"}` keeps the rows of one
-setting of a multi-setting file (e.g. Porian et al.'s `experiment`). A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object
+setting of a multi-setting file (e.g. Porian et al.'s `experiment`); a text column is a setting column only
+where one model size appears under two of its values (a `model` name or a comment column is ignored). A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object
 per finished run and `DIR/runs/RUN_ID/metrics.jsonl` its logged metrics; the loss is `eval_loss`.
 """
 from __future__ import annotations
@@ -91,6 +92,13 @@ class Points:
             curves=(),
         )
 
+    def canonical(self) -> "Points":
+        """The points in one order whatever the order of the rows read (compute, N, D, loss, id): every fit and
+        noise draw then gives the same result for the same runs. Curves stay as they are."""
+        order_P = np.lexsort((np.array(self.ids, dtype=object).astype(str), self.loss_P, self.tokens_P,
+                              self.params_P, self.flops_P))
+        return dataclasses.replace(self.take(order_P), curves=self.curves)
+
     def as_records(self) -> list[dict[str, Any]]:
         """The points as JSON-ready dicts."""
         return [
@@ -162,6 +170,17 @@ def _settings(rows: list[dict[str, str]], columns: Sequence[str]) -> list[str]:
     return list(seen)
 
 
+def _names_a_setting(rows: list[dict[str, str]], column: str) -> bool:
+    """Whether `column` can tell settings apart: some model size (params) appears with two of its values. A
+    column with one value per size (a model's name) describes the point, not a setting."""
+    seen: dict[str, str] = {}
+    for r in rows:
+        value, size = (r.get(column) or "").strip(), (r.get("params") or "").strip()
+        if seen.setdefault(size, value) != value:
+            return True
+    return False
+
+
 def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
     """Points from a CSV whose header names params, tokens, loss (and optionally flops).
 
@@ -200,9 +219,11 @@ def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
         for c in CSV_REQUIRED + (("flops",) if has_flops else ()):
             columns[c].append(_positive_number(path, line, c, (row.get(c) or "").strip()))
         ids.append(f"row{line}")
-    # Text columns other than the numbers name a setting (e.g. dataset, experiment): one setting per fit.
+    # Text columns other than the numbers may name a setting (e.g. dataset, experiment): one setting per fit.
+    # A column that names the point (a `model` label, a comment: one value per params) is ignored.
     text_columns = [c for c in header if c not in (*CSV_REQUIRED, "flops")
-                    and any(not _is_number((r.get(c) or "").strip()) for _, r in rows)]
+                    and any(not _is_number((r.get(c) or "").strip()) for _, r in rows)
+                    and (c in where or _names_a_setting([r for _, r in rows], c))]
     if not ids and where:
         settings = _settings([r for _, r in rows], text_columns or list(where))
         raise ConfigError(f"{path}: no rows match --where {' '.join(f'{c}={v}' for c, v in where.items())}; "

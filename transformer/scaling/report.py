@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+import numpy as np
+
 from transformer import files
 from transformer.scaling import fits, plots
 from transformer.scaling import points as points_lib
@@ -27,6 +29,7 @@ def run_fit(
     predict_flops: Sequence[float] = (),
     approach3_near: float = fits.APPROACH3_NEAR,
     annotate: dict[str, Any] | None = None,
+    predict_points: Sequence[tuple[float, float]] = (),
 ) -> dict[str, Any]:
     """Fit the points (a CSV path, a sweep directory or `Points`) and write `out_dir/fit.json` + PNGs.
 
@@ -40,7 +43,7 @@ def run_fit(
         pts = points_lib.load(str(points_source), n_kind=n_kind)
     fit = fits.fit_all(pts, drop_highest=drop_highest, bootstrap=bootstrap, seed=seed,
                        isoflop_window=isoflop_window, isoflop_method=isoflop_method, headline=headline,
-                       predict_flops=predict_flops, approach3_near=approach3_near)
+                       predict_flops=predict_flops, approach3_near=approach3_near, predict_points=predict_points)
     fit["n_kind"] = n_kind
     fit.update(annotate or {})
     os.makedirs(out_dir, exist_ok=True)
@@ -103,9 +106,44 @@ def summary(fit: dict[str, Any]) -> str:
         lines.append(f"frontier: L_opt(C) = {law['E']:.3f} + {law['k']:.4g}·C^-{law['gamma']:.3f}"
                      f"{_ci(fit['frontier'], 'gamma')}"
                      + (f" (E from {fit['frontier']['E_from']})" if fit["frontier"]["E_from"] != "the minima" else ""))
+    if fit["frontier"].get("warning"):
+        lines.append(f"frontier WARNING: {fit['frontier']['warning']}")
+    lines.extend(backtest_table(fit["frontier"].get("backtest")))
     for p in fit.get("predictions", []):
         lines.append(f"prediction at C = {p['flops']:.3g}: N_opt {p.get('params', float('nan')):.4g}"
                      f"{_ci(p, 'params', '.4g')}  D_opt {p.get('tokens', float('nan')):.4g}"
                      f"{_ci(p, 'tokens', '.4g')}  loss "
-                     + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a"))
+                     + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
+                     + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip()}; "
+                        + ("calibrated on the backtest" if p["loss_interval"]["calibrated"] else "NOT calibrated: "
+                           "no backtest refit, the misfit prior alone") + ")" if p.get("loss_interval") else ""))
+    at = fit.get("point_predictions")
+    if at and at.get("predictions"):
+        bt = at["backtest"]
+        lines.append("loss at (N, D) from approach 3; backtest by model size: " + (
+            f"median |error| {100 * bt['median_abs_error']:.2f}%, misfit {100 * bt['misfit_per_efold']:.2f}% per "
+            f"e-fold beyond the largest fitted model ({bt['misfit_pairs']} pairs)" if bt.get("pairs") else
+            "none (too few model sizes): noise-only intervals"))
+        if at.get("warning"):
+            lines.append(f"approach3 WARNING (applies to these losses): {at['warning']}")
+        for p in at["predictions"]:
+            lines.append(f"loss at N = {p['params']:.4g}, D = {p['tokens']:.4g}: {p['loss']:.4f}{_ci(p, 'loss', '.4f')}"
+                         + ("" if p["loss_interval"]["calibrated"] else " (not calibrated)"))
+    elif at:
+        lines.append(f"loss at (N, D): {at.get('note')}")
     return "\n".join(lines)
+
+
+def backtest_table(bt: dict[str, Any] | None) -> list[str]:
+    """The frontier's backtest as console lines: per refit (first k budgets), the error at each later budget."""
+    if not bt or not bt.get("pairs"):
+        return ["backtest: fewer than 4 budget minima: none (the loss interval uses the misfit prior alone)"] if bt else []
+    lines = [f"backtest (refit on the first k budget minima, predict each later one): median |error| "
+             f"{100 * bt['median_abs_error']:.2f}%, max {100 * bt['max_abs_error']:.2f}%; misfit "
+             f"{100 * bt['misfit_per_efold']:.2f}% per e-fold of extrapolation (calibrated on {bt['misfit_pairs']} pairs "
+             f"from {bt['misfit_origins']} refits on ≥ {bt['misfit_min_origin']} budgets, with the prior)",
+             "   k  fitted to C      predicts C   x(C/C_k)  predicted  measured  error"]
+    for p in bt["pairs"]:
+        lines.append(f"  {p['k']:2d}  {p['fit_flops']:10.3g}  {p['flops']:10.3g}  {np.exp(p['distance']):8.2f}  "
+                     f"{p['predicted']:9.4f}  {p['measured']:8.4f}  {100 * (np.exp(p['log_error']) - 1):+.2f}%")
+    return lines

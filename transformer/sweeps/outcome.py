@@ -67,7 +67,9 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
                   "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "from": {"a": fit["approach2"].get("a"), "a_ci95": fit["approach2"].get("a_ci95"),
                            "frontier": fit["frontier"].get("law"), "sigma": fit["noise"].get("sigma"),
-                           "grid_runs": len(fit["points"])}}
+                           "grid_runs": len(fit["points"]),
+                           "backtest": {k: v for k, v in (fit["frontier"].get("backtest") or {}).items() if k != "method"},
+                           "frontier_warning": fit["frontier"].get("warning")}}
     _write(workdir, "predictions.json", prediction)
     return prediction
 

@@ -1,0 +1,108 @@
+"""The loss at any (N, D) from approach 3's L(N, D) = E + A/N^α + B/D^β, with intervals calibrated on a
+backtest by model size, for grids that are not IsoFLOP (over-training sweeps, a family at several token counts).
+
+Legend: P = points, Q = (N, D) pairs asked for, K = noise draws, J = backtest pairs.
+
+Backtest: the distinct model sizes, increasing; for each k from max(MIN_SIZES, half of them) to all but the
+largest, approach 3 is refitted on the points of the k smallest sizes and predicts every point of the larger
+ones: e = ln(L̂ / L) at the distance x = ln(N / N_k) + max(0, ln(D / D_max)) beyond the refit's largest model
+(and tokens), for points at least 1.5× beyond it (MIN_DISTANCE; nearer ones measure noise and would blow e/x
+up on a near-continuous ladder of sizes, as Chinchilla's). The misfit scale and the interval are `backtest.misfit_scale` / `backtest.interval`'s, with the
+noise term the sd of ln L̂ over approach 3's loss-noise draws.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from transformer.spec import ConfigError
+from transformer.scaling import backtest, parametric
+from transformer.scaling.points import Points
+
+MIN_SIZES = 3  # a refit sees at least this many model sizes (and 5 points)
+REFIT_STARTS = 20
+MIN_DISTANCE = float(np.log(1.5))  # pairs nearer the refit's largest model than 1.5× are noise, not misfit: e/x explodes
+
+
+def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
+    """["N:D", ...] as [(N, D), ...]; ConfigError naming the bad entry."""
+    out = []
+    for text in texts:
+        n_text, sep, d_text = text.partition(":")
+        try:
+            n, d = float(n_text), float(d_text)
+        except ValueError:
+            n = d = float("nan")
+        if not sep or not (np.isfinite(n) and np.isfinite(d) and n > 0 and d > 0):
+            raise ConfigError(f"--predict_points: {text!r} is not N:D with positive numbers, e.g. 1e9:2e10")
+        out.append((n, d))
+    return out
+
+
+def _loss(fit: dict[str, float] | parametric.LossFit, n: np.ndarray, d: np.ndarray) -> np.ndarray:
+    get = fit.__getitem__ if isinstance(fit, dict) else lambda k: getattr(fit, k)
+    return get("E") + get("A") / np.power(n, get("alpha")) + get("B") / np.power(d, get("beta"))
+
+
+def size_backtest(points: Points, start: np.ndarray | None = None) -> list[dict[str, float]]:
+    """The backtest pairs by model size (module docstring)."""
+    sizes_S = np.unique(points.params_P)
+    out: list[dict[str, float]] = []
+    for k in range(max(MIN_SIZES, len(sizes_S) // 2), len(sizes_S)):
+        train_P = points.params_P <= sizes_S[k - 1]
+        if train_P.sum() < 5:
+            continue
+        fit = parametric.fit_loss(points.params_P[train_P], points.tokens_P[train_P], points.loss_P[train_P],
+                                  n_starts=REFIT_STARTS, extra_starts=start)
+        d_max = points.tokens_P[train_P].max()
+        for i in np.flatnonzero(~train_P):
+            n, d = points.params_P[i], points.tokens_P[i]
+            predicted = float(_loss(fit, n, d))
+            distance = float(np.log(n / sizes_S[k - 1]) + max(0.0, np.log(d / d_max)))
+            if not (np.isfinite(predicted) and predicted > 0) or distance < MIN_DISTANCE:
+                continue
+            out.append({"k": k, "fit_params": float(sizes_S[k - 1]), "params": float(n), "tokens": float(d),
+                        "distance": distance,
+                        "predicted": predicted, "measured": float(points.loss_P[i]),
+                        "log_error": float(np.log(predicted / points.loss_P[i]))})
+    return out
+
+
+def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    """fit.json's "point_predictions": {"backtest", "predictions": [{"params", "tokens", "loss", "loss_ci95",
+    "loss_noise_ci95", "loss_interval"}], "warning"?} from approach 3 `a3` (fitted to `points`, with its
+    bootstrap draws where there are any)."""
+    if a3.get("E") is None:
+        return {"note": f"approach 3 is not fitted ({a3.get('note', 'no result')}): no loss at (N, D)"}
+    start = np.array([[np.log(a3["A"]), np.log(a3["B"]), np.log(a3["E"]), a3["alpha"], a3["beta"]]])
+    bt = size_backtest(points, start)
+    scale = backtest.misfit_scale(bt)  # every refit: each sees at least half the sizes
+    draws = a3.get("bootstrap", {}).get("draws")
+    n_max, d_max = float(points.params_P.max()), float(points.tokens_P.max())
+    preds = []
+    for n, d in asked_Q:
+        loss = float(_loss(a3, n, d))
+        pred: dict[str, Any] = {"params": n, "tokens": d, "loss": loss}
+        noise_sd = None
+        if draws:
+            keys = ("E", "A", "B", "alpha", "beta")
+            ok = [all(draws[k][i] is not None for k in keys) for i in range(len(draws["E"]))]
+            cols = {k: np.array([v for v, good in zip(draws[k], ok) if good], float) for k in keys}
+            with np.errstate(over="ignore", invalid="ignore"):
+                loss_K = cols["E"] + cols["A"] / n ** cols["alpha"] + cols["B"] / d ** cols["beta"]
+            loss_K = loss_K[np.isfinite(loss_K) & (loss_K > 0)]
+            if len(loss_K) >= 2:
+                pred["loss_noise_ci95"] = [float(v) for v in np.percentile(loss_K, [2.5, 97.5])]
+                noise_sd = backtest.log_sd(loss_K)
+        distance = max(0.0, np.log(n / n_max)) + max(0.0, np.log(d / d_max))
+        cal = backtest.interval(loss, distance, noise_sd, scale)
+        pred["loss_ci95"] = cal.pop("loss_ci95")
+        pred["loss_interval"] = cal
+        preds.append(pred)
+    out: dict[str, Any] = {"form": "L(N, D) = E + A/N^alpha + B/D^beta (approach 3)", "predictions": preds,
+                           "backtest": {**backtest.summary(bt), "method": "refit approach 3 on the smallest k model "
+                                                                          "sizes, predict every point of the larger ones"}}
+    if a3.get("warning"):
+        out["warning"] = a3["warning"]
+    return out
