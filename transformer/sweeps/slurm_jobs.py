@@ -239,8 +239,10 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
     are in the queue), "submitted", "failed" (a run failed: stopped), "stuck" (nothing ready, nothing
     queued), "done" (every run recorded)."""
     from transformer.design import plan
+    from transformer.design.spec import SweepSpec
     from transformer.sweeps import outcome
 
+    config = SweepSpec.of(config)  # a sweep config (ConfigDict or mapping) or its spec
     os.makedirs(slurm_dir(workdir), exist_ok=True)
     with results.locked(os.path.join(slurm_dir(workdir), "submit.lock")):  # two commands at once: one submits
         q = queued(workdir)
