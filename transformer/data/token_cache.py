@@ -153,7 +153,7 @@ class _Claim:
         """True: this process holds the claim; False: another live builder does. A stale claim is removed."""
         try:
             age = time.time() - os.stat(self.path).st_mtime
-            if age > CLAIM_STALE_S:
+            if age > CLAIM_STALE_S or self._owner_died():
                 os.replace(self.path, f"{self.path}.stale-{os.getpid()}")  # one taker renames it; others miss it
                 os.remove(f"{self.path}.stale-{os.getpid()}")
         except FileNotFoundError:
@@ -166,6 +166,23 @@ class _Claim:
             f.write(json.dumps({"host": os.uname().nodename, "pid": os.getpid(), "time": time.time()}))
         self.last = time.time()
         return True
+
+    def _owner_died(self) -> bool:
+        """The claim's builder was a process of this host that no longer exists (killed mid-build)."""
+        try:
+            with open(self.path) as f:
+                owner = json.load(f)
+        except (OSError, ValueError):  # gone, or being written this instant: not known dead
+            return False
+        if owner.get("host") != os.uname().nodename:
+            return False  # another host's process: only the refresh time tells
+        try:
+            os.kill(int(owner["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, KeyError, ValueError, TypeError):
+            return False
+        return False
 
     def refresh(self) -> None:
         if time.time() - self.last > _CLAIM_REFRESH_S:
