@@ -92,6 +92,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_attention_cli_writes_heatmaps(tiny_lm_run, tmp_path):
     out = tmp_path / "maps"
     proc = _cli(f"--workdir={tiny_lm_run}", "--text=def f(x): é", f"--out={out}", "--layers=1", "--heads=0,2")

@@ -102,6 +102,7 @@ def outcomes(tmp_path_factory, corpus_dir):
     return results, before, _snapshot(work)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id, args, pattern", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_fails_cleanly(outcomes, case_id, args, pattern):
     import re

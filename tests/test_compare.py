@@ -68,6 +68,7 @@ def contains(ci, x: float) -> bool:
     return ci[0] is not None and ci[0] <= x <= (math.inf if ci[1] is None else ci[1])
 
 
+@pytest.mark.slow
 def test_recovers_a_known_compute_multiplier_end_to_end(tmp_path):
     """m = 2: the multiplier is 2 within its interval at every budget and at 4x the largest, the interval
     excludes 1 inside the grid, the variant's losses are lower; compare.json and compare.png are written."""
@@ -100,6 +101,7 @@ def test_recovers_a_known_compute_multiplier_end_to_end(tmp_path):
     assert png.shape[0] > 800 and png.shape[1] > 700
 
 
+@pytest.mark.slow
 def test_no_difference_gives_an_interval_containing_1(tmp_path):
     base, var = pair(tmp_path, m=1.0)
     result = compare.compare(base, var, bootstrap=40)
@@ -141,6 +143,7 @@ def test_multiplier_inverts_the_baseline_frontier():
     assert compare.percentiles(np.r_[np.linspace(1, 2, 99), np.inf])[1] < 2.0  # 1% infinite
 
 
+@pytest.mark.slow
 def test_variant_below_the_baseline_irreducible_loss_is_infinite(tmp_path):
     """A variant with a lower E (0.25 below): far out its loss falls below the baseline's E; the multiplier
     there is null with a note, not a number, and compare.json stays valid JSON."""

@@ -2,6 +2,8 @@
 continuation keeps the first run's resolved warm-up, as the README's "continue a wsd run" says, with no setting."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 
@@ -19,6 +21,7 @@ def _wsd(corpus_dir: str, steps: int, warmup: int = -1) -> ConfigDict:
     return c
 
 
+@pytest.mark.slow
 def test_a_wsd_run_started_with_defaults_continues_to_more_steps(corpus_dir, tmp_path):
     """10 steps with warm-up -1 resolve to a 1-step warm-up (10% of 10), decaying from step 8; rerun with
     train.steps=20 (whose own default would be 2 warm-up steps) it continues from step 8 with the 1-step warm-up

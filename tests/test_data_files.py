@@ -269,6 +269,7 @@ def _sp_file(tmp_path) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_half_written_cache_is_never_used(tmp_path):
     folder = str(tmp_path / "docs")
     write_mixed_folder(folder, _texts(40))

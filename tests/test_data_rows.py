@@ -70,6 +70,7 @@ def test_row_blocks_read_those_rows_of_the_global_batch(task, tmp_path):
             np.testing.assert_array_equal(p[k], np.concatenate([w[k][0:4], w[k][8:12]]), err_msg=k)
 
 
+@pytest.mark.slow
 def test_two_processes_with_the_tensor_axis_across_them_train_like_one(tmp_path, corpus_dir):
     """2 processes x 2 CPU devices with mesh tensor=4 (the tensor axis spans the processes; the batch is not
     sharded, every device holds all rows): both processes feed every row and the run equals 1 process x 4

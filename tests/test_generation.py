@@ -161,6 +161,7 @@ def test_generation_length_is_checked_against_the_position_table():
         generate(model, params, PROMPTS, max_new_tokens=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["vaswani", "t5"])
 def test_seq2seq_cached_generation_equals_full_forward(shape):
     """Encoder–decoder: ragged (right-padded) sources, ragged (left-padded) target prefixes; every generated

@@ -101,6 +101,7 @@ def test_config_follows_the_checkpoint(imported):
     assert (cfg.activation, cfg.tie_embeddings, cfg.scale_tied_head) == expected
 
 
+@pytest.mark.slow
 def test_logits_match_transformers(imported):
     name, hf, model, params, _ = imported
     src, tgt = _batch(0, 2, 29, 26)  # offsets past max_distance: the logarithmic buckets are used
@@ -111,6 +112,7 @@ def test_logits_match_transformers(imported):
     np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_padded_batch_matches_attention_masks(imported):
     """Sources right- and left-padded (T5's relative bias works on slots, as ours), targets right-padded: our
     segment ids (0 = padding) give HF's logits at every real target token; without them they differ."""
@@ -165,6 +167,7 @@ def test_export_reimports_exactly_and_loads_in_transformers(imported, tmp_path):
 
 @pytest.mark.parametrize("activation,tied,scan", [("geglu", False, False), ("relu", True, True),
                                                   ("swiglu", True, False)])
+@pytest.mark.slow
 def test_own_t5_shaped_models_export(activation, tied, scan, tmp_path):
     """A model of this codebase (q·k scaled by 1/sqrt(H), which export folds into the query kernels; exact
     GeGLU as "gated-gelu_python"; scanned layers) gives the same logits in transformers."""

@@ -115,6 +115,7 @@ def test_einsum_reference_equals_jax_attention(causal, segments, window, K):
 @pytest.mark.parametrize("causal,segments,window,K,S", [
     (True, False, 0, 4, 150), (True, True, 0, 2, 150), (True, True, 40, 1, 150), (False, True, 0, 2, 150),
     (False, False, 0, 4, 37)])
+@pytest.mark.slow
 def test_chunked_attention_and_its_gradients_equal_the_reference(causal, segments, window, K, S):
     """T = 150 queries make 3 causal chunks (the skipped key blocks and the written-out backward are
     exercised); S = 37 is cross-attention-shaped (T != S)."""

@@ -28,6 +28,7 @@ def _config(preset: str, seq_len: int, batch: int, mesh: tuple[int, int, int], m
     return c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,seq_len,batch,mesh,model,chunk", CASES)
 def test_estimate_matches_xla(preset, seq_len, batch, mesh, model, chunk):
     c = _config(preset, seq_len, batch, mesh, model, chunk)

@@ -106,6 +106,7 @@ def _assert_same_run(a: str, b: str, rtol: float) -> float:
     return float(np.max(np.abs(x - y) / np.abs(y)))
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_with_the_same_command_line(runs):
     worst = _assert_same_run(runs["two"], runs["one"], rtol=1e-5)
     print(f"largest relative difference 2 processes x 2 devices vs 1 x 4: {worst:.3g}")

@@ -75,6 +75,7 @@ def _group(c, model, task, lrs, seeds):
     return multirun.stack(states), train_fn, eval_fn, mesh
 
 
+@pytest.mark.slow
 def test_multirun_equals_separate_runs():
     c, model, task = _setup()
     states, train_fn, _, mesh = _group(c, model, task, LRS, SEEDS)
@@ -147,6 +148,7 @@ def grouped(tmp_path_factory, corpus_dir):
     return dirs, loop.train_runs(_group_configs(corpus_dir), dirs, verbose=False)
 
 
+@pytest.mark.slow
 def test_group_equals_runs_trained_alone(grouped, corpus_dir, tmp_path):
     dirs, summaries = grouped
     for r, config in enumerate(_group_configs(corpus_dir)):
@@ -164,6 +166,7 @@ def test_group_equals_runs_trained_alone(grouped, corpus_dir, tmp_path):
     assert len({round(s["eval_loss"], 5) for s in summaries}) == len(GROUP_LRS)  # the runs really differ
 
 
+@pytest.mark.slow
 def test_group_preempted_resumes_alone_or_as_group_to_the_same_result(grouped, corpus_dir, tmp_path):
     dirs = [str(tmp_path / f"run_{r}") for r in range(len(GROUP_LRS))]
     configs = _group_configs(corpus_dir)
@@ -197,6 +200,7 @@ def test_group_key_groups_only_learning_rate_and_seed(corpus_dir):
         loop.train_runs([a, other], ["/nonexistent/a", "/nonexistent/b"], verbose=False)
 
 
+@pytest.mark.slow
 def test_a_diverging_run_fails_alone_and_the_group_goes_on(grouped, corpus_dir, tmp_path, monkeypatch):
     configs = _group_configs(corpus_dir)[:2]
     configs[1].train.learning_rate = 1e30  # parameters overflow to inf within a step or two
@@ -215,6 +219,7 @@ def test_a_diverging_run_fails_alone_and_the_group_goes_on(grouped, corpus_dir, 
     assert ok["status"] == "ok" and ok["eval_loss"] == pytest.approx(grouped[1][0]["eval_loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_skip_policy_counts_each_runs_skipped_updates(corpus_dir, tmp_path):
     configs = _group_configs(corpus_dir)[:2]
     for c in configs:

@@ -104,6 +104,7 @@ def coordinate_check() -> dict[str, dict[int, np.ndarray]]:
 FLAT = 0.25
 
 
+@pytest.mark.slow
 def test_coordinates_stay_flat_across_width_under_mup(coordinate_check):
     slopes = _slopes(coordinate_check["mup"])
     assert np.all(np.isfinite(slopes))
@@ -177,6 +178,7 @@ def test_a_logical_name_without_a_mup_rule_is_an_error():
         mup.param_kind(("relpos_buckets", "heads"), "blocks/relative_bias")
 
 
+@pytest.mark.slow
 def test_logits_are_the_standard_ones_times_base_over_width():
     """Same parameters, μP vs SP: the LM heads (tied, untied, and the chunked loss's `output_logits`) and the
     classifier's product (not its bias) are × base/width; nothing before them changes."""
@@ -227,6 +229,7 @@ def test_mup_attention_scores_scale_as_one_over_head_dim(impl, attention_scale, 
     np.testing.assert_allclose(attention.apply({"params": params}, x_BTD), out, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_loop_applies_mup_init_and_adam_learning_rates(corpus_dir, tmp_path):
     """A LLaMA-shaped (untied) μP model at 4x its base width through experiments' training loop: hidden weights
     start at SP's std / 2 (variance ∝ 1/fan_in), the rest at SP's; Adam's first step moves every entry by

@@ -47,6 +47,7 @@ def test_refused_settings_are_named():
         ModelConfig(parallel_block=1)
 
 
+@pytest.mark.slow
 def test_decoder_causal_packed_and_cached():
     generic_decoder.test_causal(GPT2_PAR, "chunked")
     generic_decoder.test_packed_segments_do_not_leak(LLAMA_PAR, "einsum")

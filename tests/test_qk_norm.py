@@ -90,6 +90,7 @@ def test_encoder_bidirectional_and_segments_apart():
     assert np.abs(np.asarray(changed[0, 4:6] - base[0, 4:6])).max() > 1e-6  # segment 2 sees its later token
 
 
+@pytest.mark.slow
 def test_encoder_decoder_cached_generation_equals_full_forward():
     """Cross-attention keys are normalised once, when the decoding cache is made, and reused."""
     cfg = ModelConfig(family="encoder_decoder", vocab_size=53, d_model=32, num_layers=1, num_heads=4, d_ff=48,

@@ -77,6 +77,7 @@ def test_attention(home, run):
     assert "attention.npz" in os.listdir(os.path.join(home, "maps"))
 
 
+@pytest.mark.slow
 def test_export(home, run):
     _run(home, "export", "--workdir=runs/tiny", "--out=hf")
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(os.path.join(home, "hf")))

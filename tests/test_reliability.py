@@ -83,6 +83,7 @@ def reference_runs(tmp_path_factory, corpus_dir):
     return dirs
 
 
+@pytest.mark.slow
 def test_fresh_processes_give_identical_metrics(reference_runs):
     a, b = (_rows(d) for d in reference_runs)
     assert len(a) == STEPS // 5 and a == b

@@ -108,6 +108,7 @@ def test_grid_straddles_prior_with_equal_flops(dense):
     assert unclamped >= len(s.budgets)
 
 
+@pytest.mark.slow
 def test_a_designed_run_spends_its_budget_as_xla_counts_it():
     """The quick sweep's largest run: its steps × the FLOPs XLA counts in its compiled train step are its budget,
     plus the few percent XLA counts beyond the matmuls (softmax, norms, activations, AdamW); a design that

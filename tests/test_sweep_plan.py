@@ -127,6 +127,7 @@ def test_wsd_branches_seeds_and_schedule_check_are_designed(tmp_path):
     assert {r.shape for r in checks} == {r.shape for (b, _), r in grid_runs.items() if b == 2e11}
 
 
+@pytest.mark.slow
 def test_the_validation_run_is_designed_from_the_prediction_written_first(tmp_path):
     c = _config(validate_flops=3.2e12)
     workdir = str(tmp_path)

@@ -35,6 +35,7 @@ def test_the_eta_covers_the_whole_sweep_not_the_current_stage():
     assert resumed.eta_seconds() == pytest.approx(3 * (whole - first_run["estimated_seconds"]))
 
 
+@pytest.mark.slow
 def test_the_end_summary_names_excluded_points_and_says_whether_the_validation_landed_inside(tmp_path, capsys):
     c = _config(validate_flops=3.2e12)
     workdir = str(tmp_path)

@@ -53,6 +53,7 @@ def _zero_queries(params):
     return jax.tree_util.tree_map_with_path(zero, params)
 
 
+@pytest.mark.slow
 def test_one_table_per_stack_shared_by_every_layer():
     """The encoder–decoder holds one (buckets, heads) table per stack and none in the layers. With q = 0 every
     self-attention logit is the bias alone: each layer's weights are softmax(table[bucket(j − i)]) of its
@@ -92,6 +93,7 @@ def _scaled(model, *init_args):
     return jax.tree.map(lambda p: p * 8.0 if p.ndim > 1 else p, params)
 
 
+@pytest.mark.slow
 def test_seq2seq_cached_generation_equals_full_forward():
     """Ragged sources and target prefixes decoded with the cache: each step's decoder bias is its query's cache
     slot against every slot; every token's logits equal the teacher-forced pass over that example alone."""

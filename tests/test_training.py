@@ -66,6 +66,7 @@ def _run_steps(preset: str, mesh_shape: tuple[int, int, int], devices, n_steps: 
     return np.array(losses), jax.device_get(state.params), state, init_params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["gpt2_tiny", "llama_tiny"])
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (8, 1, 1), (1, 4, 2)])
 def test_sharded_step_equals_single_device(preset, mesh_shape):
@@ -102,6 +103,7 @@ def test_schedule_warmup_then_cosine_to_fraction():
     assert float(make_schedule(c)(55)) == pytest.approx(0.55, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_weight_decay_skips_norms_and_biases():
     c = lm.get_config("gpt2_tiny")
     c.train.learning_rate, c.train.weight_decay, c.train.warmup_steps = 1e-2, 0.5, 0
@@ -142,6 +144,7 @@ def xla_step_flops(config) -> float:
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
+@pytest.mark.slow
 def test_first_step_loss_is_log_vocab(tmp_path, corpus_dir):
     """Pins step 1: a freshly initialised LM predicts ~uniformly, so its loss is ~ln(V); the FLOPs the run
     reports are those XLA counts in its compiled step."""
@@ -155,6 +158,7 @@ def test_first_step_loss_is_log_vocab(tmp_path, corpus_dir):
     assert 1.0 <= ratio <= 1.08, ratio
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path, corpus_dir):
     k = 10
     c = tiny_config(corpus_dir, steps=2 * k, checkpoint_every=4)

@@ -92,6 +92,7 @@ def offline(monkeypatch):
     monkeypatch.delenv("WANDB_DIR", raising=False)
 
 
+@pytest.mark.slow
 def test_offline_run_holds_the_metrics_config_and_summary_and_a_resume_reuses_it(offline, corpus_dir, tmp_path):
     """A 12-step run stopped after step 8, whose step-8 checkpoint is then lost (a kill after logging
     step 8), resumed from step 4: one W&B run, steps 6 and 8 (retrained) not sent twice."""

@@ -17,6 +17,7 @@ def _config(corpus_dir: str, preset: str, steps: int):
     return c
 
 
+@pytest.mark.slow
 def test_classifier_starts_from_the_mlm_encoder(tmp_path, corpus_dir):
     train(_config(corpus_dir, "modern_tiny", 3), str(tmp_path / "mlm"), verbose=False)
     c = _config(corpus_dir, "modern_tiny,classify", 1)

@@ -51,6 +51,7 @@ def _wsd(corpus_dir: str, steps: int) -> ConfigDict:
     return c
 
 
+@pytest.mark.slow
 def test_a_wsd_run_continued_to_more_steps_equals_the_longer_run(corpus_dir, tmp_path):
     longer = str(tmp_path / "longer")
     ref = train(_wsd(corpus_dir, 16), longer, verbose=False)
@@ -67,6 +68,7 @@ def test_a_wsd_run_continued_to_more_steps_equals_the_longer_run(corpus_dir, tmp
     assert json.load(open(os.path.join(run, "config.json")))["train"]["steps"] == 16
 
 
+@pytest.mark.slow
 def test_only_a_wsd_run_continues_and_only_to_more_steps(corpus_dir, tmp_path):
     run = str(tmp_path / "run")
     train(_wsd(corpus_dir, 8), run, verbose=False)
@@ -78,6 +80,7 @@ def test_only_a_wsd_run_continues_and_only_to_more_steps(corpus_dir, tmp_path):
         train(tiny_config(corpus_dir, steps=16, warmup_steps=2), cosine, verbose=False)
 
 
+@pytest.mark.slow
 def test_a_sweep_branch_seeded_from_its_source_equals_the_run_trained_alone(corpus_dir, tmp_path):
     """runner.seed_branch copies the source run's decay-start checkpoint into the branch's workdir; training
     the branch from there ends exactly like training its config from step 0."""
