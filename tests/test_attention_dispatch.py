@@ -49,9 +49,14 @@ def test_chunked_bfloat16_gradients_match_autodiff_of_the_reference(segments, wi
     chunked = _value_and_grads("chunked", q, k, v, **kw)
     assert all(g.dtype == jnp.bfloat16 for g in chunked[1])
     scale = max(float(jnp.max(jnp.abs(g))) for g in truth[1])
+    # On CPU the two errors were within 1.3x of each other. On an H100 XLA's bf16 reference keeps dS in
+    # float32 for dq, so it is better than any bf16 flash backward: there "chunked" measured dq 0.0245 against
+    # the reference's 0.0068 (window 24; scale 11.8), i.e. 0.2% of the largest gradient, under half a bf16
+    # ulp (2^-9) of it. A wrong mask or window moves whole rows (errors of the gradients' own size).
+    slack = (2 ** -9 if jax.default_backend() == "gpu" else 1e-4) * scale
     for name, r, c, t in zip(("dq", "dk", "dv"), ref_bf16[1], chunked[1], truth[1]):
-        ref_err, chunked_err = _max_err(r, t), _max_err(c, t)  # measured: within 1.3x of each other
-        assert chunked_err <= 1.5 * ref_err + 1e-4 * scale, (name, chunked_err, ref_err, scale)
+        ref_err, chunked_err = _max_err(r, t), _max_err(c, t)
+        assert chunked_err <= 1.5 * ref_err + slack, (name, chunked_err, ref_err, scale)
     assert abs(float(chunked[0]) - float(truth[0])) < 0.02 * abs(float(truth[0])) + 0.5
 
 

@@ -98,11 +98,13 @@ def test_kv_cache_decoding_matches_full_forward(base):
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
 
-def test_decoding_past_the_cache_is_an_error():
-    """dynamic_update_slice clamps its start: without the check the 5th token would overwrite slot 3."""
+@pytest.mark.parametrize("cfg", [GPT2, GPT2.replace(scan_layers=True)], ids=["layers", "scanned"])
+def test_decoding_past_the_cache_is_an_error(cfg):
+    """dynamic_update_slice clamps its start: without the check the 5th token would overwrite slot 3.
+    Scanned layers are checked once by the stack, outside nn.scan (blocks.py)."""
     from transformer.layers.attention import CacheOverflowError
     tok = _tokens(3, (2, 4))
-    model, params = _init(GPT2, tok)
+    model, params = _init(cfg, tok)
     cache = model.init(jax.random.PRNGKey(0), tok, decode=True)["cache"]  # 4 slots
     step = functools.partial(model.apply, decode=True, mutable=["cache"])
     _, mut = step({**params, "cache": cache}, tok[:, :3])

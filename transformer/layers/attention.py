@@ -290,7 +290,10 @@ class MultiHeadAttention(nn.Module):
     (cached_key, cached_value, cached_segment_ids, cache_index). `model.init(..., decode=True)` with
     inputs of the full decoding length creates an empty cache of that length; each later call
     appends its T new tokens (positions must be given) and attends causally to everything cached.
-    Writing past the cache's length is an error (check_cache_room), never a silent clamp. Cross-attention projects the context once, when
+    Writing past the cache's length is an error (check_cache_room), never a silent clamp; check_cache=False
+    leaves the check of the index (not of T > S) to the caller: a scanned BlockStack checks once, outside
+    nn.scan, because a host callback inside the scanned body fails under jax 0.11 ("broadcasted variable has
+    a data dependency on the scan body", seen on the GPU machine). Cross-attention projects the context once, when
     the cache is created (cached_cross_key, cached_cross_value), and later calls reuse that projection,
     so the cache must be made with the real context (an apply with mutable=["cache"], not zeros).
     sow_weights=True stores the attention weights_BNTS in the "intermediates" collection.
@@ -300,6 +303,7 @@ class MultiHeadAttention(nn.Module):
     causal: bool = False
     out_std: float = 0.02
     sow_weights: bool = False
+    check_cache: bool = True
 
     @nn.compact
     def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
@@ -383,7 +387,7 @@ class MultiHeadAttention(nn.Module):
         cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
         B, T = q_BTNH.shape[:2]
         i = cache_index.value
-        check_cache_room(i, T, cached_k.value.shape[1])
+        check_cache_room(i if self.check_cache else 0, T, cached_k.value.shape[1])
         seg_BT = jnp.ones((B, T), jnp.int32) if segment_ids_BT is None else segment_ids_BT.astype(jnp.int32)
         cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k_BTKH.astype(cached_k.value.dtype), (0, i, 0, 0))
         cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v_BTKH.astype(cached_v.value.dtype), (0, i, 0, 0))

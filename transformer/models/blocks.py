@@ -22,7 +22,7 @@ import math
 import flax.linen as nn
 import jax
 
-from transformer.layers.attention import MultiHeadAttention
+from transformer.layers.attention import MultiHeadAttention, check_cache_room
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
 from transformer.spec import ModelConfig
@@ -68,7 +68,7 @@ class TransformerBlock(nn.Module):
             return nn.with_logical_constraint(x, ("batch", "seq", "act_embed"))
 
         self_attn = MultiHeadAttention(cfg, causal=self.causal, out_std=out_std, sow_weights=self.sow_weights,
-                                       name="attention")
+                                       check_cache=not self.scan_output, name="attention")
         if cfg.parallel_block:  # ModelConfig allows it pre-LN, without cross-attention
             h_BTD = make_norm(cfg, "norm")(x_BTD)
             attn_BTD = nn.Dropout(cfg.dropout_rate, name="attention_dropout")(
@@ -118,6 +118,8 @@ class BlockStack(nn.Module):
         kwargs = dict(causal=self.causal, cross_attention=self.cross_attention, sow_weights=self.sow_weights,
                       scan_output=cfg.scan_layers)
         if cfg.scan_layers:
+            if decode:
+                _check_scanned_cache_room(self, x_BTD.shape[1])
             scanned = nn.scan(block_cls,
                               variable_axes={"params": 0, "cache": 0, "intermediates": 0},
                               split_rngs={"params": True, "dropout": True},
@@ -128,3 +130,12 @@ class BlockStack(nn.Module):
         for i in range(num_layers):
             x_BTD = block_cls(cfg, name=f"layers_{i}", **kwargs)(x_BTD, *args)
         return x_BTD
+
+
+def _check_scanned_cache_room(stack: nn.Module, T: int) -> None:
+    """The scanned layers' self-attention caches share one write index (cache_index, shape L): check once,
+    here outside nn.scan, that T more tokens fit (the blocks skip their own check: a host callback inside the
+    scanned body fails under jax 0.11). Nothing to check while the cache is being created."""
+    cache = stack.variables.get("cache", {}).get("layers", {}).get("attention")
+    if cache is not None:
+        check_cache_room(cache["cache_index"][0], T, cache["cached_key"].shape[-3])
