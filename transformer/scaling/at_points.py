@@ -77,7 +77,8 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
         return {"note": f"approach 3 is not fitted ({a3.get('note', 'no result')}): no loss at (N, D)"}
     start = np.array([[np.log(a3["A"]), np.log(a3["B"]), np.log(a3["E"]), a3["alpha"], a3["beta"]]])
     bt = size_backtest(points, start)
-    scale = backtest.misfit_scale(bt)  # every refit: each sees at least half the sizes
+    # every refit (each sees at least half the sizes); m = 1: the conformal multiplier was calibrated on frontiers
+    scale = backtest.misfit_scale(bt, multiplier=1.0)
     draws = a3.get("bootstrap", {}).get("draws")
     n_max, d_max = float(points.params_P.max()), float(points.tokens_P.max())
     preds = []
