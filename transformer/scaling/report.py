@@ -115,7 +115,8 @@ def summary(fit: dict[str, Any]) -> str:
                      f"{_ci(p, 'tokens', '.4g')}  loss "
                      + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
                      + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip()}; "
-                        + ("calibrated on the backtest" if p["loss_interval"]["calibrated"] else "NOT calibrated: "
+                        + (f"calibrated on the backtest, m = {p['loss_interval'].get('multiplier', 1.0):g}"
+                           if p["loss_interval"]["calibrated"] else "NOT calibrated: "
                            "no backtest refit, the misfit prior alone") + ")" if p.get("loss_interval") else ""))
     at = fit.get("point_predictions")
     if at and at.get("predictions"):
