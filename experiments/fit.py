@@ -31,8 +31,9 @@ _POINTS = DEFINE_path("points", None, "CSV with a header naming params (or N), t
 _WHERE = flags.DEFINE_multi_string("where", [], "COLUMN=VALUE: keep the CSV rows of one setting (repeatable).")
 _PREDICT = flags.DEFINE_list("predict_flops", [], "Budgets C to predict N_opt, D_opt and the optimal loss at "
                              "(with 95% intervals), into fit.json['predictions'].")
-_PREDICT_POINTS = flags.DEFINE_list("predict_points", [], "N:D pairs whose loss approach 3 predicts (with calibrated "
-                                    "95% intervals), into fit.json['point_predictions'].")
+_PREDICT_POINTS = flags.DEFINE_list("predict_points", [], "N:D pairs whose loss approach 3 or Gadre et al.'s "
+                                    "over-training form predicts (whichever wins a backtest by model size; with "
+                                    "calibrated 95% intervals), into fit.json['point_predictions'].")
 _PREDICT_POINTS_CSV = flags.DEFINE_string("predict_points_csv", None, "A CSV with params (or N) and tokens (or D) "
                                           "columns: the (N, D) pairs to predict, as --predict_points.")
 _HEADLINE = flags.DEFINE_enum("headline", None, list(conventions.DESCRIPTIONS),

@@ -1,5 +1,6 @@
-"""The loss at any (N, D) from approach 3's L(N, D) = E + A/N^α + B/D^β, with intervals calibrated on a
-backtest by model size, for grids that are not IsoFLOP (over-training sweeps, a family at several token counts).
+"""The loss at any (N, D), with intervals calibrated on a backtest by model size, for grids that are not IsoFLOP
+(over-training sweeps, a family at several token counts): from approach 3's L(N, D) = E + A/N^α + B/D^β or from
+Gadre et al. 2024's over-training form (`overtrain`), whichever predicts better on the backtest.
 
 Legend: P = points, Q = (N, D) pairs asked for, K = noise draws, J = backtest pairs.
 
@@ -7,22 +8,27 @@ Backtest: the distinct model sizes, increasing; for each k from max(MIN_SIZES, h
 largest, approach 3 is refitted on the points of the k smallest sizes and predicts every point of the larger
 ones: e = ln(L̂ / L) at the distance x = ln(N / N_k) + max(0, ln(D / D_max)) beyond the refit's largest model
 (and tokens), for points at least 1.5× beyond it (MIN_DISTANCE; nearer ones measure noise and would blow e/x
-up on a near-continuous ladder of sizes, as Chinchilla's). The misfit scale and the interval are `backtest.misfit_scale` / `backtest.interval`'s, with the
-noise term the sd of ln L̂ over approach 3's loss-noise draws.
+up on a near-continuous ladder of sizes, as Chinchilla's). Both forms are backtested on the same pairs; the one
+with the smaller median |e| predicts (approach 3 on a tie or where neither has a pair). The misfit scale and the
+interval are `backtest.misfit_scale` / `backtest.interval`'s (m = 1), with the noise term the sd of ln L̂ over
+approach 3's loss-noise draws, or for the over-training form (no draws) its log residual RMS: the scatter of one
+point about it, an upper bound on the noise of the fitted curve.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import backtest, parametric
+from transformer.scaling import backtest, overtrain, parametric
 from transformer.scaling.points import Points
 
 MIN_SIZES = 3  # a refit sees at least this many model sizes (and 5 points)
 REFIT_STARTS = 20
 MIN_DISTANCE = float(np.log(1.5))  # pairs nearer the refit's largest model than 1.5× are noise, not misfit: e/x explodes
+MISFIT_FLAG = 2.0  # the chosen form misfits when its log residual RMS exceeds this many times the loss noise σ
+FORMS = {"approach3": "L(N, D) = E + A/N^alpha + B/D^beta (approach 3)", "overtrain": overtrain.FORM}
 
 
 def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
@@ -45,20 +51,21 @@ def _loss(fit: dict[str, float] | parametric.LossFit, n: np.ndarray, d: np.ndarr
     return get("E") + get("A") / np.power(n, get("alpha")) + get("B") / np.power(d, get("beta"))
 
 
-def size_backtest(points: Points, start: np.ndarray | None = None) -> list[dict[str, float]]:
-    """The backtest pairs by model size (module docstring)."""
+def size_backtest(points: Points, fit_fn: Callable[[np.ndarray, np.ndarray, np.ndarray], Any],
+                  loss_fn: Callable[[Any, np.ndarray, np.ndarray], np.ndarray]) -> list[dict[str, float]]:
+    """The backtest pairs by model size (module docstring) of the form `fit_fn(N, D, L)` fits and `loss_fn(fit, N, D)`
+    evaluates."""
     sizes_S = np.unique(points.params_P)
     out: list[dict[str, float]] = []
     for k in range(max(MIN_SIZES, len(sizes_S) // 2), len(sizes_S)):
         train_P = points.params_P <= sizes_S[k - 1]
         if train_P.sum() < 5:
             continue
-        fit = parametric.fit_loss(points.params_P[train_P], points.tokens_P[train_P], points.loss_P[train_P],
-                                  n_starts=REFIT_STARTS, extra_starts=start)
+        fit = fit_fn(points.params_P[train_P], points.tokens_P[train_P], points.loss_P[train_P])
         d_max = points.tokens_P[train_P].max()
         for i in np.flatnonzero(~train_P):
             n, d = points.params_P[i], points.tokens_P[i]
-            predicted = float(_loss(fit, n, d))
+            predicted = float(loss_fn(fit, n, d))
             distance = float(np.log(n / sizes_S[k - 1]) + max(0.0, np.log(d / d_max)))
             if not (np.isfinite(predicted) and predicted > 0) or distance < MIN_DISTANCE:
                 continue
@@ -69,22 +76,37 @@ def size_backtest(points: Points, start: np.ndarray | None = None) -> list[dict[
     return out
 
 
-def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, float]]) -> dict[str, Any]:
-    """fit.json's "point_predictions": {"backtest", "predictions": [{"params", "tokens", "loss", "loss_ci95",
-    "loss_noise_ci95", "loss_interval"}], "warning"?} from approach 3 `a3` (fitted to `points`, with its
-    bootstrap draws where there are any)."""
+def _median_abs(bt_J: list[dict[str, float]]) -> float:
+    return float(np.median(np.abs([p["log_error"] for p in bt_J]))) if bt_J else float("inf")
+
+
+def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, float]],
+            sigma: float | None = None) -> dict[str, Any]:
+    """fit.json's "point_predictions": {"form", "chosen", "candidates", "backtest", "predictions": [{"params",
+    "tokens", "loss", "loss_ci95", "loss_noise_ci95"?, "loss_interval"}], "warning"?} from approach 3 `a3` (fitted
+    to `points`, with its bootstrap draws where there are any) or the over-training form, whichever has the smaller
+    median |error| on the backtest by model size. `sigma`: the loss noise σ in ln L (for the misfit warning)."""
     if a3.get("E") is None:
         return {"note": f"approach 3 is not fitted ({a3.get('note', 'no result')}): no loss at (N, D)"}
     start = np.array([[np.log(a3["A"]), np.log(a3["B"]), np.log(a3["E"]), a3["alpha"], a3["beta"]]])
-    bt = size_backtest(points, start)
-    scale = backtest.misfit_scale(bt)  # every refit: each sees at least half the sizes
-    draws = a3.get("bootstrap", {}).get("draws")
+    bt = {"approach3": size_backtest(points, lambda n, d, l: parametric.fit_loss(
+              n, d, l, n_starts=REFIT_STARTS, extra_starts=start), _loss),
+          "overtrain": size_backtest(points, overtrain.fit, overtrain.loss_at)}
+    law = overtrain.fit(points.params_P, points.tokens_P, points.loss_P)
+    chosen = "overtrain" if _median_abs(bt["overtrain"]) < _median_abs(bt["approach3"]) else "approach3"
+    candidates = {name: {"form": FORMS[name], "backtest_pairs": len(bt[name]),
+                         "backtest_median_abs_error": _median_abs(bt[name]) if bt[name] else None}
+                  for name in FORMS}
+    candidates["overtrain"]["law"] = law
+    candidates["approach3"]["law"] = {k: a3[k] for k in ("E", "A", "B", "alpha", "beta")}
+    scale = backtest.misfit_scale(bt[chosen], multiplier=1.0)  # m = 1: the conformal m was calibrated on frontiers
+    draws = a3.get("bootstrap", {}).get("draws") if chosen == "approach3" else None
     n_max, d_max = float(points.params_P.max()), float(points.tokens_P.max())
     preds = []
     for n, d in asked_Q:
-        loss = float(_loss(a3, n, d))
+        loss = float(_loss(a3, n, d) if chosen == "approach3" else overtrain.loss_at(law, n, d))
         pred: dict[str, Any] = {"params": n, "tokens": d, "loss": loss}
-        noise_sd = None
+        noise_sd = law["rms_log_residual"] if chosen == "overtrain" else None
         if draws:
             keys = ("E", "A", "B", "alpha", "beta")
             ok = [all(draws[k][i] is not None for k in keys) for i in range(len(draws["E"]))]
@@ -100,9 +122,15 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
         pred["loss_ci95"] = cal.pop("loss_ci95")
         pred["loss_interval"] = cal
         preds.append(pred)
-    out: dict[str, Any] = {"form": "L(N, D) = E + A/N^alpha + B/D^beta (approach 3)", "predictions": preds,
-                           "backtest": {**backtest.summary(bt), "method": "refit approach 3 on the smallest k model "
-                                                                          "sizes, predict every point of the larger ones"}}
-    if a3.get("warning"):
+    out: dict[str, Any] = {
+        "form": FORMS[chosen], "chosen": chosen, "candidates": candidates,
+        "chosen_by": "the smaller median |log error| on the backtest by model size (approach 3 on a tie)",
+        "predictions": preds,
+        "backtest": {**backtest.summary(bt[chosen]), "method": f"refit {chosen} on the smallest k model sizes, "
+                                                               "predict every point of the larger ones"}}
+    if chosen == "approach3" and a3.get("warning"):
         out["warning"] = a3["warning"]
+    elif chosen == "overtrain" and sigma and law["rms_log_residual"] > MISFIT_FLAG * sigma:
+        out["warning"] = (f"residual RMS {law['rms_log_residual']:.4f} is {law['rms_log_residual'] / sigma:.1f}x the "
+                          f"loss noise σ {sigma:.4f}: {overtrain.FORM} does not describe these points to their noise")
     return out

@@ -242,7 +242,8 @@ def fit_all(
     `predict_flops`, predictions. `bootstrap` > 0: that many loss-noise draws give 95% intervals (200
     are drawn when predictions are asked for without it). `isoflop_window`/`isoflop_method`: see
     `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points). `predict_points`: (N, D) pairs
-    whose loss approach 3 predicts, with intervals calibrated on a backtest by model size (`at_points`).
+    whose loss approach 3 or Gadre et al.'s over-training form predicts (whichever does better on a backtest by
+    model size), with intervals calibrated on that backtest (`at_points`).
     """
     if bootstrap < 0:
         raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
@@ -301,7 +302,7 @@ def fit_all(
     result["frontier"].pop("_draws", None)
     result["frontier"].pop("_calibration", None)
     if predict_points:
-        result["point_predictions"] = at_points.predict(chosen, a3, predict_points)
+        result["point_predictions"] = at_points.predict(chosen, a3, predict_points, sigma["sigma"])
     return result
 
 

@@ -115,17 +115,23 @@ def summary(fit: dict[str, Any]) -> str:
                      f"{_ci(p, 'tokens', '.4g')}  loss "
                      + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
                      + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip()}; "
-                        + ("calibrated on the backtest" if p["loss_interval"]["calibrated"] else "NOT calibrated: "
+                        + (f"calibrated on the backtest, m = {p['loss_interval'].get('multiplier', 1.0):g}"
+                           if p["loss_interval"]["calibrated"] else "NOT calibrated: "
                            "no backtest refit, the misfit prior alone") + ")" if p.get("loss_interval") else ""))
     at = fit.get("point_predictions")
     if at and at.get("predictions"):
         bt = at["backtest"]
-        lines.append("loss at (N, D) from approach 3; backtest by model size: " + (
+        cand = at.get("candidates", {})
+        lines.append(f"loss at (N, D) from {at.get('chosen', 'approach3')}: {at['form']}" + (
+            " (chosen by the backtest by model size, median |error| " + " vs ".join(
+                f"{name} {100 * c['backtest_median_abs_error']:.2f}%" for name, c in cand.items()
+                if c.get("backtest_median_abs_error") is not None) + ")" if cand else ""))
+        lines.append("backtest by model size: " + (
             f"median |error| {100 * bt['median_abs_error']:.2f}%, misfit {100 * bt['misfit_per_efold']:.2f}% per "
             f"e-fold beyond the largest fitted model ({bt['misfit_pairs']} pairs)" if bt.get("pairs") else
             "none (too few model sizes): noise-only intervals"))
         if at.get("warning"):
-            lines.append(f"approach3 WARNING (applies to these losses): {at['warning']}")
+            lines.append(f"{at.get('chosen', 'approach3')} WARNING (applies to these losses): {at['warning']}")
         for p in at["predictions"]:
             lines.append(f"loss at N = {p['params']:.4g}, D = {p['tokens']:.4g}: {p['loss']:.4f}{_ci(p, 'loss', '.4f')}"
                          + ("" if p["loss_interval"]["calibrated"] else " (not calibrated)"))
