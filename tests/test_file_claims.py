@@ -217,3 +217,23 @@ def test_results_appends_from_several_processes_need_no_file_lock(tmp_path):
     lines = open(tmp_path / results.RESULTS).read().splitlines()
     assert len(lines) == 100 and len({json.loads(x)["run_id"] for x in lines}) == 100  # every line whole, once
     assert sorted(os.listdir(tmp_path)) == [results.RESULTS]  # the writers' claim is released
+
+
+_COUNTER = """
+import sys
+from transformer import file_claims
+path = sys.argv[1]
+for _ in range(30):
+    with file_claims.hold(path + ".claim"):
+        n = int(open(path).read() or 0)
+        with open(path, "w") as f:  # read-modify-write: two at once would lose an increment
+            f.write(str(n + 1))
+"""
+
+
+def test_hold_excludes_other_processes(tmp_path):
+    path = tmp_path / "count"
+    path.write_text("0")
+    procs = [subprocess.Popen([sys.executable, "-c", _COUNTER, str(path)], cwd=REPO, env=ENV) for _ in range(3)]
+    assert [p.wait(120) for p in procs] == [0, 0, 0]
+    assert path.read_text() == "90" and sorted(os.listdir(tmp_path)) == ["count"]
