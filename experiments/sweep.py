@@ -24,6 +24,7 @@ from ml_collections import config_flags
 from experiments import cli
 from experiments._paths import absolute_config
 from experiments.jax_setup import setup_jax
+from transformer import file_claims
 from transformer.data import identity
 from transformer.design.spec import SweepSpec
 from transformer.scaling import lr_scan
@@ -135,7 +136,7 @@ def main(argv: list[str]) -> None:
     failed = [r["run_id"] for r in rows if r["status"] != "ok"  # a diverged LR-scan run is an observation
               and not (r.get("role") == "lr" and lr_scan.diverged(r))]
     try:
-        with runner.results.locked(os.path.join(workdir, "fit.lock")):  # runners finishing together: one at a time
+        with file_claims.hold(os.path.join(workdir, "fit.claim")):  # runners finishing together: one at a time
             fit = outcome.finish(workdir, doc, announce=False)
     except Exception as e:  # the runs are safe in results.jsonl; the fit can be redone on its own
         again = ("python -m experiments.fit --sweep=" + workdir + " --out=" + os.path.join(workdir, "fit")

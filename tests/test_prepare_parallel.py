@@ -74,6 +74,39 @@ def test_the_build_needs_no_file_lock(tmp_path, monkeypatch):
     assert not _leftovers(c.cache_dir)
 
 
+def _no_file_locks(monkeypatch) -> None:
+    """fcntl locks fail as on an NFS mount without lock support (ENOLCK)."""
+    import fcntl
+
+    def no_lock(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_lock)
+    monkeypatch.setattr(fcntl, "lockf", no_lock)
+
+
+def test_the_sentencepiece_model_trains_without_file_locks(tmp_path, monkeypatch):
+    """The SentencePiece model of local files is trained (once, under a claim) where flock fails."""
+    from transformer.data import tokenizers
+
+    _no_file_locks(monkeypatch)
+    c = _data(tmp_path, tokenizer="sentencepiece", vocab_size=300)
+    tok = get_tokenizer(c)
+    path = tokenizers.sentencepiece_path(c)
+    assert tok.vocab_size == 300 and os.path.isfile(path)
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]  # no claim, lock or temporary file left
+    assert get_tokenizer(c).fingerprint == tok.fingerprint  # the second call reads the saved model
+
+
+def test_the_builtin_corpus_prepares_without_file_locks(corpus_dir, monkeypatch):
+    """prepare_stdlib (called for every read of the built-in corpus) takes no flock, which would fail on NFS."""
+    from transformer.data import corpus
+
+    _no_file_locks(monkeypatch)
+    builder = corpus.prepare_stdlib(corpus_dir)
+    assert builder.info.splits["train"].num_examples > 100
+
+
 def test_a_live_claim_is_waited_for_and_a_stale_one_taken_over(tmp_path, monkeypatch):
     monkeypatch.setattr(token_cache, "_CLAIM_POLL_S", 0.05)
     c = _data(tmp_path)

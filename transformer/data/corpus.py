@@ -8,7 +8,6 @@ builder config per Python minor version (`py3_11`, ...) keeps different standard
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import logging
@@ -22,6 +21,7 @@ from typing import Any
 from etils import epath
 import tensorflow_datasets as tfds
 
+from transformer import file_claims
 from transformer.spec import ConfigError, DataSpec
 
 BUILTIN_NAME = "stdlib_py"
@@ -119,25 +119,6 @@ def dataset_key(data_cfg: DataSpec) -> str:
 
 
 @contextlib.contextmanager
-def file_lock(path: str, remove_on_error: bool = False) -> Iterator[None]:
-    """Holds an exclusive `flock` on `path` (created if missing) for the duration of the block.
-    `remove_on_error`: a block that raises (a data error while building a cache) deletes the lock file, so a
-    failed build leaves nothing behind; a process waiting on it then takes the lock and fails the same way."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        except BaseException:
-            if remove_on_error:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-            raise
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def _quiet_tfds() -> Iterator[None]:
     """Silences TFDS while it builds the local corpus: its "Downloading and preparing dataset Unknown
     size" banner (nothing downloads), its nested progress bars, its INFO logs and warnings."""
@@ -181,22 +162,35 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("~", "/", ".")) or bool(_user_files(name))
 
 
+def _stdlib_builder(data_dir: str) -> StdlibPy:
+    with _quiet_tfds():  # in a fresh data dir TFDS warns that the variant folder has no dataset_info.json
+        return StdlibPy(data_dir=data_dir, file_format="array_record")
+
+
+def _stdlib_prepared(data_dir: str) -> bool:
+    with _quiet_tfds():
+        return _stdlib_builder(data_dir).is_prepared()
+
+
+def _build_stdlib(data_dir: str) -> None:
+    print(f"Building the {BUILTIN_NAME}/{_config_name()} corpus in {data_dir} ...", flush=True)
+    start = time.perf_counter()
+    builder = _stdlib_builder(data_dir)
+    with _quiet_tfds():  # TFDS writes into a temporary folder and renames it into place when complete
+        builder.download_and_prepare()
+    md = builder.info.metadata
+    print(f"Built {BUILTIN_NAME}: {md['file_count']} files, {md['total_bytes']} bytes "
+          f"in {time.perf_counter() - start:.1f} s", flush=True)
+
+
 def prepare_stdlib(data_dir: str) -> StdlibPy:
-    """Builds `stdlib_py` under `data_dir` unless already there; safe to call from several processes."""
-    with file_lock(os.path.join(data_dir, BUILTIN_NAME, f"{_config_name()}.lock")):
-        with _quiet_tfds():  # in a fresh data dir TFDS warns that the variant folder has no dataset_info.json
-            builder = StdlibPy(data_dir=data_dir, file_format="array_record")
-            prepared = builder.is_prepared()
-        if not prepared:
-            print(f"Building the {BUILTIN_NAME}/{_config_name()} corpus in {data_dir} ...", flush=True)
-            start = time.perf_counter()
-            with _quiet_tfds():
-                builder.download_and_prepare()
-            md = builder.info.metadata
-            print(f"Built {BUILTIN_NAME}: {md['file_count']} files, {md['total_bytes']} bytes "
-                  f"in {time.perf_counter() - start:.1f} s", flush=True)
-        builder = StdlibPy(data_dir=data_dir, file_format="array_record")  # reload info from disk
-    return builder
+    """Builds `stdlib_py` under `data_dir` unless already there; safe to call from several processes and hosts
+    on a shared file system (file_claims.build_once: one builds, the others wait; no file lock)."""
+    claim = os.path.join(data_dir, BUILTIN_NAME, f"{_config_name()}.building")
+    file_claims.build_once(lambda: _stdlib_prepared(data_dir), claim, lambda: _build_stdlib(data_dir),
+                           waiting=f"waiting for another process to build the {BUILTIN_NAME}/{_config_name()} "
+                                   f"corpus in {data_dir} (claim {claim})")
+    return _stdlib_builder(data_dir)  # its info read from disk
 
 
 class TextSource:

@@ -21,11 +21,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import tqdm
 
+from transformer import file_claims
 from transformer.data import sources, tokenizers
 from transformer.data.tokenizers import Tokenizer
 from transformer.spec import ConfigError, DataSpec
@@ -94,8 +95,7 @@ def _overlap(hashes: dict[str, np.ndarray]) -> int:
 
 
 def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_dir: str,
-                    dtype: np.dtype, verbose: bool, refresh: Callable[[], None] = lambda: None
-                    ) -> tuple[dict, np.ndarray]:
+                    dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray]:
     """Streams the split's documents through the tokenizer into out_dir/{split}.tokens; returns its counts
     and each document's hash (uint64 [D], document_hash)."""
     offsets, num_tokens, num_bytes, hashes = [0], 0, 0, []
@@ -115,7 +115,6 @@ def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_di
                 offsets.append(num_tokens)
             num_bytes += sum(len(t.encode("utf-8", errors="replace")) for t in batch)
             bar.update(num_tokens - bar.n)
-            refresh()
     seconds = time.perf_counter() - start
     if len(offsets) == 1:
         raise sources.empty_split_error(data_cfg, split)
@@ -141,100 +140,33 @@ _CLAIM_REFRESH_S = 30.0
 _CLAIM_POLL_S = 2.0
 
 
-class _Claim:
-    """`<cache>.building`: who builds the cache. Created with O_CREAT | O_EXCL (atomic on local file systems and
-    NFS v3+, unlike fcntl locks over NFS), refreshed (mtime) while the build runs, removed when it ends."""
-
-    def __init__(self, path: str):
-        self.path = path + ".building"
-        self.last = 0.0
-
-    def take(self) -> bool:
-        """True: this process holds the claim; False: another live builder does. A stale claim is removed."""
-        try:
-            age = time.time() - os.stat(self.path).st_mtime
-            if age > CLAIM_STALE_S or self._owner_died():
-                os.replace(self.path, f"{self.path}.stale-{os.getpid()}")  # one taker renames it; others miss it
-                os.remove(f"{self.path}.stale-{os.getpid()}")
-        except FileNotFoundError:
-            pass
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"host": os.uname().nodename, "pid": os.getpid(), "time": time.time()}))
-        self.last = time.time()
-        return True
-
-    def _owner_died(self) -> bool:
-        """The claim's builder was a process of this host that no longer exists (killed mid-build)."""
-        try:
-            with open(self.path) as f:
-                owner = json.load(f)
-        except (OSError, ValueError):  # gone, or being written this instant: not known dead
-            return False
-        if owner.get("host") != os.uname().nodename:
-            return False  # another host's process: only the refresh time tells
-        try:
-            os.kill(int(owner["pid"]), 0)
-        except ProcessLookupError:
-            return True
-        except (PermissionError, KeyError, ValueError, TypeError):
-            return False
-        return False
-
-    def refresh(self) -> None:
-        if time.time() - self.last > _CLAIM_REFRESH_S:
-            self.last = time.time()
-            try:
-                os.utime(self.path)
-            except FileNotFoundError:  # taken over as stale (a very long stall): the rename below decides
-                pass
-
-    def release(self) -> None:
-        try:
-            os.remove(self.path)
-        except FileNotFoundError:
-            pass
-
-
 def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
                  source_fingerprint: str | None = None) -> str:
     """The cache directory for (files, tokenizer), built on first use; safe across processes and hosts on a
-    shared file system without file locks: one process claims the build (`_Claim`), the others wait for its
-    meta.json (or take a stale claim over); the build is written into a temporary directory renamed into place
-    when complete, and a rename that finds the cache already there (a racing builder won) keeps that one.
-    `source_fingerprint`: as cache_path."""
+    shared file system without file locks: one process claims the build (`<cache>.building`, a claim of
+    file_claims.build_once), the others wait for its meta.json (or take a dead claim over); the build is written
+    into a temporary directory renamed into place when complete, and a rename that finds the cache already
+    there (a racing builder won) keeps that one. `source_fingerprint`: as cache_path."""
     source = source_fingerprint if source_fingerprint is not None else sources.fingerprint(data_cfg)
     path = cache_path(data_cfg, tokenizer, source)
     meta_path = os.path.join(path, "meta.json")
     if os.path.isfile(meta_path):
         return path
-    root = os.path.dirname(path)
-    _check_writable(root)
-    claim = _Claim(path)
-    waited = False
-    while not claim.take():
-        if os.path.isfile(meta_path):
-            return path
-        if verbose and not waited:
-            print(f"waiting for another process to build the token cache {path} (claim {claim.path})", flush=True)
-            waited = True
-        time.sleep(_CLAIM_POLL_S)
-    try:
-        if os.path.isfile(meta_path):
-            return path
-        if os.path.isdir(path):  # not written by ensure_cache (no meta.json): never trust it
-            shutil.rmtree(path)
-        _build(data_cfg, tokenizer, source, path, claim, verbose)
-    finally:
-        claim.release()
+    _check_writable(os.path.dirname(path))
+    claim = path + ".building"
+    file_claims.build_once(lambda: os.path.isfile(meta_path), claim,
+                           lambda: _build(data_cfg, tokenizer, source, path, verbose),
+                           stale_after_s=CLAIM_STALE_S, heartbeat_s=_CLAIM_REFRESH_S, poll_s=_CLAIM_POLL_S,
+                           waiting=f"waiting for another process to build the token cache {path} (claim {claim})"
+                           if verbose else None)
     return path
 
 
-def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, claim: _Claim, verbose: bool) -> None:
+def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, verbose: bool) -> None:
+    """Tokenizes every split into a temporary directory renamed to `path` (under the caller's build claim)."""
     root = os.path.dirname(path)
+    if os.path.isdir(path):  # not written by ensure_cache (no meta.json): never trust it
+        shutil.rmtree(path)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=root)
     try:
@@ -243,8 +175,7 @@ def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, cla
                 "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
         hashes = {}
         for split in SPLITS:
-            meta[split], hashes[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose,
-                                                         claim.refresh)
+            meta[split], hashes[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
         overlap = _overlap(hashes)
         _check_overlap(data_cfg, overlap, len(hashes["eval"]))
         meta[OVERLAP_KEY] = overlap

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import sentencepiece as spm
 
+from transformer import file_claims
 from transformer.data import corpus, documents
 from transformer.spec import ConfigError, DataSpec
 
@@ -342,6 +343,21 @@ def sentencepiece_path(data_cfg: DataSpec) -> str:
     return os.path.join(corpus.resolve_data_dir(data_cfg), "tokenizers", name.replace("/", "_"))
 
 
+def _train_and_save(data_cfg: DataSpec, path: str) -> SentencePieceTokenizer:
+    """Trains the corpus's SentencePiece model and writes it to `path` (a temporary name renamed into place)."""
+    print(f"Training a {data_cfg.vocab_size}-piece SentencePiece model -> {path}", flush=True)
+    tok = train_sentencepiece(_corpus_sample(data_cfg, SP_SAMPLE_BYTES), data_cfg.vocab_size)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(tok.model_proto)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return tok
+
+
 def get_tokenizer(data_cfg: DataSpec, workdir: str | None = None, training: bool = False) -> Tokenizer:
     """The tokenizer named by `data.tokenizer`; a SentencePiece model is trained once and cached.
 
@@ -356,15 +372,12 @@ def get_tokenizer(data_cfg: DataSpec, workdir: str | None = None, training: bool
         return ByteTokenizer()
     if data_cfg.tokenizer == "sentencepiece":
         path = sentencepiece_path(data_cfg)
-        with corpus.file_lock(path + ".lock", remove_on_error=True):  # bad data leaves no lock file behind
-            if not os.path.exists(path):
-                print(f"Training a {data_cfg.vocab_size}-piece SentencePiece model -> {path}", flush=True)
-                tok = train_sentencepiece(_corpus_sample(data_cfg, SP_SAMPLE_BYTES), data_cfg.vocab_size)
-                tmp = path + ".tmp"
-                with open(tmp, "wb") as f:
-                    f.write(tok.model_proto)
-                os.replace(tmp, path)
-                return tok
+        trained = file_claims.build_once(lambda: os.path.exists(path), path + ".building",
+                                         lambda: _train_and_save(data_cfg, path),
+                                         waiting=f"waiting for another process to train the SentencePiece model "
+                                                 f"{path} (claim {path}.building)")
+        if trained is not None:
+            return trained
         return SentencePieceTokenizer.from_file(path)
     if not str(data_cfg.tokenizer).strip():
         raise ConfigError(f"data.tokenizer is empty; choose one of {', '.join(TOKENIZERS)}")

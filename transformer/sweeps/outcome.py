@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any
 
-from transformer import files
+from transformer import file_claims, files
 from transformer.sweeps import results
 
 
@@ -140,11 +140,11 @@ def finish(workdir: str, doc: dict[str, Any], announce: bool = True) -> dict[str
 
 
 def finish_once(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:
-    """finish() by the first worker to find every run recorded, the plan complete and no fit yet (DIR/fit.lock)."""
+    """finish() by the first worker to find every run recorded, the plan complete and no fit yet (DIR/fit.claim)."""
     done = "validation.json" if any(r.get("role") == "validate" for r in doc["runs"]) else "fit.json"
     marker = os.path.join(workdir, "lr_fit.json" if doc["mode"] == "lr_scan" else os.path.join("fit", done))
     recorded = {r["run_id"] for r in results.read_results(workdir)}
-    with results.locked(os.path.join(workdir, "fit.lock")):
+    with file_claims.hold(os.path.join(workdir, "fit.claim")):
         if doc.get("waiting") is None and all(r["run_id"] in recorded for r in doc["runs"]) \
                 and not _fitted(marker, doc):
             return finish(workdir, doc)

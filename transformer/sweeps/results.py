@@ -1,38 +1,30 @@
 """A sweep's results file, DIR/results.jsonl: one JSON line per finished run, never two for one run.
 
-Appends happen under an exclusive fcntl lock on DIR/results.lock: cut a torn last line (a writer killed
-mid-write), read the file, skip if the run is already there, else append the line with a single write
-and fsync. Several processes (local workers,
-SLURM array tasks on a shared file system with working locks) may append at once.
+Appends happen while holding the claim DIR/results.claim (file_claims.hold: an O_CREAT | O_EXCL claim file, no
+fcntl lock, which NFS clients may not honour): cut a torn last line (a writer killed mid-write), read the file,
+skip if the run is already there, else append the line with a single write and fsync. Several processes (local
+workers, runners on several hosts, SLURM array tasks on a shared file system) may append at once: the claim,
+not O_APPEND, keeps their lines apart (an O_APPEND write is atomic on a local file system, not over NFS, where
+the client computes the offset). A writer killed while holding it leaves a claim taken over at once on its own
+host (its pid is gone), else after LOCK_STALE_S.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-from typing import Any, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from transformer import file_claims
 
 RESULTS = "results.jsonl"
-LOCK = "results.lock"
+LOCK = "results.claim"
+LOCK_STALE_S = 120.0  # a holder refreshes it every 10 s; one not refreshed for this long is dead
 
 
-@contextlib.contextmanager
-def locked(path: str, blocking: bool = True) -> Iterator[bool]:
-    """Holds an exclusive flock on `path` (created if missing); yields False when non-blocking and busy."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+def locked(sweep_dir: str) -> AbstractContextManager[bool]:
+    """Holds the claim that serialises the writers of DIR/results.jsonl (a context manager)."""
+    return file_claims.hold(os.path.join(sweep_dir, LOCK), stale_after_s=LOCK_STALE_S)
 
 
 def read_results(sweep_dir: str) -> list[dict[str, Any]]:
@@ -76,7 +68,7 @@ class Cache:
 def append_result(sweep_dir: str, row: dict[str, Any]) -> bool:
     """Appends `row` unless a row with its run_id is already there; True when it was written."""
     path = os.path.join(sweep_dir, RESULTS)
-    with locked(os.path.join(sweep_dir, LOCK)):
+    with locked(sweep_dir):
         if any(r.get("run_id") == row["run_id"] for r in read_results(sweep_dir)):
             return False
         repair_torn_tail(path)
@@ -91,9 +83,9 @@ def append_result(sweep_dir: str, row: dict[str, Any]) -> bool:
 
 
 def drop_failed(sweep_dir: str) -> list[str]:
-    """Removes the failed rows (atomically, under the lock) so those runs run again; returns their ids."""
+    """Removes the failed rows (atomically, holding the results claim) so those runs run again; returns their ids."""
     path = os.path.join(sweep_dir, RESULTS)
-    with locked(os.path.join(sweep_dir, LOCK)):
+    with locked(sweep_dir):
         rows = read_results(sweep_dir)
         failed = [r["run_id"] for r in rows if r.get("status") != "ok"]
         if failed:
@@ -107,8 +99,8 @@ def drop_failed(sweep_dir: str) -> list[str]:
 
 
 def repair_torn_tail(path: str) -> bool:
-    """Cuts a torn last line (a writer killed mid-write: no newline yet) off the file, under the caller's
-    lock. That row was never complete, so its run counts as unrecorded and is recorded again whole.
+    """Cuts a torn last line (a writer killed mid-write: no newline yet) off the file, holding the
+    claim. That row was never complete, so its run counts as unrecorded and is recorded again whole.
     Returns True when something was cut."""
     if not os.path.exists(path) or not os.path.getsize(path):
         return False

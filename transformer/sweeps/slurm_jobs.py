@@ -20,6 +20,7 @@ import types
 from typing import Any, Sequence
 
 
+from transformer import file_claims
 from transformer.spec import ConfigError
 from transformer.sweeps import results, runner, slurm, slurm_query
 from transformer.sweeps.execute import CLAIMED_ELSEWHERE, result_row
@@ -244,7 +245,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
 
     config = SweepSpec.of(config)  # a sweep config (ConfigDict or mapping) or its spec
     os.makedirs(slurm_dir(workdir), exist_ok=True)
-    with results.locked(os.path.join(slurm_dir(workdir), "submit.lock")):  # two commands at once: one submits
+    with file_claims.hold(os.path.join(slurm_dir(workdir), "submit.claim")):  # two commands at once: one submits
         q = queued(workdir)
         if q:
             print(f"the sweep's jobs are in the queue ({describe(q)}); nothing submitted again "

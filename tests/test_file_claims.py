@@ -1,0 +1,239 @@
+"""transformer/file_claims.py, the one claim mechanism (run claims, cache builds, the results.jsonl writers):
+exclusive, taken over when stale or when its owner is a dead process of this host, kept fresh by its heartbeat,
+never removed by a former owner; build_once builds once among threads and processes; hold serialises writers
+where fcntl locks fail (NFS: ENOLCK)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from transformer import file_claims
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": REPO}
+
+
+def _write_claim(path: str, host: str, pid: int, age_s: float = 0.0) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"host": host, "pid": pid, "time": time.time()}, f)
+    t = time.time() - age_s
+    os.utime(path, (t, t))
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_claim_is_exclusive_and_records_its_owner(tmp_path):
+    path = str(tmp_path / "sub" / "x.claim")
+    first = file_claims.try_claim(path, 60, 30, extra={"job": "12_3"})
+    assert first is not None and file_claims.try_claim(path, 60, 30) is None
+    info = file_claims.read(path)
+    assert (info["host"], info["pid"], info["job"]) == (socket.gethostname(), os.getpid(), "12_3")
+    assert info["age_s"] < 5 and file_claims.is_live(path, 60)
+    first.release()
+    assert file_claims.read(path) is None and not os.listdir(tmp_path / "sub")
+    with pytest.raises(ValueError, match="must be positive"):
+        file_claims.try_claim(path, 0, 30)
+
+
+def test_a_stale_claim_is_taken_over_and_a_fresh_one_of_another_host_is_not(tmp_path):
+    path = str(tmp_path / "x.claim")
+    _write_claim(path, "node-elsewhere", 1, age_s=10)
+    assert file_claims.try_claim(path, 60, 30) is None  # refreshed 10 s ago: alive, whatever its pid means here
+    _write_claim(path, "node-elsewhere", 1, age_s=120)
+    taken = file_claims.try_claim(path, 60, 30)
+    assert taken is not None and taken.took_over["host"] == "node-elsewhere"
+    assert file_claims.read(path)["pid"] == os.getpid()
+    assert [n for n in os.listdir(tmp_path) if n != "x.claim"] == []  # the set-aside stale claim is gone
+    taken.release()
+
+
+def test_a_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(tmp_path):
+    path = str(tmp_path / "x.claim")
+    _write_claim(path, socket.gethostname(), _dead_pid())  # fresh: only its pid tells it is dead
+    assert not file_claims.is_live(path, 600)
+    taken = file_claims.try_claim(path, 600, 30)
+    assert taken is not None
+    taken.release()
+    # a process killed while holding a real claim (SIGKILL: nothing released)
+    killed = subprocess.run([sys.executable, "-c", "import os, signal, sys; from transformer import file_claims; "
+                             "file_claims.try_claim(sys.argv[1], 600, 30); os.kill(os.getpid(), signal.SIGKILL)", path],
+                            cwd=REPO, env=ENV, timeout=60)
+    assert killed.returncode == -9 and file_claims.read(path)["age_s"] < 60
+    assert file_claims.try_claim(path, 600, 30) is not None
+
+
+def test_a_dead_rule_decides_before_the_pid(tmp_path):
+    path = str(tmp_path / "x.claim")
+    _write_claim(path, "node-elsewhere", 1)
+    assert file_claims.try_claim(path, 600, 30, dead=lambda info: None) is None  # cannot say: fresh, so alive
+    assert file_claims.try_claim(path, 600, 30, dead=lambda info: info["host"] == "node-elsewhere") is not None
+
+
+def test_the_heartbeat_keeps_a_claim_fresh_and_stops_with_its_owner(tmp_path):
+    path = str(tmp_path / "x.claim")
+    held = file_claims.try_claim(path, stale_after_s=0.5, heartbeat_s=0.05)
+    old = time.time() - 100
+    os.utime(path, (old, old))
+    time.sleep(0.3)
+    assert file_claims.read(path)["age_s"] < 0.3  # refreshed
+    time.sleep(0.6)  # longer than stale_after_s: still held, because it beats
+    assert file_claims.try_claim(path, stale_after_s=0.5, heartbeat_s=0.05, dead=lambda info: None) is None
+    held._stop.set()  # its owner stalls (or dies on another host): no more beats
+    time.sleep(0.7)
+    assert file_claims.read(path)["age_s"] > 0.5
+
+
+def test_a_former_owner_neither_refreshes_nor_removes_its_successors_claim(tmp_path):
+    path = str(tmp_path / "x.claim")
+    first = file_claims.try_claim(path, stale_after_s=1.0, heartbeat_s=0.05)
+    first._stop.set()
+    time.sleep(0.1)
+    old = time.time() - 10
+    os.utime(path, (old, old))
+    # after that stall, another process took the stale claim over
+    _write_claim(path + ".new", "node-elsewhere", 1)
+    os.rename(path + ".new", path)
+    first.release()
+    assert file_claims.read(path)["host"] == "node-elsewhere"
+
+
+def test_build_once_builds_once_among_threads(tmp_path):
+    target, claim, built = str(tmp_path / "out"), str(tmp_path / "out.building"), []
+
+    def build() -> str:
+        built.append(threading.get_ident())
+        time.sleep(0.5)
+        with open(target + ".tmp", "w") as f:
+            f.write("done")
+        os.replace(target + ".tmp", target)
+        return "built"
+
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(file_claims.build_once(
+        lambda: os.path.exists(target), claim, build, poll_s=0.02))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(built) == 1 and sorted(got, key=str) == [None, None, None, "built"]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+_BUILDER = """
+import os, sys, time
+from transformer import file_claims
+target, log = sys.argv[1], sys.argv[2]
+def build():
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(0.5)
+    with open(target + f".tmp{os.getpid()}", "w") as f:
+        f.write("done")
+    os.replace(target + f".tmp{os.getpid()}", target)
+file_claims.build_once(lambda: os.path.exists(target), target + ".building", build, poll_s=0.02)
+assert open(target).read() == "done"
+"""
+
+
+def test_build_once_builds_once_among_processes(tmp_path):
+    target, log = str(tmp_path / "out"), str(tmp_path / "log")
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILDER, target, log], cwd=REPO, env=ENV) for _ in range(4)]
+    assert [p.wait(60) for p in procs] == [0, 0, 0, 0]
+    assert len(open(log).read().split()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["log", "out"]
+
+
+def test_build_once_waits_with_progress_then_takes_a_dead_claim_over(tmp_path, capsys):
+    target, claim = str(tmp_path / "out"), str(tmp_path / "out.building")
+    _write_claim(claim, "node-elsewhere", 1)  # a builder on another host, refreshed now
+
+    def make_stale() -> None:
+        time.sleep(0.5)
+        old = time.time() - 100
+        os.utime(claim, (old, old))  # that host died
+
+    threading.Thread(target=make_stale).start()
+    got = file_claims.build_once(lambda: os.path.exists(target), claim, lambda: open(target, "w").close() or 7,
+                                 stale_after_s=50, poll_s=0.02, waiting="waiting for the other builder",
+                                 report_every_s=0.2)
+    out = capsys.readouterr().out
+    assert got == 7 and os.path.exists(target) and not os.path.exists(claim)
+    assert out.startswith("waiting for the other builder\n")
+    assert "still waiting after" in out and "held by node-elsewhere pid 1" in out
+    assert "took over the dead claim" in out
+
+
+def test_a_failing_build_leaves_no_claim_and_the_next_caller_builds(tmp_path):
+    target, claim = str(tmp_path / "out"), str(tmp_path / "out.building")
+
+    def fail() -> None:
+        raise RuntimeError("bad data")
+
+    with pytest.raises(RuntimeError, match="bad data"):
+        file_claims.build_once(lambda: os.path.exists(target), claim, fail)
+    assert os.listdir(tmp_path) == []
+    assert file_claims.build_once(lambda: os.path.exists(target), claim, lambda: "ok") == "ok"
+
+
+def test_hold_is_a_mutex_and_non_blocking_says_busy(tmp_path):
+    path = str(tmp_path / "m.claim")
+    with file_claims.hold(path) as got:
+        assert got
+        with file_claims.hold(path, blocking=False) as again:
+            assert again is False
+    assert not os.path.exists(path)
+
+
+_APPENDER = """
+import errno, fcntl, sys
+def no_lock(*_):
+    raise OSError(errno.ENOLCK, "No locks available")  # an NFS mount without lock support
+fcntl.flock = fcntl.lockf = no_lock
+from transformer.sweeps import results
+for i in range(25):
+    assert results.append_result(sys.argv[1], {"run_id": f"{sys.argv[2]}-{i}", "pad": "x" * 2000})
+"""
+
+
+def test_results_appends_from_several_processes_need_no_file_lock(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(tmp_path), str(k)], cwd=REPO, env=ENV,
+                              stderr=subprocess.PIPE, text=True) for k in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors[0][-2000:]
+    from transformer.sweeps import results
+
+    lines = open(tmp_path / results.RESULTS).read().splitlines()
+    assert len(lines) == 100 and len({json.loads(x)["run_id"] for x in lines}) == 100  # every line whole, once
+    assert sorted(os.listdir(tmp_path)) == [results.RESULTS]  # the writers' claim is released
+
+
+_COUNTER = """
+import sys
+from transformer import file_claims
+path = sys.argv[1]
+for _ in range(30):
+    with file_claims.hold(path + ".claim"):
+        n = int(open(path).read() or 0)
+        with open(path, "w") as f:  # read-modify-write: two at once would lose an increment
+            f.write(str(n + 1))
+"""
+
+
+def test_hold_excludes_other_processes(tmp_path):
+    path = tmp_path / "count"
+    path.write_text("0")
+    procs = [subprocess.Popen([sys.executable, "-c", _COUNTER, str(path)], cwd=REPO, env=ENV) for _ in range(3)]
+    assert [p.wait(120) for p in procs] == [0, 0, 0]
+    assert path.read_text() == "90" and sorted(os.listdir(tmp_path)) == ["count"]

@@ -1,0 +1,222 @@
+"""Claim files: which one of several processes (maybe on several hosts sharing a file system) does a piece of
+work, without fcntl/flock locks (NFS clients may not honour them, or fail them with ENOLCK).
+
+A claim is a file created with os.open(O_CREAT | O_EXCL) — atomic on local file systems and on NFSv3+ —
+holding its owner's host, pid, start time, a unique token and the caller's extra fields (JSON). While it is
+held, a heartbeat thread refreshes its mtime every `heartbeat_s` seconds. A claim is dead, and may be taken
+over, when its mtime is older than `stale_after_s` (its owner was killed on another host, or that host died),
+when it was made on this host by a pid that no longer exists, or when the caller's `dead` rule says so (the
+sweep's: a SLURM task that is no longer running). The taker renames it to a unique name first (rename is
+atomic: of several takers one succeeds), checks again that what it renamed was dead (a racing taker may have
+claimed meanwhile: that claim is given back), then claims.
+
+- `try_claim`: one attempt; None while a live owner holds the claim.
+- `build_once`: make an output once (the token cache, the built-in corpus, a SentencePiece model): the others
+  wait for the output, or take over a dead claim.
+- `hold`: a mutex for short critical sections (a sweep's results.jsonl appends, its fit, its submissions).
+
+Ages are this host's clock against the file's mtime (the file server's clock on NFS): stale times are minutes,
+far above the skew of synchronised clocks. Standard library only.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+DeadRule = Callable[[dict[str, Any]], "bool | None"]  # True/False: the owner is dead/alive; None: cannot say
+
+
+def read(path: str) -> dict[str, Any] | None:
+    """The claim's content plus its age in seconds (`age_s`); None when there is no claim. A claim being written
+    this instant (or not JSON) reads as {"age_s": ...}: its owner unknown, its age decides."""
+    try:
+        age = time.time() - os.path.getmtime(path)
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    try:
+        info = json.loads(text)
+    except ValueError:
+        info = None
+    info = info if isinstance(info, dict) else {}
+    info["age_s"] = age
+    return info
+
+
+def _pid_gone(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return False
+    return False
+
+
+def owner_is_dead(info: dict[str, Any], dead: DeadRule | None = None) -> bool:
+    """Whether the owner recorded in `info` (a claim's content) is known to be gone: `dead`'s verdict where it
+    gives one, else a pid of this host that no longer exists. This process's own claim is never dead."""
+    here = socket.gethostname()
+    if info.get("host") == here and info.get("pid") == os.getpid():
+        return False
+    if dead is not None:
+        verdict = dead(info)
+        if verdict is not None:
+            return verdict
+    return info.get("host") == here and "pid" in info and _pid_gone(info["pid"])
+
+
+def is_live(path: str, stale_after_s: float, dead: DeadRule | None = None) -> bool:
+    """Whether a live owner holds the claim at `path`: it exists, was refreshed within `stale_after_s` and its
+    owner is not known dead (a claim that is not live may be taken over)."""
+    info = read(path)
+    return info is not None and info["age_s"] < stale_after_s and not owner_is_dead(info, dead)
+
+
+class Claim:
+    """A held claim: a heartbeat thread refreshes its mtime; `release()` (or leaving the `with` block) removes
+    it. `took_over`: the dead claim's content this one replaced, or None."""
+
+    def __init__(self, path: str, token: str, heartbeat_s: float, took_over: dict[str, Any] | None = None):
+        self.path = path
+        self.token = token
+        self.took_over = took_over
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True)
+        self._thread.start()
+
+    def mine(self) -> bool:
+        """Whether the file at `path` is still this claim (not taken over by another process after a stall)."""
+        info = read(self.path)
+        return info is not None and info.get("token") == self.token
+
+    def _beat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            if self.mine():  # absent a moment while a racing taker renames it (it gives it back): skip a beat
+                with contextlib.suppress(OSError):
+                    os.utime(self.path)
+
+    def release(self) -> None:
+        """Stops the heartbeat and removes the claim file if it is still this claim."""
+        self._stop.set()
+        if self.mine():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+
+    def __enter__(self) -> "Claim":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def try_claim(path: str, stale_after_s: float, heartbeat_s: float, extra: dict[str, Any] | None = None,
+              dead: DeadRule | None = None) -> Claim | None:
+    """Claims `path` for this process (its folder is created); None while a live owner holds it. A dead claim
+    (module docstring) is taken over. `extra`: more fields recorded in the claim (JSON values)."""
+    if stale_after_s <= 0 or heartbeat_s <= 0:
+        raise ValueError(f"stale_after_s ({stale_after_s}) and heartbeat_s ({heartbeat_s}) must be positive")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    token = uuid.uuid4().hex
+    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "token": token,
+                       **(extra or {})}).encode()
+    took_over = None
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            info = read(path)
+            if info is None:
+                continue  # released meanwhile: try again
+            if info["age_s"] < stale_after_s and not owner_is_dead(info, dead):
+                return None
+            aside = f"{path}.stale-{uuid.uuid4().hex[:8]}"
+            try:  # dead: take it over (only one of several takers wins the rename)
+                os.rename(path, aside)
+            except FileNotFoundError:
+                continue
+            taken = read(aside)
+            if taken is not None and taken["age_s"] < stale_after_s and not owner_is_dead(taken, dead):
+                with contextlib.suppress(FileExistsError):  # lost a race to a fresh claim: give it back
+                    os.link(aside, path)
+                os.remove(aside)
+                return None
+            took_over = taken
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(aside)
+            continue
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return Claim(path, token, heartbeat_s, took_over)
+    return None
+
+
+def _describe(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "released"
+    who = f"{info['host']} pid {info['pid']}" if "host" in info and "pid" in info else "an unknown process"
+    return f"held by {who}, refreshed {info['age_s']:.0f} s ago"
+
+
+def build_once(target_exists: Callable[[], bool], claim_path: str, build: Callable[[], T], *,
+               stale_after_s: float = 300.0, heartbeat_s: float = 30.0, poll_s: float = 2.0,
+               waiting: str | None = None, report_every_s: float = 60.0) -> T | None:
+    """Makes an output once among processes that may all want it: if `target_exists()` is false, claim
+    `claim_path`, check again, `build()` (writing to a temporary name and renaming it into place atomically is
+    the caller's), release. While another process holds the claim, wait — printing `waiting` once, then a line
+    every `report_every_s` — until the output appears or the claim dies (module docstring), then take over.
+    Returns build()'s value, or None when the output was there (or made by another process). A build that
+    raises releases the claim (nothing is left behind) and the exception propagates; a waiting process then
+    claims and tries itself."""
+    if target_exists():
+        return None
+    start = last_report = time.monotonic()
+    announced = False
+    while (claim := try_claim(claim_path, stale_after_s, heartbeat_s)) is None:
+        if target_exists():
+            return None
+        now = time.monotonic()
+        if waiting and not announced:
+            print(waiting, flush=True)
+            announced = True
+        elif waiting and now - last_report >= report_every_s:
+            print(f"  still waiting after {now - start:.0f} s: the claim {claim_path} is "
+                  f"{_describe(read(claim_path))} (taken over when not refreshed for {stale_after_s:.0f} s)",
+                  flush=True)
+            last_report = now
+        time.sleep(poll_s)
+    with claim:
+        if waiting and claim.took_over is not None:
+            print(f"took over the dead claim {claim_path} ({_describe(claim.took_over)})", flush=True)
+        if target_exists():
+            return None
+        return build()
+
+
+@contextlib.contextmanager
+def hold(path: str, *, stale_after_s: float = 120.0, heartbeat_s: float = 10.0, poll_s: float = 0.02,
+         blocking: bool = True) -> Iterator[bool]:
+    """A mutex over processes and hosts: holds the claim `path` for the block (waiting for a live owner to
+    release it; a dead one's is taken over). Yields True; with `blocking=False`, yields False at once when
+    another process holds it. Not re-entrant: a process that holds `path` waits for itself."""
+    wait = poll_s
+    while (claim := try_claim(path, stale_after_s, heartbeat_s)) is None:
+        if not blocking:
+            yield False
+            return
+        time.sleep(wait)
+        wait = min(wait * 2, 0.5)
+    with claim:
+        yield True
