@@ -3,9 +3,11 @@ train the same run twice.
 
 A run's claim is DIR/claims/RUN_ID.claim, a claim file of transformer/file_claims.py (O_CREAT | O_EXCL, a
 heartbeat refreshing its mtime, taken over when stale or when its owner was a pid of this host that no longer
-exists). What is the sweep's own: the claim records, in a SLURM task, its job id ("12_3"), and such a claim is
-also dead when that task is no longer running (squeue) or is this process's own task (requeued, maybe onto
-another node: it takes over its own claim).
+exists). What is the sweep's own: the claim records, in a SLURM task, its job id ("12_3") and the task's
+restart count (SLURM_RESTART_COUNT), and such a claim is also dead when that task is no longer running (squeue)
+or is an earlier attempt of this process's own task (requeued, maybe onto another node: it takes over its own
+claim). Workers of the same attempt (`--parallel=K` inside one job) share the job id and keep each other's
+claims.
 """
 from __future__ import annotations
 
@@ -30,14 +32,19 @@ def owner(sweep_dir: str, run_id: str) -> dict[str, Any] | None:
     return file_claims.read(_path(sweep_dir, run_id))
 
 
+def _restart_count() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
 def _slurm_task_dead(info: dict[str, Any]) -> bool | None:
-    """The SLURM rule: a claim made in a task that is this process's own (an earlier attempt, requeued) or that
-    squeue no longer lists as running is dead; None (the generic rules decide) without a job id or squeue."""
+    """The SLURM rule: a claim made in an earlier attempt of this process's own task (requeued: a lower restart
+    count) or in a task that squeue no longer lists as running is dead; None (the generic rules decide) without
+    a job id or squeue, or for a claim of this very attempt (another worker of the same job)."""
     job = info.get("slurm_job")
     if not job:
         return None
     if job in slurm_query.own_job_ids():
-        return True
+        return True if int(info.get("slurm_restart") or 0) < _restart_count() else None
     alive = slurm_query.task_alive(job) if slurm_query.available() else None
     return None if alive is None else not alive
 
@@ -51,4 +58,5 @@ def held(sweep_dir: str, run_id: str, stale_after_s: float = 600.0) -> bool:
 def try_claim(sweep_dir: str, run_id: str, *, stale_after_s: float = 600.0, heartbeat_s: float = 30.0) -> Claim | None:
     """Claims `run_id` for this process; None when another live runner holds it."""
     return file_claims.try_claim(_path(sweep_dir, run_id), stale_after_s, heartbeat_s,
-                                 extra={"slurm_job": slurm_query.own_task()}, dead=_slurm_task_dead)
+                                 extra={"slurm_job": slurm_query.own_task(), "slurm_restart": _restart_count()},
+                                 dead=_slurm_task_dead)
