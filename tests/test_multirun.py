@@ -100,7 +100,7 @@ def test_multi_eval_and_unstack():
     states, _, eval_fn, mesh = _group(c, model, task, (1e-3, 1e-3), (3, 4))
     with jax.set_mesh(mesh):
         sums = eval_fn(states.params, jax.tree.map(jnp.asarray, _batches()[0]))  # one batch shared by the runs
-    one = steps.make_eval_step(model, task)(multirun.unstack(states.params, 1), _batches()[0])
+    one = jax.jit(steps.make_eval_step(model, task))(multirun.unstack(states.params, 1), _batches()[0])
     assert float(sums["loss_sum"][1]) == pytest.approx(float(one["loss_sum"]), rel=1e-5)
     assert float(sums["loss_sum"][0]) != pytest.approx(float(sums["loss_sum"][1]), rel=1e-4)
 

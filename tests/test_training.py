@@ -1,8 +1,11 @@
 """Training: sharded step equals one device; loss falls; resume equals no interruption; bad configs."""
 from __future__ import annotations
 
+import copy
 import json
 import math
+import os
+import shutil
 
 import flax.linen as nn
 import jax
@@ -188,10 +191,28 @@ def test_resume_equals_uninterrupted(tmp_path, corpus_dir):
         np.testing.assert_array_equal(a, b)
 
 
-def test_restore_onto_another_mesh(tmp_path, corpus_dir):
-    c = tiny_config(corpus_dir, steps=4, checkpoint_every=4, eval_every=4)
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, corpus_dir):
+    """(config, workdir, summary) of a 2-step run on the (8, 1, 1) mesh, checkpointed at its end; the tests
+    below that change it work on a copy."""
+    c = tiny_config(corpus_dir, steps=2, eval_every=2, checkpoint_every=2)
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 8, 1, 1
-    train(c, str(tmp_path / "run"), verbose=False)
+    workdir = str(tmp_path_factory.mktemp("finished") / "run")
+    summary = train(c, workdir, verbose=False)
+    assert summary["status"] == "ok" and summary["step"] == 2
+    return c, workdir, summary
+
+
+def _copy_of(finished_run, tmp_path) -> tuple:
+    """A deep copy of the finished run's config and of its workdir."""
+    c, workdir, summary = finished_run
+    shutil.copytree(workdir, str(tmp_path / "run"))
+    return copy.deepcopy(c), str(tmp_path / "run"), summary
+
+
+def test_restore_onto_another_mesh(finished_run):
+    c, workdir, _ = finished_run
+    c = copy.deepcopy(c)
     model_cfg = model_config(c, 259)
     model, tx = build_model(model_cfg), make_optimizer(c.train)
     restored = []
@@ -199,7 +220,7 @@ def test_restore_onto_another_mesh(tmp_path, corpus_dir):
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
         mesh = sharding.make_mesh(c.mesh)
         abstract, _ = abstract_state(model, tx, get_task(c).init_inputs(c), mesh, sharding.rules(c.mesh))
-        ck = checkpointing.Checkpointer(str(tmp_path / "run" / "checkpoints"))
+        ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
         _, state = ck.restore(abstract, make_lm_iterator(c.data, split="train", global_batch_size=8, seed=0))
         ck.close()
         assert state.params["token_embedding"]["embedding"].sharding.mesh.devices.shape == shape
@@ -208,21 +229,19 @@ def test_restore_onto_another_mesh(tmp_path, corpus_dir):
         np.testing.assert_array_equal(a, b)
 
 
-def test_rerun_of_a_finished_run_does_nothing(tmp_path, corpus_dir):
-    c = tiny_config(corpus_dir, steps=2, eval_every=2, checkpoint_every=2)
-    first = train(c, str(tmp_path / "run"), verbose=False)
-    again = train(c, str(tmp_path / "run"), verbose=False)
+def test_rerun_of_a_finished_run_does_nothing(finished_run, tmp_path):
+    c, workdir, first = _copy_of(finished_run, tmp_path)
+    again = train(c, workdir, verbose=False)
     assert again == first
 
 
-def test_workdir_with_another_runs_config_is_refused(tmp_path, corpus_dir):
-    c = tiny_config(corpus_dir, steps=2, eval_every=2, checkpoint_every=2)
-    train(c, str(tmp_path / "run"), verbose=False)
-    before = open(tmp_path / "run" / "config.json").read()
+def test_workdir_with_another_runs_config_is_refused(finished_run, tmp_path):
+    c, workdir, _ = _copy_of(finished_run, tmp_path)
+    before = open(os.path.join(workdir, "config.json")).read()
     c.model.num_layers = 3
     with pytest.raises(ConfigError, match="different run's config.*model.num_layers"):
-        train(c, str(tmp_path / "run"), verbose=False)
-    assert open(tmp_path / "run" / "config.json").read() == before
+        train(c, workdir, verbose=False)
+    assert open(os.path.join(workdir, "config.json")).read() == before
 
 
 @pytest.mark.parametrize("change, match", [
