@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cheap_init import init_variables
 from transformer.spec import ConfigError, ModelConfig
 from transformer.inference.attention_maps import attention_maps
 from transformer.inference.generate import generate
@@ -54,7 +55,7 @@ def test_attention_receives_minus_slope_times_distance(family, num_kv_heads):
     times the 32 the model was "trained" (initialised) at."""
     cfg = ModelConfig(**SMALL, family=family, num_kv_heads=num_kv_heads)
     model = build_model(cfg)
-    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 32), jnp.int32))["params"]
+    params = init_variables(model, jnp.ones((1, 32), jnp.int32))["params"]
     T = 96
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, 61, (1, T)), jnp.int32)
     maps = attention_maps(model, _zero_queries(params), tokens)
@@ -79,7 +80,7 @@ def test_cached_generation_equals_full_forward():
     over that row alone (the bias of a decode step covers the new query's cache slot against every slot).
     Scanned layers: the bias is broadcast to every step of the scan."""
     model = build_model(ModelConfig(**SMALL, num_kv_heads=2, max_len=64, scan_layers=True))
-    params = model.init(jax.random.PRNGKey(1), jnp.zeros((1, 8), jnp.int32))["params"]
+    params = init_variables(model, jnp.zeros((1, 8), jnp.int32), seed=1)["params"]
     params = jax.tree.map(lambda p: p * 8.0 if p.ndim > 1 else p, params)
     prompts = [[1, 40, 41, 42, 43, 44, 45], [1, 50], [1, 30, 31, 32]]
     N = 7

@@ -1,11 +1,14 @@
 """The chunked cross-entropy (train.loss_chunk_size) equals the plain one: loss, gradients, a train step."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cheap_init import init_variables
 from configs import lm
 from transformer.models import build_model
 from transformer.spec import ConfigError
@@ -13,20 +16,20 @@ from transformer.tasks import get_task
 from transformer.training import losses, sharding, steps
 from transformer.training.resolve import model_config
 from transformer.training.optimizer import make_optimizer
-from transformer.training.state import init_state
+from transformer.training.state import TrainState, abstract_state
 
 T = 32
 
 
+@functools.lru_cache(maxsize=None)
 def _setup(preset: str):
+    """(config, model, task, params, batch) of a preset, made once: the tests share them."""
     c = lm.get_config(preset)
     c.data.seq_len, c.train.batch_size, c.train.warmup_steps = T, 4, 0
     c.mesh.data = 1
     cfg = model_config(c, 259)
     model, task = build_model(cfg), get_task(c)
-    params = model.init(jax.random.PRNGKey(0), np.zeros((1, T), np.int32))["params"]
-    params = jax.tree.map(lambda p: p.value if hasattr(p, "value") else p, params,
-                          is_leaf=lambda p: hasattr(p, "value"))
+    params = init_variables(model, np.zeros((1, T), np.int32))["params"]
     rng = np.random.default_rng(0)
     seg = np.ones((4, T), np.int32)
     seg[:, T // 2:] = 2
@@ -40,9 +43,9 @@ def _setup(preset: str):
     return c, model, task, params, batch
 
 
-@pytest.mark.parametrize("preset", ["gpt2_tiny", "llama_tiny"])  # tied and untied heads
-@pytest.mark.parametrize("chunk", [8, 32])
-def test_chunked_equals_plain_loss_and_grads(preset, chunk):
+@functools.lru_cache(maxsize=None)
+def _plain_loss_and_grads(preset: str):
+    """The plain cross-entropy's loss and gradients: the reference of every chunk size, compiled once."""
     _, model, task, params, batch = _setup(preset)
 
     def plain(p):
@@ -50,12 +53,20 @@ def test_chunked_equals_plain_loss_and_grads(preset, chunk):
         s, n = losses.cross_entropy(logits, t, w)
         return s / n
 
+    return jax.jit(jax.value_and_grad(plain))(params)
+
+
+@pytest.mark.parametrize("preset", ["gpt2_tiny", "llama_tiny"])  # tied and untied heads
+@pytest.mark.parametrize("chunk", [8, 32])
+def test_chunked_equals_plain_loss_and_grads(preset, chunk):
+    _, model, task, params, batch = _setup(preset)
+
     def chunked(p):
         h, logits_fn, t, w = task.forward_hidden(model, p, batch, deterministic=True, rngs=None)
         s, n = losses.chunked_cross_entropy(h, logits_fn, t, w, chunk)
         return s / n
 
-    loss_a, grads_a = jax.jit(jax.value_and_grad(plain))(params)
+    loss_a, grads_a = _plain_loss_and_grads(preset)
     loss_b, grads_b = jax.jit(jax.value_and_grad(chunked))(params)
     assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-6)
     assert float(loss_a) > 5.0  # untrained over 259 tokens: about ln(259) = 5.56
@@ -65,13 +76,16 @@ def test_chunked_equals_plain_loss_and_grads(preset, chunk):
 
 
 def test_train_step_with_chunked_loss_matches():
-    c, model, task, _, batch = _setup("gpt2_tiny")
+    c, model, task, params, batch = _setup("gpt2_tiny")
     tx = make_optimizer(c.train)
     mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
     rules = sharding.rules(c.mesh)
+    _, shardings = abstract_state(model, tx, task.init_inputs(c), mesh, rules)
+    # both steps start from the shared parameters, put on the device from a host copy (the step donates its state)
+    initial = jax.device_get(TrainState(step=np.zeros((), np.int32), params=params, opt_state=tx.init(params)))
     results = []
     for chunk in (0, 16):
-        state, shardings = init_state(model, tx, 0, task.init_inputs(c), mesh, rules)
+        state = jax.device_put(initial, shardings)
         train_fn, _ = steps.jit_steps(steps.make_train_step(model, task, tx, seed=0, use_dropout=False,
                                                             loss_chunk_size=chunk),
                                       steps.make_eval_step(model, task), shardings, mesh, rules)

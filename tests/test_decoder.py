@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from flax.core import unfreeze
 
+from cheap_init import init_variables
 from configs.common import DEFAULT_RULES
 from transformer.models import build_model
 from transformer.models.blocks import LAYERS_AXIS, TransformerBlock
 from transformer.spec import ModelConfig
+from transformer.inference.generate import empty_cache
 from transformer.models.decoder import DecoderLM
 
 SMALL = dict(vocab_size=50, d_model=32, num_layers=2, num_heads=4, d_ff=64, max_len=32)
@@ -26,14 +28,28 @@ def _tokens(seed: int = 0, shape=(2, T)) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=None)
-def _init_shaped(cfg: ModelConfig, shape: tuple[int, int]):
+def _init_cfg(cfg: ModelConfig):
+    """(model, variables) of `cfg`, made once per config. Scanned layers: the unscanned model's parameters,
+    stacked (test_scan_equals_unrolled checks that layout against the scanned model's own init), since an eager
+    nn.scan is traced anew on every call."""
     model = DecoderLM(cfg)
-    return model, nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones(shape, jnp.int32)))
+    if cfg.scan_layers:
+        unrolled = _init_cfg(cfg.replace(scan_layers=False))[1]
+        return model, {"params": _restack(unfreeze(unrolled["params"]), cfg.num_layers)}
+    return model, init_variables(model, jnp.ones((1, T), jnp.int32))
 
 
 def _init(cfg: ModelConfig, tokens: jax.Array):
-    """(model, variables), cached per config: tests share the parameters of the same config."""
-    return _init_shaped(cfg, tuple(tokens.shape))
+    """(model, variables), cached per config: tests share the parameters of the same config (which do not
+    depend on the shape of `tokens`)."""
+    return _init_cfg(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def _jit(model: nn.Module, **static):
+    """`model.apply` with keyword settings `static`, compiled (once per model, settings and input shapes):
+    an eager flax apply dispatches op by op, each new shape compiling its own kernels."""
+    return jax.jit(functools.partial(model.apply, **static))
 
 
 @pytest.mark.parametrize("impl", ["einsum", "chunked"])
@@ -42,11 +58,11 @@ def test_causal(base, impl):
     tok = _tokens()
     params = _init(base, tok)[1]
     model = DecoderLM(base.replace(attention_impl=impl))
-    logits = model.apply(params, tok)
+    logits = _jit(model)(params, tok)
     assert logits.dtype == jnp.float32 and logits.shape == (2, T, 50)
     t = 5
     changed = tok.at[:, t + 1:].set((tok[:, t + 1:] + 7) % 50)
-    logits2 = model.apply(params, changed)
+    logits2 = _jit(model)(params, changed)
     np.testing.assert_allclose(logits[:, :t + 1], logits2[:, :t + 1], atol=1e-5)
     assert float(jnp.abs(logits[:, t + 1:] - logits2[:, t + 1:]).max()) > 1e-4
 
@@ -61,11 +77,11 @@ def test_packed_segments_do_not_leak(base, impl):
     tok = _tokens(1, (1, T))
     params = _init(base, tok)[1]
     model = DecoderLM(cfg)
-    logits = model.apply(params, tok, pos, seg)
+    logits = _jit(model)(params, tok, pos, seg)
     changed = tok.at[:, n1:].set((tok[:, n1:] + 3) % 50)
-    logits2 = model.apply(params, changed, pos, seg)
+    logits2 = _jit(model)(params, changed, pos, seg)
     np.testing.assert_allclose(logits[:, :n1], logits2[:, :n1], atol=1e-5)
-    alone = model.apply(params, tok[:, n1:n1 + n2])  # segment 2 as its own sequence, positions from 0
+    alone = _jit(model)(params, tok[:, n1:n1 + n2])  # segment 2 as its own sequence, positions from 0
     np.testing.assert_allclose(logits[:, n1:n1 + n2], alone, atol=1e-5)
 
 
@@ -74,7 +90,7 @@ def test_sliding_window_limits_receptive_field():
     tok = _tokens(2)
     model, params = _init(cfg, tok)
     changed = tok.at[:, 0].set((tok[:, 0] + 1) % 50)
-    a, b = model.apply(params, tok), model.apply(params, changed)
+    a, b = _jit(model)(params, tok), _jit(model)(params, changed)
     np.testing.assert_allclose(a[:, 3:], b[:, 3:], atol=1e-5)  # position 3 sees 1..3 only
     assert float(jnp.abs(a[:, :3] - b[:, :3]).max()) > 1e-4
 
@@ -84,8 +100,8 @@ def test_sliding_window_limits_receptive_field():
 def test_kv_cache_decoding_matches_full_forward(base):
     tok = _tokens(3, (2, T))
     model, params = _init(base, tok)
-    full = model.apply(params, tok)
-    cache = jax.jit(functools.partial(model.init, decode=True))(jax.random.PRNGKey(0), tok)["cache"]
+    full = jax.jit(model.apply)(params, tok)
+    cache = empty_cache(model, (tok,))  # generate's zero cache (shapes from model.init, nothing compiled)
     pos = jnp.broadcast_to(jnp.arange(T), (2, T))
     prefill = 4
     step = jax.jit(functools.partial(model.apply, decode=True, mutable=["cache"]))
@@ -105,7 +121,7 @@ def test_decoding_past_the_cache_is_an_error(cfg):
     from transformer.layers.attention import CacheOverflowError
     tok = _tokens(3, (2, 4))
     model, params = _init(cfg, tok)
-    cache = model.init(jax.random.PRNGKey(0), tok, decode=True)["cache"]  # 4 slots
+    cache = empty_cache(model, (tok,))  # 4 slots
     step = functools.partial(model.apply, decode=True, mutable=["cache"])
     _, mut = step({**params, "cache": cache}, tok[:, :3])
     _, mut = step({**params, "cache": mut["cache"]}, tok[:, 3:4])  # slot 3: exactly full
@@ -129,26 +145,34 @@ def _restack(unrolled: dict, num_layers: int) -> dict:
 def test_scan_equals_unrolled(base):
     tok = _tokens(4)
     model, params = _init(base, tok)
-    scanned_cfg = base.replace(scan_layers=True)
-    scanned_model, scanned_params = _init(scanned_cfg, tok)
+    scanned_model = DecoderLM(base.replace(scan_layers=True))
+    scanned_params = nn.unbox(jax.eval_shape(scanned_model.init, jax.random.PRNGKey(0), tok))  # its own layout
     restacked = _restack(unfreeze(params["params"]), base.num_layers)
     assert jax.tree.map(jnp.shape, restacked) == jax.tree.map(jnp.shape, scanned_params["params"])
     np.testing.assert_allclose(jax.jit(scanned_model.apply)({"params": restacked}, tok),
                                jax.jit(model.apply)(params, tok), atol=1e-5)
 
 
+def _first_token_loss(model: DecoderLM, params, tok: jax.Array) -> jax.Array:
+    return jnp.mean(jax.nn.log_softmax(model.apply(params, tok))[..., 0])
+
+
+@functools.lru_cache(maxsize=None)
+def _llama_grads_without_remat():
+    """The reference of every remat policy below, compiled once."""
+    tok = _tokens(5)
+    model, params = _init(LLAMA, tok)
+    return jax.jit(jax.grad(lambda p: _first_token_loss(model, p, tok)))(params)
+
+
 @pytest.mark.parametrize("remat", ["full", "dots", "dots_no_batch"])
 def test_remat_gives_same_gradients(remat):
     tok = _tokens(5)
-    model, params = _init(LLAMA, tok)
+    params = _init(LLAMA, tok)[1]
     remat_model = DecoderLM(LLAMA.replace(remat=remat, scan_layers=remat == "dots"))
     remat_params = params if remat != "dots" else {"params": _restack(unfreeze(params["params"]), 2)}
-
-    def loss(m, p):
-        return jnp.mean(jax.nn.log_softmax(m.apply(p, tok))[..., 0])
-
-    g = jax.jit(jax.grad(lambda p: loss(model, p)))(params)
-    g_remat = jax.jit(jax.grad(lambda p: loss(remat_model, p)))(remat_params)
+    g = _llama_grads_without_remat()
+    g_remat = jax.jit(jax.grad(lambda p: _first_token_loss(remat_model, p, tok)))(remat_params)
     if remat == "dots":
         g = {"params": _restack(unfreeze(g["params"]), 2)}
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_remat)):
@@ -176,7 +200,7 @@ def test_bfloat16_compute_gives_float32_logits_close_to_float32():
     model, params = _init(LLAMA, tok)
     bf16 = DecoderLM(LLAMA.replace(dtype="bfloat16"))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(jax.eval_shape(bf16.init, jax.random.PRNGKey(0), tok)))
-    ref, low = model.apply(params, tok), bf16.apply(params, tok)
+    ref, low = _jit(model)(params, tok), _jit(bf16)(params, tok)
     assert low.dtype == jnp.float32
     assert float(jnp.abs(ref - low).max()) < 0.05 * float(jnp.abs(ref).max())
     assert float(jnp.abs(ref - low).max()) > 0  # it really computed in bfloat16
@@ -191,8 +215,8 @@ def test_bfloat16_logits_are_accumulated_in_float32(base):
     tok = _tokens(7)
     params = _init(base, tok)[1]
     model = DecoderLM(cfg)
-    logits = model.apply(params, tok)
-    hidden_BTD = model.apply(params, tok, return_hidden=True)
+    logits = _jit(model)(params, tok)
+    hidden_BTD = _jit(model, return_hidden=True)(params, tok)
     assert logits.dtype == jnp.float32 and hidden_BTD.dtype == jnp.bfloat16
     p = params["params"]
     W_DV = (p["token_embedding"]["embedding"].T if base.tie_embeddings else p["head"]["kernel"])
@@ -208,8 +232,7 @@ def test_post_ln_normalises_block_output_and_pre_ln_does_not():
     outs = {}
     for position in ("pre", "post"):
         block = TransformerBlock(GPT2.replace(norm_position=position), causal=True)
-        p = block.init(jax.random.PRNGKey(1), x)
-        outs[position] = block.apply(p, x)
+        outs[position] = _jit(block)(init_variables(block, x, seed=1), x)
     np.testing.assert_allclose(outs["post"].std(-1), 1.0, atol=1e-3)
     np.testing.assert_allclose(outs["post"].mean(-1), 0.0, atol=1e-4)
     assert float(jnp.abs(outs["pre"].std(-1) - 1.0).min()) > 0.5
@@ -218,7 +241,7 @@ def test_post_ln_normalises_block_output_and_pre_ln_does_not():
     assert "final_norm" not in post_params["params"]
     pre_model, pre_params = _init(GPT2, tok)
     shared = {k: v for k, v in pre_params["params"].items() if k != "final_norm"}
-    assert float(jnp.abs(post_model.apply({"params": shared}, tok) - pre_model.apply(pre_params, tok)).max()) > 1e-3
+    assert float(jnp.abs(_jit(post_model)({"params": shared}, tok) - _jit(pre_model)(pre_params, tok)).max()) > 1e-3
 
 
 def test_dropout_only_when_not_deterministic():
@@ -227,11 +250,11 @@ def test_dropout_only_when_not_deterministic():
     cfg = GPT2.replace(dropout_rate=0.5)
     tok = _tokens()
     model, params = _init(cfg, tok)
-    without = np.asarray(DecoderLM(GPT2).apply(params, tok))  # dropout has no parameters: the same tree
-    np.testing.assert_array_equal(model.apply(params, tok), without)
-    np.testing.assert_array_equal(model.apply(params, tok, deterministic=True, rngs={"dropout": jax.random.PRNGKey(1)}),
+    without = np.asarray(_jit(DecoderLM(GPT2))(params, tok))  # dropout has no parameters: the same tree
+    np.testing.assert_array_equal(_jit(model)(params, tok), without)
+    np.testing.assert_array_equal(_jit(model, deterministic=True)(params, tok, rngs={"dropout": jax.random.PRNGKey(1)}),
                                   without)
-    drop = functools.partial(model.apply, params, tok, deterministic=False)
+    drop = functools.partial(_jit(model, deterministic=False), params, tok)
     a = np.asarray(drop(rngs={"dropout": jax.random.PRNGKey(1)}))
     b = np.asarray(drop(rngs={"dropout": jax.random.PRNGKey(2)}))
     assert np.abs(a - without).max() > 1e-3 and np.abs(a - b).max() > 1e-3
@@ -241,10 +264,10 @@ def test_dropout_only_when_not_deterministic():
 def test_sown_attention_weights():
     tok = _tokens()
     params = _init(LLAMA, tok)[1]
-    logits, state = DecoderLM(LLAMA, sow_attention_weights=True).apply(params, tok, mutable=["intermediates"])
+    logits, state = _jit(DecoderLM(LLAMA, sow_attention_weights=True), mutable=("intermediates",))(params, tok)
     weights = [w for path, w in jax.tree_util.tree_leaves_with_path(state["intermediates"])]
     assert len(weights) == LLAMA.num_layers and weights[0].shape == (2, 4, T, T)
-    np.testing.assert_allclose(logits, DecoderLM(LLAMA).apply(params, tok), atol=1e-5)
+    np.testing.assert_allclose(logits, _jit(DecoderLM(LLAMA))(params, tok), atol=1e-5)
     assert float(jnp.abs(jnp.triu(weights[0], 1)).max()) == 0.0
 
 

@@ -9,7 +9,7 @@ from transformer.tasks import get_task
 from transformer.training import sharding, steps
 from transformer.training.resolve import model_config
 from transformer.training.optimizer import make_optimizer
-from transformer.training.state import init_state
+from transformer.training.state import abstract_state
 
 
 def xla_train_step_flops(preset: str, seq_len: int, batch: int, **model) -> tuple[float, dict]:
@@ -20,7 +20,7 @@ def xla_train_step_flops(preset: str, seq_len: int, batch: int, **model) -> tupl
     net, tx, task = build_model(model_cfg), make_optimizer(c.train), get_task(c)
     mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
     rules = sharding.rules(c.mesh)
-    state, shardings = init_state(net, tx, 0, task.init_inputs(c), mesh, rules)
+    state, shardings = abstract_state(net, tx, task.init_inputs(c), mesh, rules)  # shapes suffice to compile
     train_fn, _ = steps.jit_steps(steps.make_train_step(net, task, tx, seed=0, use_dropout=False),
                                   steps.make_eval_step(net, task), shardings, mesh, rules)
     batch_abstract = {k: jax.ShapeDtypeStruct(s, d, sharding=sharding.batch_sharding(mesh, rules))

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cheap_init import init_variables
 from transformer.inference.generate import _generate_decoder, generate, generate_seq2seq, left_pad
 from transformer.inference.sampling import SamplingConfig, sample_tokens, top_k_filter, top_p_filter
 from transformer.spec import ConfigError, ModelConfig
@@ -27,7 +28,7 @@ def _model(shape: str, scan: bool = False):
     cfg = ModelConfig(vocab_size=97, d_model=32, num_layers=2, num_heads=4, d_ff=64, max_len=64, scan_layers=scan,
                       **(GPT2 if shape == "gpt2" else LLAMA))
     model = DecoderLM(cfg)
-    params = model.init(jax.random.PRNGKey(1), jnp.zeros((1, 8), jnp.int32))["params"]
+    params = init_variables(model, jnp.zeros((1, 8), jnp.int32), seed=1)["params"]
     # Larger weights than the 0.02 init make the logits (and so the argmax) depend on the context.
     params = jax.tree.map(lambda p: p * 8.0 if p.ndim > 1 else p, params)
     return model, params

@@ -7,6 +7,7 @@ would fail. Also: on 8 devices, in a vmapped group, the settings' checks, the sw
 from __future__ import annotations
 
 import copy
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,15 +22,16 @@ from transformer.tasks import get_task
 from transformer.training import multirun, sharding, steps
 from transformer.training.optimizer import make_optimizer, with_peak_lrs
 from transformer.training.resolve import model_config
-from transformer.training.state import init_state
+from transformer.training.state import TrainState, abstract_state, init_state
 
-T, B, V = 16, 8, 259
+T, B, V = 32, 8, 259  # T >= the largest batch: row r of any batch masks its own count of tokens
 
 
 def _setup(batch_size: int = B, mesh_data: int = 1):
     c = lm.get_config("gpt2_tiny")
     c.data.seq_len, c.train.batch_size, c.train.warmup_steps = T, batch_size, 0
     c.train.learning_rate = 3e-3
+    c.model.num_layers = 1  # one block shows accumulation as well as two, at half the compilation time
     c.mesh.data = mesh_data
     cfg = model_config(c, V)
     return c, build_model(cfg), get_task(c)
@@ -50,18 +52,38 @@ def _batches(n: int, batch_size: int = B, seed: int = 0) -> list[dict]:
     return out
 
 
-def _train(c, model, task, k: int, batches: list[dict], devices=None, runs: int = 0):
-    """Losses of each step and the final parameters, training `batches` with k micro-batches per update."""
+@functools.lru_cache(maxsize=None)
+def _initial_state() -> TrainState:
+    """gpt2_tiny's initial train state (seed 0) on the host, made once: every run of these tests starts from it
+    (its initialisation is a compilation of its own, as costly as a train step's)."""
+    c, model, task = _setup()
+    mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+    return jax.device_get(init_state(model, make_optimizer(c.train), 0, task.init_inputs(c), mesh,
+                                     sharding.rules(c.mesh))[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _step(k: int, n_devices: int = 1, runs: int = 0):
+    """(jitted train step of k micro-batches per update, its mesh, rules, state shardings), on the first
+    n_devices devices (mesh.data = n_devices), vmapped over `runs` runs if runs > 0: built once per setting,
+    so a test that lowers the step a run has called reuses its compilation."""
+    c, model, task = _setup(mesh_data=n_devices)
     tx = make_optimizer(c.train)
-    devices = devices or jax.devices()[:1]
-    mesh, rules = sharding.make_mesh(c.mesh, devices), sharding.rules(c.mesh)
-    state, shardings = init_state(model, tx, 0, task.init_inputs(c), mesh, rules)
-    if runs:
-        state = multirun.stack([state] * runs)
-        state = state.replace(opt_state=with_peak_lrs(state.opt_state, [3e-3, 1e-3][:runs]))
+    mesh, rules = sharding.make_mesh(c.mesh, jax.devices()[:n_devices]), sharding.rules(c.mesh)
+    _, shardings = abstract_state(model, tx, task.init_inputs(c), mesh, rules)
     train_fn, _ = steps.jit_steps(steps.make_train_step(model, task, tx, seed=0, use_dropout=False,
                                                         grad_accum_steps=k),
                                   steps.make_eval_step(model, task), shardings, mesh, rules, runs=runs)
+    return train_fn, mesh, rules, shardings
+
+
+def _train(k: int, batches: list[dict], n_devices: int = 1, runs: int = 0):
+    """Losses of each step and the final parameters, training `batches` with k micro-batches per update."""
+    train_fn, mesh, rules, shardings = _step(k, n_devices, runs)
+    state = jax.device_put(_initial_state(), shardings)
+    if runs:
+        state = multirun.stack([state] * runs)
+        state = state.replace(opt_state=with_peak_lrs(state.opt_state, [3e-3, 1e-3][:runs]))
     losses = []
     with jax.set_mesh(mesh):
         for batch in batches:
@@ -70,6 +92,12 @@ def _train(c, model, task, k: int, batches: list[dict], devices=None, runs: int 
             state, metrics = train_fn(state, jax.device_put(b, multirun.with_run_axis(batch_s) if runs else batch_s))
             losses.append(np.asarray(metrics["loss"]))
     return np.array(losses), jax.device_get(state.params)
+
+
+@functools.lru_cache(maxsize=None)
+def _full_batch_run():
+    """Two un-accumulated updates of 32 rows on one device: the reference of the accumulated runs below."""
+    return _train(1, _batches(2, batch_size=32))
 
 
 def _flat(tree) -> np.ndarray:
@@ -87,9 +115,9 @@ def _assert_same(a, b, rtol=1e-5):
 
 
 def test_accumulated_loss_and_gradients_equal_the_full_batch_ones():
-    c, model, task = _setup()
+    _, model, task = _setup()
     batch = jax.tree.map(jnp.asarray, _batches(1)[0])
-    params = model.init(jax.random.PRNGKey(0), np.zeros((1, T), np.int32))["params"]
+    params = _initial_state().params
     out = {k: jax.jit(steps.make_value_and_grad(model, task, seed=0, use_dropout=False, grad_accum_steps=k))(
         params, batch, jnp.int32(0)) for k in (1, 4)}
     (loss_1, tokens_1), grads_1 = out[1]
@@ -106,25 +134,18 @@ def test_accumulated_loss_and_gradients_equal_the_full_batch_ones():
 
 
 def test_accumulated_updates_equal_the_full_batch_update():
-    c, model, task = _setup()
-    batches = _batches(3)
-    full = _train(c, model, task, 1, batches)
-    _assert_same(full, _train(c, model, task, 4, batches))
+    full = _full_batch_run()
+    _assert_same(full, _train(4, _batches(2, batch_size=32)))
     assert not np.allclose(full[0][1:], full[0][0])  # the parameters moved: the steps differ
 
 
 def test_accumulation_on_eight_devices_equals_one_device():
-    c, model, task = _setup(batch_size=16, mesh_data=8)
-    batches = _batches(2, batch_size=16)
-    c1, _, _ = _setup(batch_size=16, mesh_data=1)
-    one = _train(c1, model, task, 1, batches)
-    _assert_same(one, _train(c, model, task, 2, batches, devices=jax.devices()[:8]))
+    _assert_same(_full_batch_run(), _train(2, _batches(2, batch_size=32), n_devices=8))
 
 
 def test_accumulation_in_a_vmapped_group():
-    c, model, task = _setup()
     batches = _batches(2)
-    _assert_same(_train(c, model, task, 1, batches, runs=2), _train(c, model, task, 4, batches, runs=2))
+    _assert_same(_train(1, batches, runs=2), _train(4, batches, runs=2))
 
 
 def test_settings_are_checked():
@@ -169,18 +190,14 @@ def _without_accum(cfg: dict) -> dict:
 
 
 def test_accumulation_lowers_peak_memory():
-    """XLA's memory analysis of the compiled step: the temporaries (activations) shrink with k."""
-    c, model, task = _setup(batch_size=32)
-    tx = make_optimizer(c.train)
-    mesh, rules = sharding.make_mesh(c.mesh, jax.devices()[:1]), sharding.rules(c.mesh)
-    state, shardings = init_state(model, tx, 0, task.init_inputs(c), mesh, rules)
+    """XLA's memory analysis of the compiled step: the temporaries (activations) shrink with k. (The steps of
+    the 32-row runs above: lowering them again reuses their compilations.)"""
     batch = jax.tree.map(jnp.asarray, _batches(1, batch_size=32)[0])
     temp = {}
     for k in (1, 4):
-        fn, _ = steps.jit_steps(steps.make_train_step(model, task, tx, seed=0, use_dropout=False,
-                                                      grad_accum_steps=k),
-                                steps.make_eval_step(model, task), shardings, mesh, rules)
+        fn, mesh, _, shardings = _step(k)
         with jax.set_mesh(mesh):
+            state = jax.device_put(_initial_state(), shardings)
             temp[k] = fn.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
     assert temp[4] < 0.6 * temp[1], temp
 

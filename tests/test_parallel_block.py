@@ -5,13 +5,13 @@ with it on, and Hugging Face GPT-NeoX (use_parallel_residual=True, its two norms
 `transformers`, export loaded back by `transformers`, re-import exact."""
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import test_decoder as generic_decoder
+from cheap_init import init_variables
 from transformer.layers.attention import MultiHeadAttention
 from transformer.layers.feedforward import FeedForward
 from transformer.models.blocks import TransformerBlock
@@ -26,7 +26,7 @@ def test_block_is_x_plus_attention_plus_ffn_of_one_layernorm():
     cfg = ModelConfig(d_model=16, num_heads=2, d_ff=24, positional="none", parallel_block=True, norm_eps=1e-5)
     x_BTD = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 16))
     block = TransformerBlock(cfg, causal=True)
-    params = nn.unbox(block.init(jax.random.PRNGKey(1), x_BTD)["params"])
+    params = init_variables(block, x_BTD, seed=1)["params"]
     rng = np.random.RandomState(0)
     params = jax.tree.map(lambda p: np.asarray(p) + rng.normal(0, 0.3, np.shape(p)), params)   # scale, bias ≠ 1, 0
     assert set(params) == {"norm", "attention", "mlp"}                 # one norm, no attention_norm / mlp_norm
@@ -60,8 +60,9 @@ def test_encoder_bidirectional_and_segments_apart():
     model = EncoderModel(cfg)
     tokens = jnp.asarray(np.random.RandomState(0).randint(3, 61, (1, 10)), jnp.int32)
     seg = jnp.asarray([[1] * 4 + [2] * 4 + [0] * 2])
-    params = model.init(jax.random.PRNGKey(0), tokens)
-    base, changed = (model.apply(params, t, None, seg) for t in (tokens, tokens.at[0, 6].set(3).at[0, 9].set(3)))
+    params = init_variables(model, tokens)
+    apply = jax.jit(model.apply)  # one compilation for both inputs
+    base, changed = (apply(params, t, None, seg) for t in (tokens, tokens.at[0, 6].set(3).at[0, 9].set(3)))
     np.testing.assert_array_equal(base[0, :4], changed[0, :4])
     assert np.abs(np.asarray(changed[0, 4:6] - base[0, 4:6])).max() > 1e-6
 

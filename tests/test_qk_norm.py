@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import test_decoder as generic_decoder
+from cheap_init import init_variables
 from transformer.inference.generate import generate_seq2seq
 from transformer.inference.sampling import SamplingConfig
 from transformer.layers.attention import MultiHeadAttention
@@ -36,7 +36,7 @@ def test_attention_normalises_each_heads_queries_and_keys():
                       attention_impl="einsum", qk_norm=True, norm_eps=1e-5)
     layer = MultiHeadAttention(cfg)
     x_BTD = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 24))
-    params = nn.unbox(layer.init(jax.random.PRNGKey(1), x_BTD)["params"])
+    params = init_variables(layer, x_BTD, seed=1)["params"]
     rng = np.random.RandomState(0)
     params = jax.tree.map(lambda p: np.asarray(p) * rng.uniform(0.5, 2.0, np.shape(p)), params)  # scales not 1
     ours = np.asarray(layer.apply({"params": params}, x_BTD))
@@ -63,10 +63,11 @@ def test_query_and_key_scale_no_longer_matter():
                                                norm_eps=1e-9, qk_norm=qk_norm),
                                    causal=True)
         pos = jnp.arange(6)[None]
-        params = nn.unbox(layer.init(jax.random.PRNGKey(1), x_BTD, pos)["params"])
+        params = init_variables(layer, x_BTD, pos, seed=1)["params"]
         scaled = {**params, "query": {**params["query"], "kernel": params["query"]["kernel"] * 7.0},
                   "key": {**params["key"], "kernel": params["key"]["kernel"] * 3.0}}
-        a, b = (np.asarray(layer.apply({"params": p}, x_BTD, pos)) for p in (params, scaled))
+        apply = jax.jit(layer.apply)  # one compilation for both parameter sets
+        a, b = (np.asarray(apply({"params": p}, x_BTD, pos)) for p in (params, scaled))
         assert np.allclose(a, b, atol=1e-5) == same, qk_norm
 
 
@@ -84,8 +85,9 @@ def test_encoder_bidirectional_and_segments_apart():
     model = EncoderModel(cfg)
     tokens = jnp.asarray(np.random.RandomState(0).randint(3, 61, (1, 10)), jnp.int32)
     seg = jnp.asarray([[1] * 4 + [2] * 4 + [0] * 2])
-    params = model.init(jax.random.PRNGKey(0), tokens)
-    base, changed = (model.apply(params, t, None, seg) for t in (tokens, tokens.at[0, 6].set(3).at[0, 9].set(3)))
+    params = init_variables(model, tokens)
+    apply = jax.jit(model.apply)  # one compilation for both inputs
+    base, changed = (apply(params, t, None, seg) for t in (tokens, tokens.at[0, 6].set(3).at[0, 9].set(3)))
     np.testing.assert_array_equal(base[0, :4], changed[0, :4])          # segment 1 sees neither 2 nor padding
     assert np.abs(np.asarray(changed[0, 4:6] - base[0, 4:6])).max() > 1e-6  # segment 2 sees its later token
 
