@@ -206,11 +206,14 @@ def test_a_failing_setup_line_is_recorded_and_stops_the_sweep_until_retry_failed
 
 @pytest.mark.slow
 def test_at_its_time_limit_a_task_checkpoints_requeues_itself_and_resumes(tmp_path, corpus_dir):
-    """The real time limit (not a signal sent by hand): --time=3 min, USR1 90 s before it, runs of several minutes.
-    A few minutes; marked slow as well as slurm."""
+    """The real time limit (not a signal sent by hand): --time=3 min, USR1 90 s before it (SLURM sends it up to
+    60 s early), runs of 2-3 minutes on a quiet 2-core machine (budget 2e12 with 20 prior tokens per parameter, so
+    the sizes stay on the tiny ladder and train longer; at 2e10 the runs took 12 s there and ended before the
+    signal). A few minutes; marked slow as well as slurm."""
     workdir = str(tmp_path / "s")
     longer = [a for a in TINY if not a.startswith(("--config.sweep.budgets=", "--config.sweep.validate_flops="))]
-    out = _run(_cmd(workdir, corpus_dir, "--config.sweep.budgets=2e10", "--config.sweep.validate_flops=8e10",
+    out = _run(_cmd(workdir, corpus_dir, "--config.sweep.budgets=2e12", "--config.sweep.validate_flops=8e12",
+                    "--config.sweep.prior_tokens_per_param=20.0",
                     "--config.sweep.slurm.time=00:03:00", "--config.sweep.slurm.signal_seconds=90", tiny=longer),
                corpus_dir)
     assert out.returncode == 0, out.stdout + out.stderr
