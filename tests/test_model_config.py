@@ -1,6 +1,5 @@
 """ModelConfig as the one source of model settings: one compute-dtype setting, the configs' model blocks
 derived from its defaults, the import layering, and logical axis names that mean one thing each."""
-import ast
 import dataclasses
 import os
 
@@ -14,6 +13,8 @@ from configs.common import DEFAULT_RULES
 from transformer.spec import ConfigError, ModelConfig
 from transformer.models import build_model
 from transformer.training.resolve import model_config
+
+from import_graph import imported_modules
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,28 +50,17 @@ def test_config_files_take_model_defaults_from_modelconfig(module):
 
 # ---------------------------------------------------------------- layering
 
-def _imports(path: str) -> set[str]:
-    tree = ast.parse(open(path).read())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
 def test_config_module_imports_nothing_of_the_package_and_layers_do_not_import_models():
     spec = os.path.join(REPO, "transformer", "spec")  # the bottom layer: itself and the leaf transformer.files only
     for name in os.listdir(spec):
         if name.endswith(".py"):
-            bad = [m for m in _imports(os.path.join(spec, name))
+            bad = [m for m in imported_modules(os.path.join(spec, name))
                    if m.startswith("transformer") and not m.startswith(("transformer.spec", "transformer.files"))]
             assert not bad, (name, bad)
     layers = os.path.join(REPO, "transformer", "layers")
     for name in os.listdir(layers):
         if name.endswith(".py"):
-            bad = [m for m in _imports(os.path.join(layers, name)) if m.startswith("transformer.models")]
+            bad = [m for m in imported_modules(os.path.join(layers, name)) if m.startswith("transformer.models")]
             assert not bad, (name, bad)
 
 

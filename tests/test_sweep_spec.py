@@ -2,7 +2,6 @@
 library (issue 19 §1: only configs/ and experiments/ see it; everything below takes the spec or plain dicts)."""
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import os
@@ -16,19 +15,9 @@ from transformer.design import plan
 from transformer.design.spec import SweepSpec
 from transformer.spec import ConfigError
 
+from import_graph import imported_modules
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _imports(path: str) -> set[str]:
-    with open(path) as f:
-        tree = ast.parse(f.read(), path)
-    names = set()
-    for node in ast.walk(tree):  # imports inside functions too
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
 
 
 def test_no_module_under_transformer_imports_ml_collections():
@@ -36,7 +25,7 @@ def test_no_module_under_transformer_imports_ml_collections():
              for f in names if f.endswith(".py")]
     assert len(files) > 100
     offenders = sorted(os.path.relpath(f, REPO) for f in files
-                       if any(m.split(".")[0] == "ml_collections" for m in _imports(f)))
+                       if any(m.split(".")[0] == "ml_collections" for m in imported_modules(f)))
     assert not offenders, f"library modules that import ml_collections (only configs/ and experiments/ may): {offenders}"
 
 
