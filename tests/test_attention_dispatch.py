@@ -1,6 +1,5 @@
 """The attention registry: choices and their resolution, decoding through it, what the cuDNN entry is
 given, and "chunked" against autodiff of the einsum reference (bfloat16; more than 16 chunks)."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,26 +12,13 @@ from transformer.layers.attention import MultiHeadAttention, dot_product_attenti
 from transformer.layers.chunked_attention import _MAX_CHUNKS, CHUNK, _spans
 from transformer.models import build_model, resolve
 
+from attention_checks import decode_in_steps, max_err, qkv, value_and_grads
+
 N, H = 4, 8
 
 
 def _qkv(T, K, dtype, seed=0, B=2):
-    rng = np.random.default_rng(seed)
-    q = jnp.asarray(rng.normal(size=(B, T, N, H)), dtype)
-    k, v = (jnp.asarray(rng.normal(size=(B, T, K, H)), dtype) for _ in range(2))
-    return q, k, v
-
-
-def _value_and_grads(impl, q, k, v, **kw):
-    def loss(q, k, v):
-        out = dot_product_attention(q, k, v, implementation=impl, **kw)
-        return jnp.sum(jnp.sin(out.astype(jnp.float32)))
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
-
-
-def _max_err(got, want):
-    return max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32))))
-               for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    return qkv(T, K, dtype, N=N, H=H, seed=seed, B=B)
 
 
 @pytest.mark.parametrize("segments,window", [(False, 0), (True, 0), (True, 24)])
@@ -44,9 +30,9 @@ def test_chunked_bfloat16_gradients_match_autodiff_of_the_reference(segments, wi
     rng = np.random.default_rng(2)
     seg = jnp.asarray(np.sort(rng.integers(1, 4, size=(2, T)), axis=1)) if segments else None
     kw = dict(causal=True, q_segment_ids_BT=seg, kv_segment_ids_BS=seg, sliding_window=window)
-    truth = _value_and_grads("einsum", *(x.astype(jnp.float32) for x in (q, k, v)), **kw)
-    ref_bf16 = _value_and_grads("einsum", q, k, v, **kw)
-    chunked = _value_and_grads("chunked", q, k, v, **kw)
+    truth = value_and_grads("einsum", *(x.astype(jnp.float32) for x in (q, k, v)), **kw)
+    ref_bf16 = value_and_grads("einsum", q, k, v, **kw)
+    chunked = value_and_grads("chunked", q, k, v, **kw)
     assert all(g.dtype == jnp.bfloat16 for g in chunked[1])
     scale = max(float(jnp.max(jnp.abs(g))) for g in truth[1])
     # On CPU the two errors were within 1.3x of each other. On an H100 XLA's bf16 reference keeps dS in
@@ -55,7 +41,7 @@ def test_chunked_bfloat16_gradients_match_autodiff_of_the_reference(segments, wi
     # ulp (2^-9) of it. A wrong mask or window moves whole rows (errors of the gradients' own size).
     slack = (2 ** -9 if jax.default_backend() == "gpu" else 1e-4) * scale
     for name, r, c, t in zip(("dq", "dk", "dv"), ref_bf16[1], chunked[1], truth[1]):
-        ref_err, chunked_err = _max_err(r, t), _max_err(c, t)
+        ref_err, chunked_err = max_err(r, t), max_err(c, t)
         assert chunked_err <= 1.5 * ref_err + slack, (name, chunked_err, ref_err, scale)
     assert abs(float(chunked[0]) - float(truth[0])) < 0.02 * abs(float(truth[0])) + 0.5
 
@@ -71,8 +57,8 @@ def test_chunked_beyond_sixteen_chunks_equals_the_reference():
     q, k, v = _qkv(T, K=2, dtype=jnp.float32, seed=3, B=1)
     seg = jnp.asarray([[1] * 700 + [2] * 400])
     kw = dict(causal=True, q_segment_ids_BT=seg, kv_segment_ids_BS=seg, sliding_window=0)
-    ref = _value_and_grads("einsum", q, k, v, **kw)
-    got = _value_and_grads("chunked", q, k, v, **kw)
+    ref = value_and_grads("einsum", q, k, v, **kw)
+    got = value_and_grads("chunked", q, k, v, **kw)
     for r, g in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=3e-5)
 
@@ -164,12 +150,6 @@ def test_decoding_goes_through_the_registry(impl, monkeypatch):
         return original(*args, **flags)
     cache = mha.init(jax.random.PRNGKey(1), x, pos, decode=True)["cache"]
     monkeypatch.setitem(attention.ATTENTION_IMPLEMENTATIONS, impl, spy)
-    step = functools.partial(mha.apply, decode=True, mutable=["cache"])
-    outs = []
-    out, mut = step({**params, "cache": cache}, x[:, :4], pos[:, :4])
-    outs.append(out)
-    for t in range(4, T):
-        out, mut = step({**params, "cache": mut["cache"]}, x[:, t:t + 1], pos[:, t:t + 1])
-        outs.append(out)
+    decoded = decode_in_steps(mha, params, cache, x, pos, prefill=4)
     assert [int(o) for o in offsets] == [0, 4, 5, 6, 7, 8]
-    np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=1e-5)
+    np.testing.assert_allclose(decoded, full, atol=1e-5)

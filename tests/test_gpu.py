@@ -5,15 +5,16 @@ estimator against the allocator's peak.
 Skipped unless JAX's default backend is a GPU. The test session defaults to CPU (conftest.py); run them with
   JAX_PLATFORMS=cuda,cpu XLA_PYTHON_CLIENT_PREALLOCATE=false python -m pytest -q tests/test_gpu.py
 """
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.layers.attention import MultiHeadAttention, dot_product_attention, resolve_attention_impl
+from transformer.layers.attention import MultiHeadAttention, resolve_attention_impl
 from transformer.spec import ModelConfig
+
+from attention_checks import decode_in_steps, max_err, qkv, value_and_grads
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (JAX_PLATFORMS=cuda,cpu)")
 
@@ -21,21 +22,7 @@ N, H = 8, 64
 
 
 def _qkv(T, K, seed=0, B=2):
-    rng = np.random.default_rng(seed)
-    q = jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.bfloat16)
-    k, v = (jnp.asarray(rng.normal(size=(B, T, K, H)), jnp.bfloat16) for _ in range(2))
-    return q, k, v
-
-
-def _value_and_grads(impl, q, k, v, **kw):
-    def loss(q, k, v):
-        return jnp.sum(jnp.sin(dot_product_attention(q, k, v, implementation=impl, **kw).astype(jnp.float32)))
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
-
-
-def _max_err(got, want):
-    return max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32))))
-               for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    return qkv(T, K, jnp.bfloat16, N=N, H=H, seed=seed, B=B)
 
 
 @pytest.mark.parametrize("K,segments,window", [(8, False, 0), (2, False, 0), (2, True, 0), (2, True, 48),
@@ -49,12 +36,12 @@ def test_cudnn_forward_and_gradients_are_as_close_to_float32_as_the_bf16_referen
     rng = np.random.default_rng(2)
     seg = jnp.asarray(np.sort(rng.integers(1, 4, size=(2, T)), axis=1)) if segments else None
     kw = dict(causal=True, q_segment_ids_BT=seg, kv_segment_ids_BS=seg, sliding_window=window)
-    truth = _value_and_grads("einsum", *(x.astype(jnp.float32) for x in (q, k, v)), **kw)
-    ref_bf16 = _value_and_grads("einsum", q, k, v, **kw)
-    cudnn = _value_and_grads("cudnn", q, k, v, **kw)
+    truth = value_and_grads("einsum", *(x.astype(jnp.float32) for x in (q, k, v)), **kw)
+    ref_bf16 = value_and_grads("einsum", q, k, v, **kw)
+    cudnn = value_and_grads("cudnn", q, k, v, **kw)
     scale = max(float(jnp.max(jnp.abs(g))) for g in truth[1])
     for name, r, c, t in zip(("dq", "dk", "dv"), ref_bf16[1], cudnn[1], truth[1]):
-        ref_err, cudnn_err = _max_err(r, t), _max_err(c, t)
+        ref_err, cudnn_err = max_err(r, t), max_err(c, t)
         assert cudnn_err <= 2.0 * ref_err + 1e-3 * scale, (name, cudnn_err, ref_err, scale)
     assert abs(float(cudnn[0]) - float(truth[0])) < 0.02 * abs(float(truth[0])) + 0.5
 
@@ -77,14 +64,7 @@ def test_cudnn_decoding_agrees_with_the_full_forward_pass():
     reference = MultiHeadAttention(cfg.replace(attention_impl="einsum", dtype="float32"), causal=True)
     truth = reference.apply(params, x, pos)
     cache = mha.init(jax.random.PRNGKey(1), x, pos, decode=True)["cache"]
-    step = functools.partial(mha.apply, decode=True, mutable=["cache"])
-    outs = []
-    out, mut = step({**params, "cache": cache}, x[:, :8], pos[:, :8])
-    outs.append(out)
-    for t in range(8, T):
-        out, mut = step({**params, "cache": mut["cache"]}, x[:, t:t + 1], pos[:, t:t + 1])
-        outs.append(out)
-    decoded = jnp.concatenate(outs, axis=1).astype(jnp.float32)
+    decoded = decode_in_steps(mha, params, cache, x, pos, prefill=8).astype(jnp.float32)
     tol = 4 * float(jnp.max(jnp.abs(full.astype(jnp.float32) - truth))) + 1e-2
     assert float(jnp.max(jnp.abs(decoded - truth))) <= tol
 
