@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_checks import hf_logits, perturbed  # noqa: E402
 from transformer.interop.hf import from_pretrained, to_pretrained  # noqa: E402
 from transformer.spec import ConfigError, ModelConfig  # noqa: E402
 from transformer.models.decoder import DecoderLM  # noqa: E402
@@ -39,12 +40,7 @@ def _hf_model(name: str):
     cls_name, kwargs = SHAPES[name]
     config = getattr(transformers, CONFIGS[cls_name])(vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                                       **kwargs)
-    torch.manual_seed(0)
-    model = getattr(transformers, cls_name)(config).eval()
-    with torch.no_grad():  # the 0.02 init makes every logit ~0; larger weights make the comparison telling
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
+    return perturbed(getattr(transformers, cls_name), config)
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -57,17 +53,11 @@ def imported(request, tmp_path_factory):
     return request.param, hf, model, params, path
 
 
-def _hf_logits(hf, tokens_BT: np.ndarray, **kwargs) -> np.ndarray:
-    with torch.no_grad():
-        kwargs = {k: torch.tensor(v) for k, v in kwargs.items()}
-        return hf(torch.tensor(tokens_BT), **kwargs).logits.numpy()
-
-
 def test_logits_match_transformers(imported):
     name, hf, model, params, _ = imported
     tokens_BT = np.random.RandomState(0).randint(3, V, (2, 17))
     ours = np.asarray(model.apply({"params": params}, jnp.asarray(tokens_BT)))
-    ref = _hf_logits(hf, tokens_BT)
+    ref = hf_logits(hf, tokens_BT)
     assert ours.shape == ref.shape == (2, 17, V)
     assert np.abs(ref).max() > 0.5                      # the logits are not all ~0
     np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
@@ -91,7 +81,7 @@ def test_padded_batch_matches_attention_mask(imported):
     hf_kwargs = dict(attention_mask=mask_BT)
     if not name.startswith("bert"):
         hf_kwargs["position_ids"] = positions_BT
-    ref = _hf_logits(hf, tokens_BT, **hf_kwargs)
+    ref = hf_logits(hf, tokens_BT, **hf_kwargs)
     ours = np.asarray(model.apply({"params": params}, jnp.asarray(tokens_BT), jnp.asarray(positions_BT),
                                   jnp.asarray(mask_BT.astype(np.int32))))
     real = mask_BT == 1
@@ -111,7 +101,7 @@ def test_export_reimports_exactly_and_loads_in_transformers(imported, tmp_path):
     hf2 = auto.from_pretrained(out).eval()
     assert type(hf2) is type(hf)
     tokens_BT = np.random.RandomState(2).randint(3, V, (2, 9))
-    np.testing.assert_allclose(_hf_logits(hf2, tokens_BT), _hf_logits(hf, tokens_BT), atol=TOL, rtol=0)
+    np.testing.assert_allclose(hf_logits(hf2, tokens_BT), hf_logits(hf, tokens_BT), atol=TOL, rtol=0)
 
 
 def test_pytorch_bin_checkpoint_and_scanned_export(tmp_path):
@@ -123,7 +113,7 @@ def test_pytorch_bin_checkpoint_and_scanned_export(tmp_path):
     model, params = from_pretrained(str(tmp_path / "bin"))
     tokens_BT = np.random.RandomState(3).randint(3, V, (1, 10))
     np.testing.assert_allclose(np.asarray(model.apply({"params": params}, jnp.asarray(tokens_BT))),
-                               _hf_logits(hf, tokens_BT), atol=TOL, rtol=0)
+                               hf_logits(hf, tokens_BT), atol=TOL, rtol=0)
     scanned = DecoderLM(model.cfg.replace(scan_layers=True))
     stacked = dict(params, blocks={"layers": jax.tree.map(lambda *a: jnp.stack(a), *params["blocks"].values())})
     to_pretrained(scanned, stacked, str(tmp_path / "scanned"))

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_checks import perturbed  # noqa: E402
 from transformer.spec import ConfigError, ModelConfig  # noqa: E402
 from transformer.inference.generate import generate_seq2seq  # noqa: E402
 from transformer.inference.sampling import SamplingConfig  # noqa: E402
@@ -36,11 +37,8 @@ SHAPES = {
 def _hf_model(name: str):
     kwargs, own_head = SHAPES[name]
     config = transformers.T5Config(vocab_size=V, dropout_rate=0.0, **kwargs)
-    torch.manual_seed(0)
-    model = transformers.T5ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # larger weights than the init make the comparison telling
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    model = perturbed(transformers.T5ForConditionalGeneration, config)
+    with torch.no_grad():
         if own_head:  # transformers 5.x builds T5 with lm_head tied to the table; a v1.1 checkpoint has its own
             model.lm_head.weight = torch.nn.Parameter(torch.randn(V, kwargs["d_model"]) * 0.3)
     return model

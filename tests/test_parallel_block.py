@@ -71,7 +71,8 @@ def test_encoder_bidirectional_and_segments_apart():
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from transformer.interop.hf import from_pretrained, to_pretrained  # noqa: E402
+from hf_checks import assert_round_trip, perturbed  # noqa: E402
+from transformer.interop.hf import from_pretrained  # noqa: E402
 
 V, TOL = 101, 1e-4
 
@@ -80,40 +81,17 @@ def _neox(equal_norms: bool = True, **overrides):
     kwargs = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
                   rotary_pct=1.0, rotary_emb_base=500.0, use_parallel_residual=True, hidden_act="gelu",
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**{**kwargs, **overrides})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        if equal_norms:   # our block has one norm: NeoX's two must be the same to be this model
-            for layer in model.gpt_neox.layers:
-                layer.post_attention_layernorm.load_state_dict(layer.input_layernorm.state_dict())
+    model = perturbed(transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig(**{**kwargs, **overrides}))
+    if equal_norms:   # our block has one norm: NeoX's two must be the same to be this model
+        for layer in model.gpt_neox.layers:
+            layer.post_attention_layernorm.load_state_dict(layer.input_layernorm.state_dict())
     return model
 
 
-def _hf_logits(hf, tokens_BT: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return hf(torch.tensor(tokens_BT)).logits.numpy()
-
-
 def test_gpt_neox_logits_export_and_reimport(tmp_path):
-    hf = _neox()
-    hf.save_pretrained(str(tmp_path / "hf"))
-    model, params = from_pretrained(str(tmp_path / "hf"))
-    assert model.cfg.parallel_block and model.cfg.rope_base == 500.0 and not model.cfg.tie_embeddings
     tokens_BT = np.random.RandomState(0).randint(3, V, (2, 13))
-    ours = np.asarray(model.apply({"params": params}, jnp.asarray(tokens_BT)))
-    ref = _hf_logits(hf, tokens_BT)
-    assert np.abs(ref).max() > 0.5
-    np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
-
-    out = to_pretrained(model, params, str(tmp_path / "export"))
-    hf2 = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert type(hf2).__name__ == "GPTNeoXForCausalLM"
-    np.testing.assert_allclose(_hf_logits(hf2, tokens_BT), ours, atol=TOL, rtol=0)
-    model2, params2 = from_pretrained(out)
-    assert model2.cfg == model.cfg
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+    model, _, _ = assert_round_trip(_neox(), str(tmp_path), tokens_BT, TOL)
+    assert model.cfg.parallel_block and model.cfg.rope_base == 500.0 and not model.cfg.tie_embeddings
 
 
 @pytest.mark.parametrize("case, overrides, message", [

@@ -5,8 +5,6 @@ and Hugging Face Qwen3 (the LLaMA layout plus this QK-norm): logits within 1e-4 
 loaded back by `transformers`, re-import exact."""
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,51 +112,24 @@ def test_encoder_decoder_cached_generation_equals_full_forward():
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from transformer.interop.hf import from_pretrained, to_pretrained  # noqa: E402
+from hf_checks import assert_round_trip, hf_logits, perturbed  # noqa: E402
 
 V, TOL = 101, 1e-4
 
 
-@functools.lru_cache(maxsize=None)
-def _qwen3(tie: bool = False):
-    config = transformers.Qwen3Config(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=24, intermediate_size=96, rms_norm_eps=1e-5,
-                                      tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():  # move every weight (the norm scales too) away from its init
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
-
-
-def _hf_logits(hf, tokens_BT: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return hf(torch.tensor(tokens_BT)).logits.numpy()
-
-
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_qwen3_logits_export_and_reimport(tie, tmp_path):
-    hf = _qwen3(tie)
-    hf.save_pretrained(str(tmp_path / "hf"))
-    model, params = from_pretrained(str(tmp_path / "hf"))
-    assert model.cfg.qk_norm and model.cfg.dim_per_head == 24 and model.cfg.tie_embeddings == tie
+    hf = perturbed(transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
+        vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+        intermediate_size=96, rms_norm_eps=1e-5, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0))
     tokens_BT = np.random.RandomState(0).randint(3, V, (2, 13))
-    ours = np.asarray(model.apply({"params": params}, jnp.asarray(tokens_BT)))
-    ref = _hf_logits(hf, tokens_BT)
-    assert np.abs(ref).max() > 0.5
-    np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
+    model, params, _ = assert_round_trip(hf, str(tmp_path), tokens_BT, TOL)
+    assert model.cfg.qk_norm and model.cfg.dim_per_head == 24 and model.cfg.tie_embeddings == tie
     # without the QK-norm the same weights give other logits: the norms are really applied
     plain = model.clone(cfg=model.cfg.replace(qk_norm=False))
     no_norm = {**params, "blocks": {k: {**b, "attention": {n: w for n, w in b["attention"].items()
                                                            if not n.endswith("_norm")}}
                                     for k, b in params["blocks"].items()}}
+    ref = hf_logits(hf, tokens_BT)
     assert np.abs(np.asarray(plain.apply({"params": no_norm}, jnp.asarray(tokens_BT))) - ref).max() > 1e-2
-
-    out = to_pretrained(model, params, str(tmp_path / "export"))
-    hf2 = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert type(hf2).__name__ == "Qwen3ForCausalLM"
-    np.testing.assert_allclose(_hf_logits(hf2, tokens_BT), ours, atol=TOL, rtol=0)
-    model2, params2 = from_pretrained(out)
-    assert model2.cfg == model.cfg
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
