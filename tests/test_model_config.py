@@ -1,7 +1,6 @@
 """ModelConfig as the one source of model settings: one compute-dtype setting, the configs' model blocks
-derived from its defaults, the import layering, and logical axis names that mean one thing each."""
+derived from its defaults, and logical axis names that mean one thing each."""
 import dataclasses
-import os
 
 import flax.linen as nn
 import jax
@@ -13,10 +12,6 @@ from configs.common import DEFAULT_RULES
 from transformer.spec import ConfigError, ModelConfig
 from transformer.models import build_model
 from transformer.training.resolve import model_config
-
-from import_graph import imported_modules
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------- one compute dtype setting
@@ -46,22 +41,6 @@ def test_config_files_take_model_defaults_from_modelconfig(module):
         assert set(model) == set(defaults) - {"dtype"}, preset  # every setting is there, dtype is not
         own = set(module.PRESETS[preset]) | {"family", "vocab_size"}
         assert {k: v for k, v in model.items() if k not in own} == {k: defaults[k] for k in model if k not in own}
-
-
-# ---------------------------------------------------------------- layering
-
-def test_config_module_imports_nothing_of_the_package_and_layers_do_not_import_models():
-    spec = os.path.join(REPO, "transformer", "spec")  # the bottom layer: itself and the leaf transformer.files only
-    for name in os.listdir(spec):
-        if name.endswith(".py"):
-            bad = [m for m in imported_modules(os.path.join(spec, name))
-                   if m.startswith("transformer") and not m.startswith(("transformer.spec", "transformer.files"))]
-            assert not bad, (name, bad)
-    layers = os.path.join(REPO, "transformer", "layers")
-    for name in os.listdir(layers):
-        if name.endswith(".py"):
-            bad = [m for m in imported_modules(os.path.join(layers, name)) if m.startswith("transformer.models")]
-            assert not bad, (name, bad)
 
 
 # ---------------------------------------------------------------- logical axis names
