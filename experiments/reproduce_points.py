@@ -22,7 +22,7 @@ SUMMARY = 0.9  # a (set, case)'s score: this quantile of its held-out points' sc
 
 def size_holdout(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]:
     """One record per case of `name`: {"data", "case", "held_sizes", "points": [{"params", "tokens", "truth",
-    "predicted", "error", "unit", "score"}], "score" (the summary), "chosen"} or {"data", "case", "note"}."""
+    "predicted", "ci95", "error", "unit", "score"}], "score" (the summary), "chosen"} or {"data", "case", "note"}."""
     sizes_S = np.unique(pts.params_P)
     out = []
     for label, factor in CASES:
@@ -46,7 +46,7 @@ def size_holdout(name: str, pts: points_lib.Points, samples: int) -> list[dict[s
             if not unit > 0:
                 continue
             rows.append({"params": p["params"], "tokens": p["tokens"], "truth": truth, "predicted": p["loss"],
-                         "error": p["loss"] / truth - 1, "unit": unit,
+                         "ci95": p["loss_ci95"], "error": p["loss"] / truth - 1, "unit": unit,
                          "score": abs(np.log(p["loss"] / truth)) / unit})
         if not rows:
             out.append({**rec, "note": "no held-out point has an interval"})
