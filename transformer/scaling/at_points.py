@@ -34,8 +34,8 @@ MISFIT_FLAG = 2.0  # the chosen form misfits when its log residual RMS exceeds t
 # larger ones; 42 cases, 1,092 points), one score per case, the 90% quantile of its points' |e| / (t·σ)
 # (`experiments.reproduce_points.SUMMARY`): 2.553, rounded up. m = 1 covered 76.0% (2x) and 81.0% (4x) of the
 # held-out points (sets weighted equally); each source's m calibrated on the others (2.52–2.93) covers 96.1% and
-# 97.1%, and 40 of 42 cases' summary scores. The errors of extrapolating in N are ~2.5× what the size backtest
-# inside the data predicts. docs/fitting.md "Loss at any (N, D)".
+# 97.1%, and 40 of 42 cases' summary scores: the size backtest inside the data understates the error beyond it.
+# docs/fitting.md "Loss at any (N, D)".
 INTERVAL_SCALE = 2.6
 FORMS = {"approach3": "L(N, D) = E + A/N^alpha + B/D^beta (approach 3)", "overtrain": overtrain.FORM}
 
