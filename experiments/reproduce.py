@@ -12,6 +12,10 @@ experiments/reference_data (docs/fitting.md shows the table this prints).
    conformal multiplier), with the shipped m (`backtest.INTERVAL_SCALE`, calibrated on these hold-outs: in
    sample), and out of sample (each data source's m calibrated on the other sources' hold-outs,
    `backtest.leave_group_out`); and the conformal m these hold-outs give.
+4. Size hold-outs of the loss at any (N, D) (`at_points`, `experiments.reproduce_points`) on the same sets: refit on
+   the model sizes ≤ N_max/2 ("2x") and ≤ N_max/4 ("4x"), predict every point of the larger sizes; coverage (points,
+   sets weighted equally) with m = 1, the shipped `at_points.INTERVAL_SCALE` and out of sample, median |error| and
+   width, and the conformal m over one score per (set, case).
 `--extra`: an Open-Athena-format CSV (columns source, experiment, params, tokens, budget, loss; not shipped here,
 it has no licence: ../shared/reference-data/isoflops_openathena_nonmarin.csv) adds its experiments to 3.
 """
@@ -26,8 +30,8 @@ from typing import Any, Iterator
 import numpy as np
 from absl import flags
 
-from experiments import cli
-from transformer.scaling import backtest, fits, isoflop, predict
+from experiments import cli, reproduce_points
+from transformer.scaling import at_points, backtest, fits, isoflop, predict
 from transformer.scaling import points as points_lib
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_data")
@@ -126,21 +130,20 @@ def main(argv: list[str]) -> None:
     result["chinchilla_approach3"] = {k: a3[k] for k in ("E", "alpha", "beta", "a")}
     print("Chinchilla approach 3 (5 highest losses dropped): "
           + ", ".join(f"{k} {a3[k]:.3f} (Epoch AI {v})" for k, v in EPOCH_AI.items()))
-    rows: list[dict[str, Any]] = []
+    sets: list[tuple[str, points_lib.Points, dict[str, str]]] = []
     result["porian_exponents"] = []
     for row, pts in porian_settings():
         name = f"Porian {row['dataset']}: {row['experiment']}"
         a = fits.approach2(pts)["a"]
         result["porian_exponents"].append({"setting": name, "a": a, "published": float(row["a"])})
         print(f"{name}: approach 2 a = {a:.3f} (published {float(row['a']):.3f})")
-        rows += [{**r, "group": "Porian et al. 2024 (15 settings)", "family": "Porian", "source": name}
-                 for r in holdout(name, pts, _SAMPLES.value)]
-    rows += [{**r, "group": "Chinchilla (Epoch AI extraction)", "family": "Chinchilla", "source": "Chinchilla"}
-             for r in holdout("Chinchilla", chin, _SAMPLES.value)]
+        sets.append((name, pts, {"group": "Porian et al. 2024 (15 settings)", "family": "Porian", "source": name}))
+    sets.append(("Chinchilla", chin, {"group": "Chinchilla (Epoch AI extraction)", "family": "Chinchilla",
+                                      "source": "Chinchilla"}))
     if _EXTRA.value:
-        for experiment, pts in open_athena(_EXTRA.value):
-            rows += [{**r, "group": f"Open-Athena {experiment.split('__')[0]}", "family": "Open-Athena",
-                      "source": source(experiment)} for r in holdout(experiment, pts, _SAMPLES.value)]
+        sets += [(experiment, pts, {"group": f"Open-Athena {experiment.split('__')[0]}", "family": "Open-Athena",
+                                    "source": source(experiment)}) for experiment, pts in open_athena(_EXTRA.value)]
+    rows = [{**r, **tags} for name, pts, tags in sets for r in holdout(name, pts, _SAMPLES.value)]
     result["conformal_multiplier"] = calibrate(rows)
     for r in rows:
         if "error" in r:
@@ -155,6 +158,16 @@ def main(argv: list[str]) -> None:
           f"(shipped backtest.INTERVAL_SCALE {backtest.INTERVAL_SCALE}); out of sample, each source's from the others: "
           f"{min(r['m_out'] for r in rows if 'm_out' in r):.3f}–{max(r['m_out'] for r in rows if 'm_out' in r):.3f}")
     result["table"] = lines
+    cases = [{**c, **tags} for name, pts, tags in sets for c in reproduce_points.size_holdout(name, pts, _SAMPLES.value)]
+    result["points_conformal_multiplier"] = reproduce_points.calibrate(cases, at_points.INTERVAL_SCALE)
+    result["points_holdout"] = cases
+    result["points_table"] = reproduce_points.table(
+        cases + [{**c, "group": f"family: {c['family']}"} for c in cases if c["family"] == "Open-Athena"]
+        + [{**c, "group": "all"} for c in cases])
+    print("\nLoss at (N, D), size hold-outs:\n" + "\n".join(result["points_table"]))
+    m_out = [c["m_out"] for c in cases if "m_out" in c]
+    print(f"conformal multiplier over these size hold-outs: {result['points_conformal_multiplier']:.3f} (shipped "
+          f"at_points.INTERVAL_SCALE {at_points.INTERVAL_SCALE}); out of sample: {min(m_out):.3f}–{max(m_out):.3f}")
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(result, f, indent=1)

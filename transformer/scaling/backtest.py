@@ -37,7 +37,7 @@ PRIOR_PER_EFOLD = 0.005
 # The conformal multiplier of t·σ: the 95% quantile of |e| / (t·σ) over the 42 hold-out backtests of the 21
 # published IsoFLOP sets (0.488; docs/fitting.md), rounded up. Left out one source at a time (its multiplier
 # calibrated on the others), the interval covers 41 of 42 hold-outs. Only the frontier's intervals use it; the
-# loss at (N, D) (`at_points`) was not calibrated on published grids and keeps m = 1.
+# loss at (N, D) has its own, calibrated the same way on size hold-outs (`at_points.INTERVAL_SCALE`).
 INTERVAL_SCALE = 0.5
 
 
