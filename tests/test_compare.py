@@ -16,7 +16,7 @@ from matplotlib import image
 
 from sweep_fixture import TRUE_A, g_coef, law, shape
 from transformer.spec import ConfigError
-from transformer.scaling import compare, fits, frontier
+from transformer.scaling import compare, compare_plots, fits, frontier
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,6 +112,18 @@ def test_no_difference_gives_an_interval_containing_1(tmp_path):
     same = compare.compare(base, base, bootstrap=20)["budgets"][1]
     assert same["compute_multiplier"] == pytest.approx(1.0, abs=1e-9)
     assert same["compute_multiplier_ci95"][0] < 0.97 and same["compute_multiplier_ci95"][1] > 1.03
+
+
+def test_the_plot_title_reads_the_measured_budgets_before_the_extrapolation():
+    """The measured budgets are the result (docs/comparing.md); the extrapolated multiplier is a direction."""
+    result = {"budgets": [{"compute_multiplier": 1.32, "compute_multiplier_ci95": [1.24, 1.40]},
+                          {"compute_multiplier": 1.05, "compute_multiplier_ci95": [0.90, 1.20]},
+                          {"compute_multiplier": None, "compute_multiplier_ci95": None}],
+              "extrapolated": {"flops": 4e13, "compute_multiplier": 1.69, "compute_multiplier_ci95": [0.75, 6.64]}}
+    measured, extrapolated = compare_plots._title(result).split("\n")
+    assert "3 measured budgets: 1.05x to 1.32x" in measured
+    assert "variant better at 1" in measured and "no clear difference at 1" in measured and "of 2" in measured
+    assert extrapolated.endswith("4e+13 (extrapolated): 1.69x [0.75, 6.64], no clear difference")
 
 
 @pytest.mark.slow

@@ -75,7 +75,8 @@ def plot_compare(result: dict[str, Any], path: str) -> str:
     if measured_losses:
         span = max(measured_losses) - min(measured_losses)
         ax_loss.set_ylim(min(measured_losses) - 0.6 * span - 0.02, max(measured_losses) + 0.3 * span + 0.02)
-    ax_loss.set(xscale="log", ylabel=LABEL_LOSS, title=_title(result))
+    ax_loss.set(xscale="log", ylabel=LABEL_LOSS)
+    ax_loss.set_title(_title(result), fontsize=10)
     ax_loss.grid(True, which="major", alpha=0.3)
     ax_loss.legend(fontsize=7)
     _multiplier_panel(ax_m, result, flops_G)
@@ -83,16 +84,33 @@ def plot_compare(result: dict[str, Any], path: str) -> str:
     return path
 
 
+def _verdict(ci: list | None) -> str:
+    if not ci:
+        return ""
+    if ci[0] is not None and ci[0] > 1:
+        return "variant better"
+    if ci[1] is not None and ci[1] < 1:
+        return "baseline better"
+    return "no clear difference"
+
+
 def _title(result: dict[str, Any]) -> str:
+    """Two lines: the multiplier over the measured budgets (what to read) and at the extrapolated compute."""
+    measured = [b for b in result["budgets"] if b.get("compute_multiplier") is not None]
+    lines = []
+    if measured:
+        m_B = [b["compute_multiplier"] for b in measured]
+        verdicts = [_verdict(b.get("compute_multiplier_ci95")) for b in measured]
+        counts = ", ".join(f"{v} at {verdicts.count(v)}" for v in dict.fromkeys(verdicts) if v)
+        lines.append(f"at the {len(result['budgets'])} measured budgets: {min(m_B):.2f}x to {max(m_B):.2f}x"
+                     + (f" ({counts} of {len(measured)})" if counts else ""))
     ext = result["extrapolated"]
     m, ci = ext.get("compute_multiplier"), ext.get("compute_multiplier_ci95")
     value = "infinite" if m is None and "infinite" in ext.get("note", "") else ("n/a" if m is None else f"{m:.2f}x")
     interval = "" if not ci else " [" + ", ".join("inf" if x is None else f"{x:.2f}" for x in ci) + "]"
-    verdict = ("" if m is None and value == "n/a" else
-               ", variant better" if ci and ci[0] is not None and ci[0] > 1 else
-               ", baseline better" if ci and ci[1] is not None and ci[1] < 1 else
-               ", no clear difference" if ci else "")
-    return f"compute multiplier at C = {ext['flops']:.3g}: {value}{interval}{verdict}"
+    verdict = "" if m is None and value == "n/a" else (f", {_verdict(ci)}" if ci else "")
+    lines.append(f"at C = {ext['flops']:.3g} (extrapolated): {value}{interval}{verdict}")
+    return "compute multiplier " + "\n".join(lines)
 
 
 def _multiplier_panel(ax: Any, result: dict[str, Any], flops_G: np.ndarray) -> None:
