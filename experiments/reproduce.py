@@ -98,8 +98,9 @@ def calibrate(rows: list[dict[str, Any]]) -> float:
     returns the conformal m over every hold-out (what `backtest.INTERVAL_SCALE` rounds up)."""
     sel = [r for r in rows if "score" in r]
     for r, m in zip(sel, backtest.leave_group_out([r["score"] for r in sel], [r["source"] for r in sel])):
-        r.update(m_out=m, covered_out=bool(r["score"] <= m), width_out=float(2 * np.sinh(m * r["unit"])),
-                 covered_m1=bool(r["score"] <= 1.0), width_m1=float(2 * np.sinh(r["unit"])))
+        r["m_out"] = m
+        for key, mult in (("_out", m), ("_m1", 1.0)):
+            r["covered" + key], r["width" + key] = backtest.at_multiplier(r["score"], r["unit"], mult)
     return backtest.conformal_multiplier([r["score"] for r in sel])
 
 

@@ -67,8 +67,7 @@ def calibrate(cases: list[dict[str, Any]], shipped: float) -> float:
         c.update(m_out=m_out, m_shipped=shipped)
         for p in c["points"]:
             for key, m in (("_m1", 1.0), ("", shipped), ("_out", m_out)):
-                p["covered" + key] = bool(p["score"] <= m)
-                p["width" + key] = float(2 * np.sinh(m * p["unit"]))
+                p["covered" + key], p["width" + key] = backtest.at_multiplier(p["score"], p["unit"], m)
     return backtest.conformal_multiplier(scores)
 
 

@@ -111,6 +111,12 @@ def interval(loss: float, distance: float, noise_sd: float | None, scale: dict[s
                 "" if calibrated else " (no backtest refit: the prior alone, not calibrated on these data)")}
 
 
+def at_multiplier(score: float, unit: float, multiplier: float) -> tuple[bool, float]:
+    """A hold-out against the interval L̂·exp(±m·unit) (`interval` with unit = t·σ): whether it covers the truth,
+    given the hold-out's score = |ln(L̂ / L)| / unit, and the interval's relative width (hi − lo) / L̂."""
+    return bool(score <= multiplier), float(2 * np.sinh(multiplier * unit))
+
+
 def log_sd(values_K: np.ndarray) -> float | None:
     """The sd of ln v over the finite positive draws (None with fewer than 2): a robust one (IQR/1.349), so
     that a few runaway draws do not set it."""
