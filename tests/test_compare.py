@@ -118,12 +118,18 @@ def test_the_plot_title_reads_the_measured_budgets_before_the_extrapolation():
     """The measured budgets are the result (docs/comparing.md); the extrapolated multiplier is a direction."""
     result = {"budgets": [{"compute_multiplier": 1.32, "compute_multiplier_ci95": [1.24, 1.40]},
                           {"compute_multiplier": 1.05, "compute_multiplier_ci95": [0.90, 1.20]},
-                          {"compute_multiplier": None, "compute_multiplier_ci95": None}],
+                          {"compute_multiplier": None, "compute_multiplier_ci95": None,
+                           "note": "no frontier for the variant"}],
               "extrapolated": {"flops": 4e13, "compute_multiplier": 1.69, "compute_multiplier_ci95": [0.75, 6.64]}}
     measured, extrapolated = compare_plots._title(result).split("\n")
     assert "3 measured budgets: 1.05x to 1.32x" in measured
     assert "variant better at 1" in measured and "no clear difference at 1" in measured and "of 2" in measured
     assert extrapolated.endswith("4e+13 (extrapolated): 1.69x [0.75, 6.64], no clear difference")
+    # a budget where the variant is below the baseline's E: the multiplier is infinite, the strongest "better"
+    result["budgets"][2] = {"compute_multiplier": None, "compute_multiplier_ci95": [2.0, None],
+                            "note": "infinite: the variant's L_opt is below the baseline's irreducible loss E"}
+    measured = compare_plots._title(result).split("\n")[0]
+    assert "1.05x to infinite" in measured and "variant better at 2" in measured and "of 3" in measured
 
 
 @pytest.mark.slow

@@ -9,6 +9,8 @@ Bottom panel: the compute multiplier C_base(L_var(C)) / C against C with its 95%
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy as np
@@ -94,22 +96,32 @@ def _verdict(ci: list | None) -> str:
     return "no clear difference"
 
 
+def _multiplier(rec: dict[str, Any]) -> float | None:
+    """A budget's multiplier: inf where compare found it infinite (the variant below the baseline's E), None
+    where there is none (no frontier)."""
+    m = rec.get("compute_multiplier")
+    return m if m is not None else (math.inf if rec.get("note", "").startswith("infinite") else None)
+
+
+def _times(m: float) -> str:
+    return "infinite" if math.isinf(m) else f"{m:.2f}x"
+
+
 def _title(result: dict[str, Any]) -> str:
     """Two lines: the multiplier over the measured budgets (what to read) and at the extrapolated compute."""
-    measured = [b for b in result["budgets"] if b.get("compute_multiplier") is not None]
+    measured = [(m, b) for b in result["budgets"] if (m := _multiplier(b)) is not None]
     lines = []
     if measured:
-        m_B = [b["compute_multiplier"] for b in measured]
-        verdicts = [_verdict(b.get("compute_multiplier_ci95")) for b in measured]
+        m_B = [m for m, _ in measured]
+        verdicts = [_verdict(b.get("compute_multiplier_ci95")) for _, b in measured]
         counts = ", ".join(f"{v} at {verdicts.count(v)}" for v in dict.fromkeys(verdicts) if v)
-        lines.append(f"at the {len(result['budgets'])} measured budgets: {min(m_B):.2f}x to {max(m_B):.2f}x"
+        lines.append(f"at the {len(result['budgets'])} measured budgets: {_times(min(m_B))} to {_times(max(m_B))}"
                      + (f" ({counts} of {len(measured)})" if counts else ""))
     ext = result["extrapolated"]
-    m, ci = ext.get("compute_multiplier"), ext.get("compute_multiplier_ci95")
-    value = "infinite" if m is None and "infinite" in ext.get("note", "") else ("n/a" if m is None else f"{m:.2f}x")
+    m, ci = _multiplier(ext), ext.get("compute_multiplier_ci95")
     interval = "" if not ci else " [" + ", ".join("inf" if x is None else f"{x:.2f}" for x in ci) + "]"
-    verdict = "" if m is None and value == "n/a" else (f", {_verdict(ci)}" if ci else "")
-    lines.append(f"at C = {ext['flops']:.3g} (extrapolated): {value}{interval}{verdict}")
+    verdict = f", {_verdict(ci)}" if ci and m is not None else ""
+    lines.append(f"at C = {ext['flops']:.3g} (extrapolated): {'n/a' if m is None else _times(m)}{interval}{verdict}")
     return "compute multiplier " + "\n".join(lines)
 
 
