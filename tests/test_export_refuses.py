@@ -7,6 +7,7 @@ parameter or an option the layout does not have cannot pass: the first shows in 
 logits. The new options run in the default suite; every option × shape is `slow`."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import flax.linen as nn
@@ -21,7 +22,7 @@ from transformer.spec import ConfigError, ModelConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from transformer.interop import hf  # noqa: E402
+from transformer.interop import hf, hf_gpt2  # noqa: E402
 from transformer.interop import tensors as t  # noqa: E402
 from transformer.interop.export import HF_CLASSES  # noqa: E402
 
@@ -118,17 +119,70 @@ def test_a_parameter_the_converter_does_not_read_is_named(tmp_path):
     """The issue's case: a GPT-2-shaped model with QK-norm matches GPT-2's layout test (which knows nothing of
     QK-norm); the export used to drop the norms silently. Now the unread parameters are named."""
     cfg = ModelConfig(**SMALL, qk_norm=True)
-    assert hf.converter_for(cfg)[0] == "gpt2"
+    with pytest.raises(ConfigError, match=r"gpt2 needs model.qk_norm=False \(got True\)"):
+        hf.converter_for(cfg)  # the layout check names it now; the parameter check below is the backstop
     model = build_model(cfg)
     params = jax.tree.map(np.asarray, nn.unbox(
         model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]))
     with pytest.raises(ConfigError, match=r"gpt2: its parameter\(s\) blocks/layers_0/attention/key_norm/scale, "
                                           r"blocks/layers_0/attention/query_norm/scale, blocks/layers_1/"):
-        hf.to_pretrained(model, params, str(tmp_path / "out"))
+        hf.hf_tensors("gpt2", hf_gpt2, t.unstack_layers(params), cfg)
     # a parallel block has no attention_norm: GPT-2's layout needs one
-    par = build_model(cfg.replace(qk_norm=False, parallel_block=True))
+    par_cfg = cfg.replace(qk_norm=False, parallel_block=True)
+    par = build_model(par_cfg)
     params = jax.tree.map(np.asarray, nn.unbox(
         par.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]))
     with pytest.raises(ConfigError, match="needs parameter blocks/layers_0/attention_norm"):
+        hf.hf_tensors("gpt2", hf_gpt2, t.unstack_layers(params), par_cfg)
+    with pytest.raises(ConfigError, match="gpt2 needs model.parallel_block=False"):
         hf.to_pretrained(par, params, str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out")
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithResidualScale(ModelConfig):
+    """docs/extending.md's example of a new option that adds no parameter: the layers would scale each residual
+    branch; no Hugging Face mapping knows it."""
+
+    residual_scale: float = 1.0
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_an_option_no_mapping_reads_is_refused_when_on(shape):
+    """The issue's case: an option without parameters (classified NO_PARAMETERS) exported as plain LLaMA with
+    other logits. Any setting away from its default that the mapping does not read is refused, naming it."""
+    base = _WithResidualScale(**SMALL, **SHAPES[shape])
+    model = build_model(base)
+    shapes = nn.unbox(jax.eval_shape(lambda r: model.init(r, *map(jnp.asarray, _inputs(base))),
+                                     jax.random.PRNGKey(0))["params"])
+    params = t.unstack_layers(jax.tree.map(lambda a: np.zeros(a.shape, np.float32), shapes))
+    name, converter = hf.converter_for(base)
+    assert name == shape
+    hf.hf_tensors(name, converter, params, base)  # at its default the option changes nothing: exported
+    with pytest.raises(ConfigError, match=r"^model.residual_scale=0.5 \(default 1.0\): Hugging Face "):
+        hf.hf_tensors(name, converter, params, base.replace(residual_scale=0.5))
+
+
+@pytest.mark.parametrize("setting", ["attention_scale", "rope_base", "norm_eps", "scale_tied_head"])
+def test_settings_without_parameters_export_exactly_or_are_refused(setting, tmp_path):
+    """NO_PARAMETERS settings change the function without a parameter to show it: each is checked by its logits
+    on every shape where it is valid (attention_scale on GPT-2 was exported as GPT-2's 1/sqrt(H) before)."""
+    values = {"attention_scale": 0.5, "rope_base": 500.0, "norm_eps": 1e-2, "scale_tied_head": True}
+    outcomes = {}
+    for shape, settings in SHAPES.items():
+        try:
+            cfg = ModelConfig(**SMALL, **settings).replace(**{setting: values[setting]})
+        except ConfigError:
+            continue
+        outcomes[shape] = _export_or_refuse(cfg, str(tmp_path / shape))
+    assert outcomes, setting
+    if setting == "attention_scale":
+        assert outcomes == {"gpt2": "refused", "llama": "refused", "qwen3": "refused", "gpt_neox": "refused",
+                            "bert": "refused", "t5": "t5"}
+
+
+def test_a_refusal_names_the_settings_and_is_short():
+    with pytest.raises(ConfigError) as e:
+        hf.converter_for(ModelConfig(**SMALL, positional="alibi"))
+    assert "gpt2 needs model.positional='learned' (got 'alibi')" in str(e.value)
+    assert len(str(e.value)) < 400, str(e.value)

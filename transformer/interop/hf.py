@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.interop import hf_bert, hf_gpt2, hf_gpt_neox, hf_llama, hf_qwen3, hf_t5
+from transformer.interop import hf_bert, hf_gpt2, hf_gpt_neox, hf_llama, hf_qwen3, hf_t5, layouts
 from transformer.interop import tensors as t
 from transformer.models import build_model
 from transformer.spec import ConfigError, ModelConfig
@@ -87,34 +87,44 @@ def from_pretrained(path: str) -> tuple[nn.Module, Any]:
 
 
 def converter_for(cfg: ModelConfig) -> tuple[str, ModuleType]:
-    """The Hugging Face family that can hold a model of this config."""
+    """The Hugging Face family whose layout fits this config; a model no layout fits is refused (ConfigError
+    naming the closest layouts' unmet settings, layouts.unmet). hf_tensors then refuses settings the mapping
+    does not read."""
     if cfg.parametrization != "sp":
-        raise ConfigError("a μP model (model.parametrization='mup') multiplies its logits by mup_base_width / "
-                          "d_model (and may rescale attention); Hugging Face's GPT-2/LLaMA/BERT have no such "
-                          "multipliers, so it has no counterpart there")
-    for name, converter in CONVERTERS.items():
-        if converter.matches(cfg):
-            return name, converter
-    raise ConfigError(
-        "this model has no Hugging Face counterpart here: GPT-2 needs a decoder with learned positions, pre-LN "
-        "LayerNorm, gelu/gelu_tanh/relu, biases, a tied head and multi-head attention; LLaMA a decoder with RoPE, "
-        "pre-LN RMSNorm and swiglu/geglu (Qwen3: the same with qk_norm and no biases); GPT-NeoX a decoder with "
-        "parallel_block, RoPE, LayerNorm, biases, gelu/gelu_tanh/relu and multi-head attention; BERT an encoder with learned positions, an embedding norm, post-LN "
-        "LayerNorm, biases, a tied masked-LM head; T5 an encoder_decoder with positional='t5_relative', pre-LN "
-        f"RMSNorm, no biases, multi-head attention (got {cfg})")
+        raise ConfigError("model.parametrization='mup' has no Hugging Face counterpart: a μP model multiplies its "
+                          "logits by mup_base_width / d_model (and may rescale attention), which GPT-2/LLaMA/BERT "
+                          "do not")
+    misses = {name: layouts.unmet(cfg, converter.NEEDS) for name, converter in CONVERTERS.items()}
+    name = next((n for n, miss in misses.items() if not miss), None)
+    if name is None:
+        closest = sorted((n for n in CONVERTERS if cfg.family == CONVERTERS[n].NEEDS["family"]),
+                         key=lambda n: len(misses[n]))[:2]
+        raise ConfigError("this model has no Hugging Face counterpart here: "
+                          + "; ".join(f"{n} needs {', '.join(misses[n])}" for n in closest)
+                          if closest else f"model.family={cfg.family!r} has no Hugging Face counterpart here")
+    return name, CONVERTERS[name]
 
 
 def hf_tensors(name: str, converter: ModuleType, params: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """converter.params_to_hf(params), refused (ConfigError naming the parameters) unless it reads every
-    parameter of the model: an option the converter does not know (a norm, a bias, a table) must not be dropped
-    silently. A parameter the layout needs but the model lacks is refused too."""
-    tracked = t.TrackedParams(params)
+    """converter.params_to_hf(params), refused (ConfigError naming what is wrong) unless the mapping reads
+    every parameter of the model and every setting away from its default (layouts.unhandled: its NEEDS,
+    config_to_hf and params_to_hf, recorded as they read the config): an option the converter does not know (a
+    norm, a bias, a table, or a setting without parameters such as a scale) must not be dropped silently. A
+    parameter the layout needs but the model lacks is refused too."""
+    tracked, recorder = t.TrackedParams(params), layouts.ReadRecorder(cfg)
+    layouts.unmet(recorder, converter.NEEDS)
+    converter.config_to_hf(recorder)
     try:
-        tensors = converter.params_to_hf(tracked, cfg)
+        tensors = converter.params_to_hf(tracked, recorder)
     except t.MissingParameterError as e:
         raise ConfigError(f"this model cannot be written as Hugging Face {name}: the layout needs parameter "
                           f"{e.args[0]}, which the model does not have (check the model options against "
                           f"transformer/interop/hf_{name}.py)") from None
+    unhandled = layouts.unhandled(cfg, recorder.read)
+    if unhandled:
+        raise ConfigError(f"{', '.join(unhandled)}: Hugging Face {name}'s mapping (transformer/interop/hf_{name}.py) "
+                          f"does not read this setting, so the exported model could compute another function than "
+                          f"this one; set it to its default, or teach the mapping (docs/extending.md)")
     unread = tracked.unread()
     if unread:
         shown = ", ".join(unread[:8]) + (f" and {len(unread) - 8} more" if len(unread) > 8 else "")

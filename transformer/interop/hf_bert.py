@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from transformer.interop import tensors as t
+from transformer.interop.layouts import FULL_WIDTH, MULTI_HEAD
 from transformer.spec import ConfigError, ModelConfig
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -49,12 +50,10 @@ def config_from_hf(c: dict[str, Any]) -> ModelConfig:
                        embedding_norm=True)
 
 
-def matches(cfg: ModelConfig) -> bool:
-    return (cfg.family == "encoder" and cfg.positional == "learned" and cfg.norm == "layernorm"
-            and cfg.norm_position == "post" and cfg.embedding_norm and cfg.activation in EXPORT_ACTIVATIONS
-            and cfg.tie_embeddings and cfg.use_bias and cfg.kv_heads == cfg.num_heads and not cfg.num_classes
-            and cfg.dim_per_head * cfg.num_heads == cfg.d_model and not cfg.scale_embeddings
-            and not cfg.sliding_window)
+NEEDS = dict(family="encoder", positional="learned", norm="layernorm", norm_position="post", embedding_norm=True,
+             activation=tuple(EXPORT_ACTIVATIONS), tie_embeddings=True, use_bias=True, num_kv_heads=MULTI_HEAD,
+             num_classes=0, head_dim=FULL_WIDTH, scale_embeddings=False, sliding_window=0, qk_norm=False,
+             parallel_block=False, attention_scale=0.0)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

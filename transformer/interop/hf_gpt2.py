@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from transformer.interop import tensors as t
+from transformer.interop.layouts import FULL_WIDTH, MULTI_HEAD
 from transformer.spec import ConfigError, ModelConfig
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -42,11 +43,10 @@ def config_from_hf(c: dict[str, Any]) -> ModelConfig:
                        norm_eps=c.get("layer_norm_epsilon", 1e-5), tie_embeddings=True, use_bias=True)
 
 
-def matches(cfg: ModelConfig) -> bool:
-    return (cfg.family == "decoder" and cfg.positional == "learned" and cfg.norm == "layernorm"
-            and cfg.norm_position == "pre" and cfg.activation in EXPORT_ACTIVATIONS and cfg.tie_embeddings
-            and cfg.use_bias and cfg.kv_heads == cfg.num_heads and cfg.dim_per_head * cfg.num_heads == cfg.d_model
-            and not cfg.embedding_norm and not cfg.scale_embeddings and not cfg.sliding_window)
+NEEDS = dict(family="decoder", positional="learned", norm="layernorm", norm_position="pre",
+             activation=tuple(EXPORT_ACTIVATIONS), tie_embeddings=True, use_bias=True, num_kv_heads=MULTI_HEAD,
+             head_dim=FULL_WIDTH, embedding_norm=False, scale_embeddings=False, sliding_window=0, qk_norm=False,
+             parallel_block=False, attention_scale=0.0)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

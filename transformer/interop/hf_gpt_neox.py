@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from transformer.interop import tensors as t
+from transformer.interop.layouts import FULL_WIDTH, MULTI_HEAD
 from transformer.spec import ConfigError, ModelConfig
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -58,11 +59,9 @@ def config_from_hf(c: dict[str, Any]) -> ModelConfig:
                        use_bias=True, parallel_block=True)
 
 
-def matches(cfg: ModelConfig) -> bool:
-    return (cfg.family == "decoder" and cfg.parallel_block and cfg.positional == "rope" and cfg.norm == "layernorm"
-            and cfg.use_bias and cfg.activation in EXPORT_ACTIVATIONS and cfg.kv_heads == cfg.num_heads
-            and cfg.dim_per_head * cfg.num_heads == cfg.d_model and not cfg.qk_norm and not cfg.embedding_norm
-            and not cfg.scale_embeddings and not cfg.sliding_window)
+NEEDS = dict(family="decoder", parallel_block=True, positional="rope", norm="layernorm", use_bias=True,
+             activation=tuple(EXPORT_ACTIVATIONS), num_kv_heads=MULTI_HEAD, head_dim=FULL_WIDTH, qk_norm=False,
+             embedding_norm=False, scale_embeddings=False, sliding_window=0, attention_scale=0.0)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

@@ -60,15 +60,11 @@ def config_from_hf(c: dict[str, Any]) -> ModelConfig:
                        use_bias=attention_bias)
 
 
-def matches_layout(cfg: ModelConfig) -> bool:
-    """The LLaMA-shaped decoder (this and Qwen3 share it): RoPE, pre-LN RMSNorm, gated FFN, sequential blocks."""
-    return (cfg.family == "decoder" and cfg.positional == "rope" and cfg.norm == "rmsnorm"
-            and cfg.norm_position == "pre" and cfg.activation in EXPORT_ACTIVATIONS and not cfg.parallel_block
-            and not cfg.embedding_norm and not cfg.scale_embeddings and not cfg.sliding_window)
-
-
-def matches(cfg: ModelConfig) -> bool:
-    return matches_layout(cfg) and not cfg.qk_norm
+# The LLaMA-shaped decoder (this and Qwen3 share it): RoPE, pre-LN RMSNorm, gated FFN, sequential blocks.
+LAYOUT = dict(family="decoder", positional="rope", norm="rmsnorm", norm_position="pre",
+              activation=tuple(EXPORT_ACTIVATIONS), parallel_block=False, embedding_norm=False,
+              scale_embeddings=False, sliding_window=0, attention_scale=0.0)
+NEEDS = dict(LAYOUT, qk_norm=False)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

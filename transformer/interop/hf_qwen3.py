@@ -30,8 +30,7 @@ def config_from_hf(c: dict[str, Any]) -> ModelConfig:
     return hf_llama.config_from_hf({**c, "attention_bias": False, "mlp_bias": False}).replace(qk_norm=True)
 
 
-def matches(cfg: ModelConfig) -> bool:
-    return hf_llama.matches_layout(cfg) and cfg.qk_norm and not cfg.use_bias
+NEEDS = dict(hf_llama.LAYOUT, qk_norm=True, use_bias=False)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from transformer.interop import tensors as t
+from transformer.interop.layouts import MULTI_HEAD
 from transformer.spec import ConfigError, ModelConfig
 
 # (dense_act_fn, gated) -> our activation, the way T5Config parses feed_forward_proj
@@ -96,11 +97,9 @@ def config_from_hf(c: dict[str, Any], state: dict[str, np.ndarray] | None = None
                        attention_scale=1.0, scale_tied_head=scale)
 
 
-def matches(cfg: ModelConfig) -> bool:
-    return (cfg.family == "encoder_decoder" and cfg.positional == "t5_relative" and cfg.norm == "rmsnorm"
-            and cfg.norm_position == "pre" and cfg.activation in EXPORT_ACTIVATIONS and not cfg.use_bias
-            and cfg.kv_heads == cfg.num_heads and not cfg.embedding_norm and not cfg.scale_embeddings
-            and not cfg.sliding_window)
+NEEDS = dict(family="encoder_decoder", positional="t5_relative", norm="rmsnorm", norm_position="pre",
+             activation=tuple(EXPORT_ACTIVATIONS), use_bias=False, num_kv_heads=MULTI_HEAD, embedding_norm=False,
+             scale_embeddings=False, sliding_window=0, qk_norm=False, parallel_block=False)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
