@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 
 import pytest
 
+from slurm_cluster import skip_without_cluster
+
 from transformer.sweeps import claims, slurm_query
 
-pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(shutil.which("sbatch") is None,
-                                 reason="no SLURM here (`sbatch` is not on PATH); as root, bash .ci/slurm_localhost.sh "
-                                        "starts a one-node cluster on localhost")]
+pytestmark = [pytest.mark.slurm, skip_without_cluster()]
 
 
 def _claim_of(sweep_dir: str, run_id: str, job: str | None) -> None:

@@ -8,21 +8,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
+from slurm_cluster import skip_without_cluster
+
 from transformer.sweeps import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = [pytest.mark.slurm,
-              pytest.mark.skipif(shutil.which("sbatch") is None,
-                                 reason="no SLURM here (`sbatch` is not on PATH); as root, bash .ci/slurm_localhost.sh "
-                                        "starts a one-node cluster on localhost")]
+pytestmark = [pytest.mark.slurm, skip_without_cluster()]
 
 # One budget of 3 sizes, then the validation run: 2 stages, a few seconds of training per run
 TINY = ["--config.sweep.budgets=1e9", "--config.sweep.sizes_per_budget=3", "--config.sweep.min_steps=5",
