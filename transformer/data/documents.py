@@ -232,18 +232,19 @@ def files_fingerprint(data_cfg: DataSpec,
     h.update(rule)
     legacy.update(rule)
     fingerprint = FINGERPRINT_PREFIX + h.hexdigest()[:20]
-    _LEGACY.setdefault(fingerprint, set()).add(legacy.hexdigest()[:20])
+    _LEGACY[fingerprint] = legacy.hexdigest()[:20]
     return fingerprint
 
 
-# fingerprint -> the legacy fingerprints of the same files computed in this process (legacy_matches)
-_LEGACY: dict[str, set[str]] = {}
+# fingerprint -> the legacy fingerprint of the files this process last fingerprinted as it (legacy_matches)
+_LEGACY: dict[str, str] = {}
 
 
 def legacy_matches(fingerprint: str, legacy: str) -> bool | None:
     """Whether `legacy`, a fingerprint recorded by an older version (a hash of each file's absolute path, size,
     modification time and content, the text field and the split rule: no "files:" prefix), is that of the files
-    whose fingerprint this process computed as `fingerprint`; None when it computed no such fingerprint. A touched
-    or moved file does not match it: such old records compare only where their files are listed."""
+    this process last fingerprinted as `fingerprint` (identity.resolve_data computes it just before a change check);
+    None when it computed no such fingerprint. A touched or moved file does not match it: such old records compare
+    content only where their files are listed."""
     found = _LEGACY.get(fingerprint)
-    return None if found is None else legacy in found
+    return None if found is None else legacy == found
