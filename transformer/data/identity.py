@@ -158,10 +158,11 @@ def peek(data_cfg: DataSpec) -> dict[str, Any] | None:
 def describe_change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str | None:
     """How data identity `new` differs from the recorded `old` (None: the same data, or nothing recorded).
 
-    By content, never by modification time or folder: where both list their files, each file compares by its
-    path relative to its record's common folder (documents.common_root) and its content digest, and the change
-    names the files added, removed or changed; a touched file, or the corpus copied to another folder, is the
-    same data. Otherwise (more than MAX_LISTED_FILES files, a TFDS dataset) the sources compare.
+    By content, never by modification time or folder: equal sources are the same documents (a touched file, or the
+    corpus copied to another folder, keeps its source). Otherwise, where both list their files, the change names
+    the files added, removed or changed (content digest), each compared by its path — relative to its record's
+    common folder (documents.common_root) when the corpus moved, so a copy is named by what differs in it; where a
+    list is missing (more than MAX_LISTED_FILES files, a TFDS dataset), the sources are named.
     A record written before the content-addressed source (issue 29: a local-files source without the "files:"
     prefix) compares by its listed files, as above; without a list it holds only a hash of each file's absolute
     path, size, modification time and content, which documents.legacy_matches recomputes from the files now: the
@@ -173,29 +174,38 @@ def describe_change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> s
     if old.get("tokenizer") != new.get("tokenizer"):
         changes.append(f"the tokenizer changed (data.tokenizer: recorded {old.get('tokenizer')}, now "
                        f"{new.get('tokenizer')})")
-    (old_root, old_files), (new_root, new_files) = (_by_setting(d.get("files")) for d in (old, new))
     old_source, new_source = str(old.get("source", "")), str(new.get("source", ""))
-    if old_files and new_files:
-        for setting in sorted(set(old_files) | set(new_files)):
-            was, now = old_files.get(setting, {}), new_files.get(setting, {})
+    if old_source != new_source:
+        changes.extend(_document_changes(old, new, old_source, new_source))
+    return "; ".join(changes) or None
+
+
+def _document_changes(old: dict[str, Any], new: dict[str, Any], old_source: str, new_source: str) -> list[str]:
+    """describe_change's account of two different sources (empty: the same documents after all)."""
+    old_rows, new_rows = old.get("files") or [], new.get("files") or []
+    if old_rows and new_rows:
+        moved = not {r[1] for r in old_rows} & {r[1] for r in new_rows}  # no path in common: compare relative paths
+        (old_root, was_all), (new_root, now_all) = (_by_setting(rows, moved) for rows in (old_rows, new_rows))
+        changes = []
+        for setting in sorted(set(was_all) | set(now_all)):
+            was, now = was_all.get(setting, {}), now_all.get(setting, {})
             for what, paths, root in (("added", sorted(set(now) - set(was)), new_root),
                                       ("removed", sorted(set(was) - set(now)), old_root),
                                       ("changed", sorted(p for p in set(was) & set(now) if was[p] != now[p]), new_root)):
                 if paths:
                     named = [os.path.join(root, p) for p in paths[:5]]
                     changes.append(f"{setting}: {what} {', '.join(named)}{', ...' if len(paths) > 5 else ''}")
-        if not changes and old_source != new_source and not _legacy(old_source):
+        if not changes and not _legacy(old_source):
             changes.append("the split rule or the text field changed (data.eval_fraction, data.text_feature)")
-    elif old_source != new_source:
-        if _legacy(old_source) and new_source.startswith(documents.FINGERPRINT_PREFIX):
-            if not documents.legacy_matches(new_source, old_source):
-                changes.append(f"the recorded identity is of an older format (source {old_source}: a hash of the "
-                               f"files' absolute paths, sizes, modification times and content, the files not listed)"
-                               f" and the files now give another hash: a file was added, removed, changed, moved or "
-                               f"only touched; the content cannot be compared with that record")
-        else:
-            changes.append(f"the documents changed (source fingerprint {old_source} -> {new_source})")
-    return "; ".join(changes) or None
+        return changes
+    if _legacy(old_source) and new_source.startswith(documents.FINGERPRINT_PREFIX):
+        if documents.legacy_matches(new_source, old_source):
+            return []
+        return [f"the recorded identity is of an older format (source {old_source}: a hash of the files' absolute "
+                f"paths, sizes, modification times and content, the files not listed) and the files now give another "
+                f"hash: a file was added, removed, changed, moved or only touched; the content cannot be compared "
+                f"with that record"]
+    return [f"the documents changed (source fingerprint {old_source} -> {new_source})"]
 
 
 def _legacy(source: str) -> bool:
@@ -203,13 +213,13 @@ def _legacy(source: str) -> bool:
     return bool(source) and not source.startswith((documents.FINGERPRINT_PREFIX, corpus.FINGERPRINT_PREFIX))
 
 
-def _by_setting(rows: Any) -> tuple[str, dict[str, dict[str, str]]]:
-    """identity()["files"] rows -> (their common folder, {setting: {path relative to it: digest}})."""
-    rows = [(setting, path, digest) for setting, path, digest in rows or []]
-    root = documents.common_root([path for _, path, _ in rows])
+def _by_setting(rows: Any, relative: bool) -> tuple[str, dict[str, dict[str, str]]]:
+    """identity()["files"] rows -> (root, {setting: {path: digest}}): paths relative to their common folder (root),
+    or absolute (root "")."""
+    root = documents.common_root([path for _, path, _ in rows]) if relative else ""
     out: dict[str, dict[str, str]] = {}
     for setting, path, digest in rows:
-        out.setdefault(setting, {})[os.path.relpath(path, root)] = digest
+        out.setdefault(setting, {})[os.path.relpath(path, root) if relative else path] = digest
     return root, out
 
 
