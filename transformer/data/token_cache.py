@@ -197,8 +197,9 @@ def remove_dead_builds(root: str, key: str) -> list[str]:
         if found["key"] != key and file_claims.is_live(os.path.join(root, found["key"] + ".building"),
                                                        CLAIM_STALE_S):
             continue
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        removed.append(os.path.join(root, name))
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)  # another user's, on a shared cache: may stay
+        if not os.path.exists(os.path.join(root, name)):
+            removed.append(os.path.join(root, name))
     return removed
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import re
 from typing import Any, Iterator, Mapping
 
 from transformer.spec.errors import ConfigError
@@ -41,19 +42,7 @@ def split_globs(value: Any, setting: str = "data.files") -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
-        parts, part, i = [], [], 0
-        while i < len(value):
-            if value.startswith("\\,", i):
-                part.append(",")
-                i += 2
-                continue
-            if value[i] == ",":
-                parts.append("".join(part))
-                part = []
-            else:
-                part.append(value[i])
-            i += 1
-        parts.append("".join(part))
+        parts = [p.replace("\\,", ",") for p in re.split(r"(?<!\\),", value)]
     elif isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
         parts = list(value)
     else:
