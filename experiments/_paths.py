@@ -20,10 +20,12 @@ from typing import Any
 
 from absl import flags
 
+from transformer.spec.data import join_globs, split_globs
+
 CONFIG_PATHS = ("data.files", "data.eval_files", "data.tokenizer", "data.cache_dir", "data.data_dir",
                 "train.init_from")
 SWEEP_PATHS = ("sweep.grid_from", "sweep.lr_fit")
-GLOB_LISTS = ("data.files", "data.eval_files")  # comma-separated globs, each made absolute on its own
+GLOB_LISTS = ("data.files", "data.eval_files")  # globs (a comma-separated string or a list), each made absolute
 TOKENIZER_NAMES = ("bytes", "sentencepiece")    # data.tokenizer values that are not files
 IF_PRESENT = ("data.tokenizer", "train.init_from")  # made absolute only when the path is there: anything else
                                                      # is left as typed for the library's error (or a name)
@@ -61,11 +63,12 @@ def _relative(value: str) -> bool:
 
 
 def _absolute_setting(key: str, value: Any) -> Any:
+    if key in GLOB_LISTS and isinstance(value, (list, tuple)):  # a list of globs (spec.data.split_globs)
+        return [os.path.abspath(p) if isinstance(p, str) and _relative(p.strip()) else p for p in value]
     if not isinstance(value, str) or not value.strip():
         return value
-    if key in GLOB_LISTS:
-        parts = [p.strip() for p in value.split(",")]
-        return ",".join(os.path.abspath(p) if _relative(p) else p for p in parts)
+    if key in GLOB_LISTS:  # comma-separated, "\\," a comma inside a glob (spec.data.split_globs)
+        return join_globs([os.path.abspath(p) if _relative(p) else p for p in split_globs(value, key)])
     if key == "data.tokenizer" and value in TOKENIZER_NAMES:
         return value
     if key in IF_PRESENT and not os.path.exists(value):

@@ -7,6 +7,10 @@ sweep then reads it, and the sweep's --dry_run can show each run's epochs). The 
 (`data.files`) or a TFDS dataset (`data.tfds_name`); a sweep config's data is its `base.data`. Prints the
 cache's directory and its document/token/byte counts per split.
 
+--verify: checks every file of the cache (built now or before) against the sizes and SHA-256 digests recorded
+when it was built; a damaged cache is one error naming the file ("delete it to rebuild"). Without it an existing
+cache is checked as a run checks it: sizes, and digests once per process (so also here).
+
 --compare_tokenizers (a Hugging Face tokenizer.json only; for BENCHMARKS.md): builds the cache timed (an existing
 cache of these data and tokenizer is rebuilt), then times the `tokenizers` library's own `encode_batch` on the
 same documents in the same blocks (reading them is not timed), and adds both rates and their ratio to the JSON
@@ -27,6 +31,8 @@ from experiments import cli
 from experiments._paths import absolute_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:gpt2_small.")
+_VERIFY = flags.DEFINE_bool("verify", False, "Check every file of the token cache against the sizes and SHA-256 "
+                            "digests recorded when it was built.")
 _COMPARE = flags.DEFINE_bool("compare_tokenizers", False, "Time the cache build against tokenizers' encode_batch "
                              "on the same text (rebuilds the cache).")
 
@@ -68,10 +74,12 @@ def main(argv: list[str]) -> None:
     if _COMPARE.value:
         if not isinstance(tokenizer, HFTokenizer):
             raise ConfigError("--compare_tokenizers needs data.tokenizer to be a Hugging Face tokenizer.json")
-        shutil.rmtree(token_cache.cache_path(DataSpec.of(data_cfg), tokenizer), ignore_errors=True)
+        shutil.rmtree(data.cache_path, ignore_errors=True)
         start, cpu_start = time.perf_counter(), _cpu()
     path = data.ensure_cache()
-    meta = token_cache.read_meta(path)
+    meta = token_cache.verify(path, digests=True) if _VERIFY.value else token_cache.read_meta(path)
+    if _VERIFY.value:
+        extra["verified"] = sorted(meta[token_cache.MANIFEST_KEY])
     if _COMPARE.value:
         seconds, cpu_seconds = time.perf_counter() - start, _cpu() - cpu_start
         tokens = sum(meta[s]["tokens"] for s in token_cache.SPLITS)

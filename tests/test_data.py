@@ -239,7 +239,7 @@ def test_tfds_split_is_tokenized_once_into_a_cache_next_to_the_dataset(data_cfg)
     assert [cached.tokens[a:b].astype(np.int32).tobytes() for a, b in zip(cached.offsets[:-1], cached.offsets[1:])] \
         == _expected_documents(cfg, "validation")
     # another split choice or tokenizer: another cache
-    assert token_cache.cache_path(_cfg(cfg, eval_split="train"), tokenizers.ByteTokenizer()) != path
+    assert token_cache.cache_path(_cfg(cfg, train_split="validation", eval_split="train"), tokenizers.ByteTokenizer()) != path
     sp = tokenizers.get_tokenizer(_cfg(cfg, tokenizer="sentencepiece", vocab_size=512))
     assert token_cache.cache_path(cfg, sp) != path
 

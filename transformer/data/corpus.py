@@ -25,6 +25,7 @@ from transformer import file_claims
 from transformer.spec import ConfigError, DataSpec
 
 BUILTIN_NAME = "stdlib_py"
+FINGERPRINT_PREFIX = "tfds:"  # fingerprint()'s
 VALIDATION_PERCENT = 2  # of files, chosen by sha1 of the relative path
 _EXCLUDED_DIRS = ("site-packages", "dist-packages", "__pycache__")
 
@@ -260,7 +261,7 @@ def fingerprint(data_cfg: DataSpec, splits: Sequence[str]) -> str:
         if data_cfg.tfds_name == BUILTIN_NAME:
             md = info.metadata
             h.update(f"|{md['python_version']}|{md['total_bytes']}|{md['split_bytes']}".encode())
-    return "tfds:" + h.hexdigest()[:20]
+    return FINGERPRINT_PREFIX + h.hexdigest()[:20]
 
 
 def is_prepared(data_cfg: DataSpec) -> bool:
@@ -277,6 +278,6 @@ def is_prepared(data_cfg: DataSpec) -> bool:
 
 def corpus_metadata(data_cfg: DataSpec) -> dict[str, Any]:
     """Provenance of the built-in corpus (Python version, file counts, bytes); {} for other datasets."""
-    if data_cfg.tfds_name != BUILTIN_NAME or str(data_cfg.get("files", "") or "").strip():
+    if data_cfg.tfds_name != BUILTIN_NAME or DataSpec.of(data_cfg).uses_files:
         return {}
     return dict(prepare_stdlib(resolve_data_dir(data_cfg)).info.metadata)

@@ -1,4 +1,5 @@
-"""Local text files as documents: `data.files` / `data.eval_files` (comma-separated globs, `~` expanded).
+"""Local text files as documents: `data.files` / `data.eval_files` (globs, `~` expanded: a string of comma-separated
+globs, `\\,` for a comma inside one, or a list of globs; spec.data.split_globs).
 
   .txt               one document per file
   .jsonl, .jsonl.gz  one document per line, its text under `data.text_feature`
@@ -7,6 +8,11 @@
 Without `data.eval_files`, a document is held out for evaluation when the hash of its content falls
 below `data.eval_fraction`: the split never depends on file order or on the other documents.
 Every problem with the files is a ConfigError naming the setting, the file and (for jsonl) the line.
+
+The files' fingerprint (`files_fingerprint`, the data identity's `source`) is content-addressed: each file's path
+relative to the files' common folder and the SHA-256 of its content, the split rule and the text field; never a
+modification time or an absolute path. A touched file is the same data, and a copy of the corpus in another
+folder (a node-local copy) has the same fingerprint, so it reuses the token cache and the SentencePiece model.
 """
 from __future__ import annotations
 
@@ -21,15 +27,11 @@ from collections.abc import Iterator
 
 
 from transformer.spec import ConfigError, DataSpec
+from transformer.spec.data import split_globs
 
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 _PARQUET_BATCH_ROWS = 1024
 MAX_INVALID_FRACTION = 0.3  # more of a file's (or jsonl line's) bytes not UTF-8: not text (Latin-1 prose: < 0.2)
-
-
-def uses_files(data_cfg: DataSpec) -> bool:
-    """True when `data.files` names local files (then `data.tfds_name` is not used)."""
-    return bool(str(data_cfg.get("files", "") or "").strip())
 
 
 def _extension(path: str) -> str:
@@ -39,12 +41,10 @@ def _extension(path: str) -> str:
     return ""
 
 
-def expand(setting: str, value: str) -> list[str]:
-    """The sorted, de-duplicated files matched by the comma-separated globs in `value`."""
+def expand(setting: str, value: str | list[str] | tuple[str, ...]) -> list[str]:
+    """The sorted, de-duplicated files matched by the globs of `value` (spec.data.split_globs)."""
     found: list[str] = []
-    for pattern in (p.strip() for p in str(value).split(",")):
-        if not pattern:
-            continue
+    for pattern in split_globs(value, setting):
         full = os.path.abspath(os.path.expanduser(pattern))
         if os.path.isdir(full):
             raise ConfigError(f"{setting}={pattern!r} is a directory; give a glob of files, "
@@ -147,22 +147,21 @@ def is_held_out(text: str, fraction: float) -> bool:
 
 def split_files(data_cfg: DataSpec) -> dict[str, tuple[str, list[str]]]:
     """{"train"|"eval": (setting name, files)}; without eval files both read `data.files`."""
+    data_cfg = DataSpec.of(data_cfg)  # data.eval_fraction in (0, 1) when data.eval_files is empty
     train = expand("data.files", data_cfg.files)
-    eval_files = str(data_cfg.get("eval_files", "") or "").strip()
-    if eval_files:
-        return {"train": ("data.files", train), "eval": ("data.eval_files", expand("data.eval_files", eval_files))}
-    DataSpec.of(data_cfg)  # data.eval_fraction in (0, 1), as data.eval_files is empty
+    if data_cfg.has_eval_files:
+        return {"train": ("data.files", train), "eval": ("data.eval_files", expand("data.eval_files",
+                                                                                  data_cfg.eval_files))}
     return {"train": ("data.files", train), "eval": ("data.files", train)}
 
 
 def iter_split(data_cfg: DataSpec, split: str) -> Iterator[str]:
     """The documents of `split` ("train" or "eval") in a fixed order: files sorted, each in file order."""
+    data_cfg = DataSpec.of(data_cfg)
     setting, paths = split_files(data_cfg)[split]
-    held_out = not str(data_cfg.get("eval_files", "") or "").strip()
-    fraction = float(data_cfg.get("eval_fraction", 0.0))
     for path in paths:
         for text in read_file(path, data_cfg.text_feature, setting):
-            if held_out and is_held_out(text, fraction) != (split == "eval"):
+            if data_cfg.holds_out and is_held_out(text, data_cfg.eval_fraction) != (split == "eval"):
                 continue
             yield text
 
@@ -203,19 +202,49 @@ def file_digests(split: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
     return {path: _stat_digest(path, setting)[1] for setting, paths in split.values() for path in paths}
 
 
+def common_root(paths: list[str]) -> str:
+    """The deepest folder holding every one of `paths` (absolute): what their fingerprint's paths are relative to."""
+    return os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ""
+
+
+FINGERPRINT_PREFIX = "files:"  # files_fingerprint's; a fingerprint without it is a legacy one (mtimes included)
+
+
 def files_fingerprint(data_cfg: DataSpec,
                       split: dict[str, tuple[str, list[str]]] | None = None) -> str:
-    """A hash of what defines the documents: every file's path, size, mtime and content, the text
-    field and the split rule. A changed file gives another fingerprint. `split`: split_files(data_cfg),
-    when the caller has it (the files are then not globbed again)."""
+    """"files:" + a hash of what defines the documents (the module docstring): each cache split's setting, and for
+    each of its files the path relative to common_root of all of them and the content's SHA-256; the text field;
+    the split rule. `split`: split_files(data_cfg), when the caller has it (the files are then not globbed again).
+    Modification times only memoise the digests (_file_digest)."""
+    data_cfg = DataSpec.of(data_cfg)
     split = split_files(data_cfg) if split is None else split
-    h = hashlib.sha256()
+    root = common_root([p for _, paths in split.values() for p in paths])
+    h, legacy = hashlib.sha256(b"files-v2\n"), hashlib.sha256()
     for name, (setting, paths) in sorted(split.items()):
-        h.update(f"{name}|{setting}\n".encode())
+        for x in (h, legacy):
+            x.update(f"{name}|{setting}\n".encode())
         for path in paths:
             st, digest = _stat_digest(path, setting)
-            h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}|{digest}\n".encode())
-    held_out = not str(data_cfg.get("eval_files", "") or "").strip()
-    h.update(f"text_feature={data_cfg.text_feature}|held_out={held_out}|"
-             f"fraction={float(data_cfg.get('eval_fraction', 0.0)) if held_out else 0}".encode())
-    return h.hexdigest()[:20]
+            h.update(f"{os.path.relpath(path, root)}|{digest}\n".encode())
+            legacy.update(f"{path}|{st.st_size}|{st.st_mtime_ns}|{digest}\n".encode())
+    rule = (f"text_feature={data_cfg.text_feature}|held_out={data_cfg.holds_out}|"
+            f"fraction={float(data_cfg.eval_fraction) if data_cfg.holds_out else 0}").encode()
+    h.update(rule)
+    legacy.update(rule)
+    fingerprint = FINGERPRINT_PREFIX + h.hexdigest()[:20]
+    _LEGACY[fingerprint] = legacy.hexdigest()[:20]
+    return fingerprint
+
+
+# fingerprint -> the legacy fingerprint of the files this process last fingerprinted as it (legacy_matches)
+_LEGACY: dict[str, str] = {}
+
+
+def legacy_matches(fingerprint: str, legacy: str) -> bool | None:
+    """Whether `legacy`, a fingerprint recorded by an older version (a hash of each file's absolute path, size,
+    modification time and content, the text field and the split rule: no "files:" prefix), is that of the files
+    this process last fingerprinted as `fingerprint` (identity.resolve_data computes it just before a change check);
+    None when it computed no such fingerprint. A touched or moved file does not match it: such old records compare
+    content only where their files are listed."""
+    found = _LEGACY.get(fingerprint)
+    return None if found is None else legacy == found

@@ -1,20 +1,26 @@
 """A run's data resolved once: the documents' identity, the tokenizer, and the token cache they key.
 
-The data identity (recorded in DIR/config.json as `data.identity`, and so in every checkpoint's config):
-  source     sources.fingerprint: what defines the documents of both cache splits (local files: each
-             file's path, size, mtime and content and the split rule; a TFDS dataset: its full name,
-             splits and sizes)
+"Same data" is defined once, here and in documents.files_fingerprint: the data identity (recorded in
+DIR/config.json as `data.identity`, and so in every checkpoint's config; a sweep's sweep.json as `data_identity`):
+  source     sources.fingerprint: what defines the documents of both cache splits. Local files: "files:" + a hash
+             of the split rule, the text field and each file's path relative to the files' common folder and the
+             SHA-256 of its content (documents.files_fingerprint; never a modification time: a touched file, or the
+             corpus copied to another folder, is the same data). A TFDS dataset: "tfds:" + its full name, splits
+             and sizes
   tokenizer  the tokenizer's fingerprint
-  cache_key  token_cache.cache_key(source, tokenizer): the token cache's directory name
+  cache_key  token_cache.cache_key(source, tokenizer): the token cache's directory name (its meta.json records
+             both fingerprints, checked when the cache is opened: token_cache.verify)
   files      local files only: [[setting, path, SHA-256 of the content], ...], to say what changed (up to
-             MAX_LISTED_FILES files; beyond, [] and a change is named by the source fingerprint alone; a list,
-             not a mapping, because config.json is read back as a ConfigDict, whose keys hold no dots)
+             MAX_LISTED_FILES files; beyond, [] and the source, one digest of them all, decides; a list, not a
+             mapping, because config.json is read back as a ConfigDict, whose keys hold no dots)
+The SentencePiece model trained on local files is keyed by the same source (tokenizers.sentencepiece_path).
 `resolve_data` computes it once per run (the files are globbed and hashed once; the pipeline, every
 evaluation and the tasks take the RunData instead of re-deriving the tokenizer and the fingerprints).
 `describe_change` says how two identities differ: a resumed, continued (wsd) or sweep run whose data or
 tokenizer changed is refused with it (training/run_io.check_workdir_config; a config whose data.identity is
 set, as a sweep sets it from sweep.json, must resolve to it: training/resolve.py; a sweep's plan compares
-sweep.json's `data_identity` with the data's now: sweeps/runner.write_sweep).
+sweep.json's `data_identity` with the data's now: sweeps/runner.write_sweep). Records written before the
+content-addressed source (a source without the "files:" prefix) still compare: see describe_change.
 `check_settings` refuses evaluation on training data before anything is read: data.eval_split equal to
 data.train_split, or data.eval_files naming a file of data.files (the same path, or the same content).
 """
@@ -38,9 +44,9 @@ def check_settings(data_cfg: DataSpec,
     """ConfigError when evaluation would read training data (see the module docstring). `split`:
     documents.split_files(data_cfg), when the caller has it. (Also: data.files beside a non-default
     data.tfds_name, sources.check_source.)"""
+    data_cfg = DataSpec.of(data_cfg)
     sources.check_source(data_cfg)
-    sources.check_splits(data_cfg)
-    if not documents.uses_files(data_cfg) or not str(data_cfg.get("eval_files", "") or "").strip():
+    if not data_cfg.has_eval_files:
         return
     split = documents.split_files(data_cfg) if split is None else split
     train, evals = split["train"][1], split["eval"][1]
@@ -73,6 +79,11 @@ class RunData:
     def cache_key(self) -> str:
         return token_cache.cache_key(self.source, self.tokenizer.fingerprint)
 
+    @property
+    def cache_path(self) -> str:
+        """The token cache's directory (built or not)."""
+        return token_cache.cache_path(self.config, self.tokenizer, self.source)
+
     def identity(self) -> dict[str, Any]:
         """What config.json records as data.identity (JSON types only)."""
         rows = [[setting, path, digest] for setting, paths in sorted(self.files.items())
@@ -81,7 +92,8 @@ class RunData:
                 "files": rows if len(rows) <= MAX_LISTED_FILES else []}
 
     def ensure_cache(self, verbose: bool = True) -> str:
-        """The token cache of these documents and this tokenizer, built on first use."""
+        """The token cache of these documents and this tokenizer, built on first use, checked when it was there
+        (token_cache.ensure_cache: sizes always, digests once per process)."""
         return token_cache.ensure_cache(self.config, self.tokenizer, verbose, source_fingerprint=self.source)
 
 
@@ -91,7 +103,7 @@ def resolve_data(data_cfg: DataSpec, tokenizer: Tokenizer | None = None,
     tokenizers.get_tokenizer(data_cfg, workdir)) and the source fingerprint. `data_cfg`: a DataSpec (a config's
     data block is made one: its plain-value checks run first)."""
     data_cfg = DataSpec.of(data_cfg)
-    split = documents.split_files(data_cfg) if documents.uses_files(data_cfg) else None
+    split = documents.split_files(data_cfg) if data_cfg.uses_files else None
     check_settings(data_cfg, split)
     tokenizer = tokenizer if tokenizer is not None else tokenizers.get_tokenizer(data_cfg, workdir)
     if split is None:
@@ -110,7 +122,7 @@ def check_data(data_cfg: DataSpec) -> None:
     are checked; a TFDS dataset not prepared yet is built by it. ConfigError naming the setting on a mistake (a
     sweep calls this once, before it designs or launches anything)."""
     data_cfg = DataSpec.of(data_cfg)
-    split = documents.split_files(data_cfg) if documents.uses_files(data_cfg) else None
+    split = documents.split_files(data_cfg) if data_cfg.uses_files else None
     check_settings(data_cfg, split)
     if data_cfg.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data_cfg)):
         return  # its path hashes every file: they are readable
@@ -146,33 +158,69 @@ def peek(data_cfg: DataSpec) -> dict[str, Any] | None:
 def describe_change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str | None:
     """How data identity `new` differs from the recorded `old` (None: the same data, or nothing recorded).
 
-    Local files compare by content: a file only touched (same content, new mtime) is the same data."""
+    By content, never by modification time or folder: equal sources are the same documents (a touched file, or the
+    corpus copied to another folder, keeps its source). Otherwise, where both list their files, the change names
+    the files added, removed or changed (content digest), each compared by its path — relative to its record's
+    common folder (documents.common_root) when the corpus moved, so a copy is named by what differs in it; where a
+    list is missing (more than MAX_LISTED_FILES files, a TFDS dataset), the sources are named.
+    A record written before the content-addressed source (issue 29: a local-files source without the "files:"
+    prefix) compares by its listed files, as above; without a list it holds only a hash of each file's absolute
+    path, size, modification time and content, which documents.legacy_matches recomputes from the files now: the
+    same files, untouched and in place, are the same data; anything else (even a touch) is refused with a message
+    that says the content cannot be compared, never accepted unseen."""
     if not old or not new:
         return None
     changes = []
     if old.get("tokenizer") != new.get("tokenizer"):
         changes.append(f"the tokenizer changed (data.tokenizer: recorded {old.get('tokenizer')}, now "
                        f"{new.get('tokenizer')})")
-    old_files, new_files = (_by_setting(d.get("files")) for d in (old, new))
-    if old_files or new_files:
-        for setting in sorted(set(old_files) | set(new_files)):
-            was, now = old_files.get(setting, {}), new_files.get(setting, {})
-            added, removed = sorted(set(now) - set(was)), sorted(set(was) - set(now))
-            changed = sorted(p for p in set(was) & set(now) if was[p] != now[p])
-            for what, paths in (("added", added), ("removed", removed), ("changed", changed)):
-                if paths:
-                    changes.append(f"{setting}: {what} {', '.join(paths[:5])}{', ...' if len(paths) > 5 else ''}")
-    elif old.get("source") != new.get("source"):
-        changes.append(f"the documents changed (source fingerprint {old.get('source')} -> {new.get('source')})")
+    old_source, new_source = str(old.get("source", "")), str(new.get("source", ""))
+    if old_source != new_source:
+        changes.extend(_document_changes(old, new, old_source, new_source))
     return "; ".join(changes) or None
 
 
-def _by_setting(rows: Any) -> dict[str, dict[str, str]]:
-    """identity()["files"] rows -> {setting: {path: digest}}."""
+def _document_changes(old: dict[str, Any], new: dict[str, Any], old_source: str, new_source: str) -> list[str]:
+    """describe_change's account of two different sources (empty: the same documents after all)."""
+    old_rows, new_rows = old.get("files") or [], new.get("files") or []
+    if old_rows and new_rows:
+        moved = not {r[1] for r in old_rows} & {r[1] for r in new_rows}  # no path in common: compare relative paths
+        (old_root, was_all), (new_root, now_all) = (_by_setting(rows, moved) for rows in (old_rows, new_rows))
+        changes = []
+        for setting in sorted(set(was_all) | set(now_all)):
+            was, now = was_all.get(setting, {}), now_all.get(setting, {})
+            for what, paths, root in (("added", sorted(set(now) - set(was)), new_root),
+                                      ("removed", sorted(set(was) - set(now)), old_root),
+                                      ("changed", sorted(p for p in set(was) & set(now) if was[p] != now[p]), new_root)):
+                if paths:
+                    named = [os.path.join(root, p) for p in paths[:5]]
+                    changes.append(f"{setting}: {what} {', '.join(named)}{', ...' if len(paths) > 5 else ''}")
+        if not changes and not _legacy(old_source):
+            changes.append("the split rule or the text field changed (data.eval_fraction, data.text_feature)")
+        return changes
+    if _legacy(old_source) and new_source.startswith(documents.FINGERPRINT_PREFIX):
+        if documents.legacy_matches(new_source, old_source):
+            return []
+        return [f"the recorded identity is of an older format (source {old_source}: a hash of the files' absolute "
+                f"paths, sizes, modification times and content, the files not listed) and the files now give another "
+                f"hash: a file was added, removed, changed, moved or only touched; the content cannot be compared "
+                f"with that record"]
+    return [f"the documents changed (source fingerprint {old_source} -> {new_source})"]
+
+
+def _legacy(source: str) -> bool:
+    """Whether `source` is a local-files fingerprint of the older format (mtimes and absolute paths included)."""
+    return bool(source) and not source.startswith((documents.FINGERPRINT_PREFIX, corpus.FINGERPRINT_PREFIX))
+
+
+def _by_setting(rows: Any, relative: bool) -> tuple[str, dict[str, dict[str, str]]]:
+    """identity()["files"] rows -> (root, {setting: {path: digest}}): paths relative to their common folder (root),
+    or absolute (root "")."""
+    root = documents.common_root([path for _, path, _ in rows]) if relative else ""
     out: dict[str, dict[str, str]] = {}
-    for setting, path, digest in rows or []:
-        out.setdefault(setting, {})[path] = digest
-    return out
+    for setting, path, digest in rows:
+        out.setdefault(setting, {})[os.path.relpath(path, root) if relative else path] = digest
+    return root, out
 
 
 def check_same(where: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:

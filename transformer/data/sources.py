@@ -19,8 +19,9 @@ CACHE_SPLITS = ("train", "eval")
 def check_source(data_cfg: DataSpec) -> None:
     """One source of documents: `data.files` replaces the TFDS dataset, so a data.tfds_name other than the default
     (the built-in corpus) beside it would be silently ignored; that is a ConfigError naming both settings."""
-    name = str(data_cfg.get("tfds_name", "") or "")
-    if documents.uses_files(data_cfg) and name not in ("", corpus.BUILTIN_NAME):
+    data_cfg = DataSpec.of(data_cfg)
+    name = data_cfg.tfds_name
+    if data_cfg.uses_files and name not in ("", corpus.BUILTIN_NAME):
         raise ConfigError(f"data.files={data_cfg.files!r} and data.tfds_name={name!r} both name the documents; "
                           f"data.files replaces the TFDS dataset: set data.files='' to train on {name!r}, or leave "
                           f"data.tfds_name at its default ({corpus.BUILTIN_NAME!r}) to train on the files")
@@ -50,7 +51,8 @@ def _tfds_split(data_cfg: DataSpec, split: str) -> str:
 def texts(data_cfg: DataSpec, split: str) -> Iterator[str]:
     """The non-empty documents of cache split `split`, in a fixed order (files: sorted, each in file
     order; TFDS: record order)."""
-    if documents.uses_files(data_cfg):
+    data_cfg = DataSpec.of(data_cfg)
+    if data_cfg.uses_files:
         yield from documents.iter_split(data_cfg, split)
         return
     source = corpus.load_split(data_cfg, _tfds_split(data_cfg, split))
@@ -62,12 +64,13 @@ def texts(data_cfg: DataSpec, split: str) -> Iterator[str]:
 
 def empty_split_error(data_cfg: DataSpec, split: str) -> ConfigError:
     """The error for a cache split without a document, naming the setting that defines it."""
-    if not documents.uses_files(data_cfg):
+    data_cfg = DataSpec.of(data_cfg)
+    if not data_cfg.uses_files:
         return ConfigError(f"split {_tfds_split(data_cfg, split)!r} of data.tfds_name={data_cfg.tfds_name!r} holds "
                            f"no documents (every record's data.text_feature={data_cfg.text_feature!r} is empty)")
     if split == "train":
         return ConfigError(f"data.files={data_cfg.files!r} holds no documents (the files are empty)")
-    if str(data_cfg.get("eval_files", "") or "").strip():
+    if data_cfg.has_eval_files:
         return ConfigError(f"data.eval_files={data_cfg.eval_files!r} holds no documents (the files are empty)")
     return ConfigError(f"the eval split is empty: data.eval_fraction={data_cfg.eval_fraction} held out no "
                        "document of data.files; raise it or set data.eval_files")
@@ -82,8 +85,10 @@ def _tfds_fingerprint(data_json: str) -> str:
 
 
 def fingerprint(data_cfg: DataSpec) -> str:
-    """A hash of what defines the documents of both cache splits (a changed file or dataset changes it)."""
-    if documents.uses_files(data_cfg):
+    """A hash of what defines the documents of both cache splits (a changed file or dataset changes it): local files'
+    documents.files_fingerprint (content-addressed), a TFDS dataset's corpus.fingerprint ("tfds:...")."""
+    data_cfg = DataSpec.of(data_cfg)
+    if data_cfg.uses_files:
         return documents.files_fingerprint(data_cfg)
     keys = ("tfds_name", "text_feature", "train_split", "eval_split")
     identity = {**{k: data_cfg[k] for k in keys}, "data_dir": corpus.resolve_data_dir(data_cfg)}
@@ -92,12 +97,14 @@ def fingerprint(data_cfg: DataSpec) -> str:
 
 def is_available(data_cfg: DataSpec) -> bool:
     """Whether the documents can be read without building or downloading anything."""
-    return documents.uses_files(data_cfg) or corpus.is_prepared(data_cfg)
+    data_cfg = DataSpec.of(data_cfg)
+    return data_cfg.uses_files or corpus.is_prepared(data_cfg)
 
 
 def cache_root(data_cfg: DataSpec) -> str:
     """`data.cache_dir`; else ~/.cache/transformer for local files and the TFDS data dir for a dataset
     (next to it, as its trained SentencePiece models are)."""
-    if str(data_cfg.get("cache_dir", "") or "") or documents.uses_files(data_cfg):
+    data_cfg = DataSpec.of(data_cfg)
+    if data_cfg.cache_dir or data_cfg.uses_files:
         return documents.cache_dir(data_cfg)
     return corpus.resolve_data_dir(data_cfg)

@@ -1,23 +1,35 @@
 """Tokenize once: documents (local files or a TFDS dataset, sources.py) -> a cache of flat token arrays,
 keyed by the documents and the tokenizer.
 
-Layout of `<root>/tokens/<key>/` (root: sources.cache_root; key = hash of sources.fingerprint and the
-tokenizer's fingerprint, so a changed file, dataset or tokenizer makes a new cache, never a stale one),
-for each split of sources.CACHE_SPLITS ("train", "eval"):
+Layout of `<root>/tokens/<key>/` (root: sources.cache_root; key = cache_key of the data identity's source and
+tokenizer fingerprints (identity.py), so a changed file, dataset or tokenizer makes a new cache, never a stale
+one, and a touched file or a copy of the corpus in another folder finds the same one), for each split of
+sources.CACHE_SPLITS ("train", "eval"):
   {split}.tokens   raw uint16 (vocab <= 65536) or uint32: every document as bos + ids + eos, concatenated
   {split}.offsets.npy  int64 [D + 1]: document d is tokens[offsets[d]:offsets[d + 1]]
-  meta.json        counts (documents, tokens, UTF-8 bytes), dtype, fingerprints, tokenize rate, and
+  meta.json        counts (documents, tokens, UTF-8 bytes), dtype, fingerprints, tokenize rate,
                    eval_train_overlap_documents: eval documents whose tokens (SHA-1) are also a train document's
-                   (explicit data.eval_files with any is a ConfigError; summary.json reports the count)
+                   (explicit data.eval_files with any is a ConfigError; summary.json reports the count), and
+                   `manifest`: {file name: {"bytes": size, "sha256": digest}} of the four files above
 The cache is written into a temporary directory and renamed into place when complete, so a cache
-left half-written by a killed process is never read (and a directory without meta.json is rebuilt).
+left half-written by a killed process is never read (and a directory without meta.json is rebuilt); the next
+build of that cache (it holds the build claim) removes the killed builder's temporary directory.
+
+A built cache is checked when a run opens it (`verify`; ensure_cache): meta.json's fingerprints must give the
+directory's key, and each file its recorded size (always: a stat) and digest (once per process per cache, or on
+request: experiments.prepare_data --verify). A damaged cache is refused with one error naming the file and saying
+to delete the cache to rebuild it, never read. A cache built before the manifest (no `manifest` in meta.json) is
+checked by the sizes its counts imply (tokens × dtype bytes, D + 1 offsets): truncated or missing files are found,
+flipped bytes are not; an explicit verification of it is refused (it has no digests: delete it to rebuild).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -29,7 +41,7 @@ import tqdm
 from transformer import file_claims
 from transformer.data import sources, tokenizers
 from transformer.data.tokenizers import Tokenizer
-from transformer.spec import ConfigError, DataSpec
+from transformer.spec import ConfigError, DataSpec, MissingInputError
 
 SPLITS = sources.CACHE_SPLITS
 OVERLAP_KEY = "eval_train_overlap_documents"  # meta.json and summary.json: eval documents also in train
@@ -95,10 +107,10 @@ def _overlap(hashes: dict[str, np.ndarray]) -> int:
 
 
 def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_dir: str,
-                    dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray]:
-    """Streams the split's documents through the tokenizer into out_dir/{split}.tokens; returns its counts
-    and each document's hash (uint64 [D], document_hash)."""
-    offsets, num_tokens, num_bytes, hashes = [0], 0, 0, []
+                    dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray, dict]:
+    """Streams the split's documents through the tokenizer into out_dir/{split}.tokens; returns its counts,
+    each document's hash (uint64 [D], document_hash) and the manifest entries of its two files."""
+    offsets, num_tokens, num_bytes, hashes, digest = [0], 0, 0, [], hashlib.sha256()
     bos, eos = np.array([tokenizer.bos_id], dtype), np.array([tokenizer.eos_id], dtype)
     start = time.perf_counter()
     # the bar is closed (its line ended) before an error propagates, so the error starts on a line of its own
@@ -109,7 +121,9 @@ def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_di
                 if len(ids) and int(ids.max()) >= tokenizer.vocab_size:
                     raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocab_size {tokenizer.vocab_size}")
                 doc = np.concatenate([bos, ids.astype(dtype), eos])
-                f.write(doc.tobytes())
+                data = doc.tobytes()
+                f.write(data)
+                digest.update(data)
                 hashes.append(document_hash(doc))
                 num_tokens += len(doc)
                 offsets.append(num_tokens)
@@ -119,17 +133,20 @@ def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_di
     if len(offsets) == 1:
         raise sources.empty_split_error(data_cfg, split)
     np.save(os.path.join(out_dir, f"{split}.offsets.npy"), np.asarray(offsets, np.int64))
+    manifest = {f"{split}.tokens": {"bytes": num_tokens * dtype.itemsize, "sha256": digest.hexdigest()},
+                f"{split}.offsets.npy": _file_entry(os.path.join(out_dir, f"{split}.offsets.npy"))}
     if verbose:
         print(f"tokenized {split}: {len(offsets) - 1} documents, {num_tokens} tokens, {num_bytes} bytes in "
               f"{seconds:.1f} s ({num_tokens / max(seconds, 1e-9):,.0f} tokens/s)", flush=True)
     return ({"documents": len(offsets) - 1, "tokens": num_tokens, "bytes": num_bytes,
-             "seconds": seconds, "tokens_per_second": num_tokens / max(seconds, 1e-9)}, np.asarray(hashes, np.uint64))
+             "seconds": seconds, "tokens_per_second": num_tokens / max(seconds, 1e-9)}, np.asarray(hashes, np.uint64),
+            manifest)
 
 
 def _check_overlap(data_cfg: DataSpec, overlap: int, eval_documents: int) -> None:
     """Explicit data.eval_files must hold no document of data.files (a held-out document is in one split by
     construction; two TFDS splits may share a few duplicates, which the summary reports)."""
-    if overlap and str(data_cfg.get("eval_files", "") or "").strip():
+    if overlap and DataSpec.of(data_cfg).has_eval_files:
         raise ConfigError(f"data.eval_files: {overlap} of its {eval_documents} documents are also documents of "
                           f"data.files (same text): evaluation would be on training data; remove them from one "
                           f"side, or leave data.eval_files empty to hold out data.eval_fraction of data.files")
@@ -146,11 +163,13 @@ def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
     shared file system without file locks: one process claims the build (`<cache>.building`, a claim of
     file_claims.build_once), the others wait for its meta.json (or take a dead claim over); the build is written
     into a temporary directory renamed into place when complete, and a rename that finds the cache already
-    there (a racing builder won) keeps that one. `source_fingerprint`: as cache_path."""
+    there (a racing builder won) keeps that one. A cache that was there is checked (`verify`: its sizes, and its
+    digests the first time this process opens it). `source_fingerprint`: as cache_path."""
     source = source_fingerprint if source_fingerprint is not None else sources.fingerprint(data_cfg)
     path = cache_path(data_cfg, tokenizer, source)
     meta_path = os.path.join(path, "meta.json")
     if os.path.isfile(meta_path):
+        verify(path)
         return path
     _check_writable(os.path.dirname(path))
     claim = path + ".building"
@@ -162,20 +181,47 @@ def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
     return path
 
 
+_TMP = re.compile(r"^\.(?P<key>[0-9a-f]+)\.tmp-")  # a build's temporary directory: .<key>.tmp-XXXX
+
+
+def remove_dead_builds(root: str, key: str) -> list[str]:
+    """Removes the temporary directories under `root` (a tokens/ folder) that no live build will finish: those of
+    `key`, whose build claim the caller holds (a builder that lost it was killed, or stalled for CLAIM_STALE_S),
+    and those of any other key whose claim (`<key>.building`) is not live (file_claims.is_live). A live build made
+    its claim before its directory, so it is never among them. Returns the removed paths."""
+    removed = []
+    for name in sorted(os.listdir(root)):
+        found = _TMP.match(name)
+        if not found or not os.path.isdir(os.path.join(root, name)):
+            continue
+        if found["key"] != key and file_claims.is_live(os.path.join(root, found["key"] + ".building"),
+                                                       CLAIM_STALE_S):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)  # another user's, on a shared cache: may stay
+        if not os.path.exists(os.path.join(root, name)):
+            removed.append(os.path.join(root, name))
+    return removed
+
+
 def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, verbose: bool) -> None:
     """Tokenizes every split into a temporary directory renamed to `path` (under the caller's build claim)."""
     root = os.path.dirname(path)
     if os.path.isdir(path):  # not written by ensure_cache (no meta.json): never trust it
         shutil.rmtree(path)
+    for gone in remove_dead_builds(root, os.path.basename(path)):
+        if verbose:
+            print(f"removed {gone}: the temporary directory of a build that was killed", flush=True)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=root)
     try:
         meta = {"source_fingerprint": source,
                 "tokenizer_fingerprint": tokenizer.fingerprint, "dtype": dtype.name,
-                "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+                "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id,
+                MANIFEST_KEY: {}}
         hashes = {}
         for split in SPLITS:
-            meta[split], hashes[split] = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
+            meta[split], hashes[split], files = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
+            meta[MANIFEST_KEY].update(files)
         overlap = _overlap(hashes)
         _check_overlap(data_cfg, overlap, len(hashes["eval"]))
         meta[OVERLAP_KEY] = overlap
@@ -189,6 +235,7 @@ def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, ver
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the cache from the other users of a shared one
         try:
             os.rename(tmp, path)
+            _VERIFIED.add(path)  # built by this process: its digests are those it just recorded
         except OSError:  # ENOTEMPTY / EEXIST: a builder that took over a stale claim finished first
             if not os.path.isfile(os.path.join(path, "meta.json")):
                 raise
@@ -199,11 +246,14 @@ def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, ver
 
 
 def open_split(path: str, split: str) -> TokenSplit:
-    """One split of a built cache, memory-mapped."""
-    with open(os.path.join(path, "meta.json")) as f:
-        meta = json.load(f)
+    """One split of a built cache, memory-mapped; its files' sizes checked (verify, without digests: a grain
+    worker opens it too)."""
+    meta = verify(path, digests=False)
     tokens = np.memmap(os.path.join(path, f"{split}.tokens"), dtype=np.dtype(meta["dtype"]), mode="r")
     offsets = np.load(os.path.join(path, f"{split}.offsets.npy"))
+    if len(tokens) != int(offsets[-1]) or len(offsets) != int(meta[split]["documents"]) + 1:
+        raise _damaged(path, f"{split}.offsets.npy", f"ends at token {int(offsets[-1])} of {len(offsets) - 1} "
+                       f"documents, {split}.tokens holds {len(tokens)} of {meta[split]['documents']}")
     return TokenSplit(tokens, offsets, int(meta[split]["bytes"]))
 
 
@@ -225,8 +275,86 @@ def overlap_documents(path: str) -> int:
 
 
 def read_meta(path: str) -> dict:
-    with open(os.path.join(path, "meta.json")) as f:
-        return json.load(f)
+    """The cache's meta.json; a missing or unreadable one is an error naming it (delete the cache to rebuild)."""
+    meta_path = os.path.join(path, "meta.json")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise MissingInputError(f"the token cache {path} has no meta.json: delete it to rebuild "
+                                f"(rm -r {path})") from None
+    except (OSError, ValueError) as e:
+        raise _damaged(path, "meta.json", f"cannot be read ({e})") from None
+    if not isinstance(meta, dict) or any(k not in meta for k in ("dtype", *SPLITS)):
+        raise _damaged(path, "meta.json", "lacks the cache's dtype or split counts")
+    return meta
+
+
+MANIFEST_KEY = "manifest"  # meta.json: {file name: {"bytes": size, "sha256": digest}}
+_VERIFIED: set[str] = set()  # caches whose digests this process checked (or built)
+_HASH_CHUNK = 1 << 22
+
+
+def _file_entry(path: str) -> dict:
+    """{"bytes": size, "sha256": digest} of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return {"bytes": os.path.getsize(path), "sha256": h.hexdigest()}
+
+
+def _damaged(path: str, name: str, what: str) -> ConfigError:
+    return ConfigError(f"the token cache {path} is damaged: {name} {what}; delete it to rebuild (rm -r {path}), "
+                       f"or run experiments.prepare_data --verify to check it")
+
+
+def _expected_sizes(meta: dict) -> dict[str, int]:
+    """The file sizes a cache's counts imply (a cache built before the manifest): tokens × dtype bytes, and the
+    .npy of D + 1 int64 offsets (header included)."""
+    sizes = {}
+    for split in SPLITS:
+        sizes[f"{split}.tokens"] = int(meta[split]["tokens"]) * np.dtype(meta["dtype"]).itemsize
+        header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.int64))
+        header["shape"] = (int(meta[split]["documents"]) + 1,)
+        buffer = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buffer, header)
+        sizes[f"{split}.offsets.npy"] = buffer.tell() + 8 * header["shape"][0]
+    return sizes
+
+
+def verify(path: str, digests: bool | None = None) -> dict:
+    """Checks the built cache at `path` (the module docstring) and returns its meta. `digests`: True checks every
+    file's SHA-256, False only sizes, None (the default) digests the first time this process checks `path`.
+    MissingInputError for a missing file, ConfigError for another damage, each naming the file and saying to
+    delete the cache to rebuild it; a cache without digests (built before the manifest) asked for them
+    (`digests=True`) is a ConfigError too."""
+    meta = read_meta(path)
+    source, tokenizer = meta.get("source_fingerprint"), meta.get("tokenizer_fingerprint")
+    if not isinstance(source, str) or not isinstance(tokenizer, str) or (
+            cache_key(source, tokenizer) != os.path.basename(os.path.normpath(path))):
+        raise _damaged(path, "meta.json", f"records the fingerprints of another cache ({source}, {tokenizer}), "
+                       f"not of {os.path.basename(path)}")
+    manifest = meta.get(MANIFEST_KEY)
+    if digests and not manifest:
+        raise ConfigError(f"the token cache {path} records no digests of its files (it was built before caches "
+                          f"recorded them): its content cannot be verified; delete it to rebuild (rm -r {path})")
+    check_digests = bool(manifest) and (digests or (digests is None and path not in _VERIFIED))
+    expected = ({name: entry["bytes"] for name, entry in manifest.items()} if manifest else _expected_sizes(meta))
+    for name, size in sorted(expected.items()):
+        file = os.path.join(path, name)
+        try:
+            found = os.path.getsize(file)
+        except FileNotFoundError:
+            raise MissingInputError(f"the token cache {path} is damaged: {name} is missing; delete it to rebuild "
+                                    f"(rm -r {path})") from None
+        if found != size:
+            raise _damaged(path, name, f"is {found} bytes, {size} when it was built (truncated or overwritten)")
+        if check_digests and _file_entry(file)["sha256"] != manifest[name]["sha256"]:
+            raise _damaged(path, name, "does not hold the bytes it was built with (its SHA-256 differs)")
+    if check_digests:
+        _VERIFIED.add(path)
+    return meta
 
 
 def existing_cache(data_cfg: DataSpec) -> str | None:

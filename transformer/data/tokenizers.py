@@ -9,6 +9,8 @@ sampling and resuming need nothing outside the workdir.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import io
 import json
@@ -314,7 +316,7 @@ def train_sentencepiece(texts: Iterable[str | bytes], vocab_size: int) -> Senten
 def _corpus_sample(data_cfg: DataSpec, max_bytes: int) -> Iterator[bytes]:
     """Train-split documents in a fixed pseudo-random order (local files: in file order), until
     `max_bytes` have been yielded."""
-    if documents.uses_files(data_cfg):
+    if DataSpec.of(data_cfg).uses_files:
         used = 0
         for text in documents.iter_split(data_cfg, "train"):
             if used >= max_bytes:
@@ -334,10 +336,12 @@ def _corpus_sample(data_cfg: DataSpec, max_bytes: int) -> Iterator[bytes]:
 
 
 def sentencepiece_path(data_cfg: DataSpec) -> str:
-    """Where the corpus's SentencePiece model is cached: keyed by dataset, split and vocab size
-    (local files: by the files' fingerprint, under data.cache_dir)."""
-    if documents.uses_files(data_cfg):
-        key = documents.files_fingerprint(data_cfg)
+    """Where the corpus's SentencePiece model is cached: keyed by dataset, split and vocab size (local files: by
+    their content-addressed fingerprint, the data identity's `source`, under data.cache_dir: a touched file or a
+    copy of the corpus in another folder finds the same model)."""
+    data_cfg = DataSpec.of(data_cfg)
+    if data_cfg.uses_files:
+        key = documents.files_fingerprint(data_cfg).removeprefix(documents.FINGERPRINT_PREFIX)
         return os.path.join(documents.cache_dir(data_cfg), "tokenizers", f"files-{key}_bpe{data_cfg.vocab_size}.model")
     name = f"{corpus.dataset_key(data_cfg)}_{data_cfg.train_split}_bpe{data_cfg.vocab_size}.model"
     return os.path.join(corpus.resolve_data_dir(data_cfg), "tokenizers", name.replace("/", "_"))
@@ -347,6 +351,9 @@ def _train_and_save(data_cfg: DataSpec, path: str) -> SentencePieceTokenizer:
     """Trains the corpus's SentencePiece model and writes it to `path` (a temporary name renamed into place)."""
     print(f"Training a {data_cfg.vocab_size}-piece SentencePiece model -> {path}", flush=True)
     tok = train_sentencepiece(_corpus_sample(data_cfg, SP_SAMPLE_BYTES), data_cfg.vocab_size)
+    for name in glob.glob(glob.escape(path) + ".tmp-*"):  # a killed trainer's: we hold the model's build claim
+        with contextlib.suppress(OSError):
+            os.remove(name)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

@@ -6,16 +6,21 @@ config's data block. Its constructor runs the plain-value checks of the data set
 naming the setting); the checks that read files (the globs, eval files that are copies of training files) stay
 with the data package (data/identity.check_settings). `DataSpec.of` turns a ConfigDict's data block, a dict or
 a DataSpec into a DataSpec: the data package's entry points call it, so they run the same checks whichever
-they are given.
+they are given. The predicates the data package branches on are DataSpec's properties, defined once here:
+`uses_files` (local files replace the TFDS dataset), `has_eval_files`, `holds_out` (documents held out by
+data.eval_fraction), and the globs of `data.files` / `data.eval_files` (`split_globs`: a comma-separated string,
+`\\,` a literal comma, or a list of globs).
 """
 from __future__ import annotations
 
 import dataclasses
 import numbers
+import re
 from typing import Any, Iterator, Mapping
 
 from transformer.spec.errors import ConfigError
 
+_STRINGS = ("tfds_name", "data_dir", "text_feature", "train_split", "eval_split", "cache_dir", "tokenizer")
 _OPTIONAL = ("classes", "noise_density", "mean_noise_span_length", "tokenizer_fingerprint", "identity")
 
 
@@ -30,6 +35,33 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def split_globs(value: Any, setting: str = "data.files") -> list[str]:
+    """The globs of a data.files / data.eval_files value: a string of comma-separated globs (`\\,` stands for a
+    comma inside a glob: `a\\,b.txt` names the file `a,b.txt`), or a list/tuple of globs taken whole (a comma in
+    one is part of it). Blank globs are dropped; "" or [] names no file. ConfigError for anything else."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        parts = [p.replace("\\,", ",") for p in re.split(r"(?<!\\),", value)]
+    elif isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
+        parts = list(value)
+    else:
+        raise ConfigError(f"{setting}={value!r} must be a string of comma-separated globs or a list of globs")
+    return [p.strip() for p in parts if p.strip()]
+
+
+def join_globs(globs: list[str]) -> str:
+    """The comma-separated string that split_globs reads back as `globs` (a comma in a glob escaped)."""
+    return ",".join(g.replace(",", "\\,") for g in globs)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f">= {minimum}, an integer"
+        raise ConfigError(f"data.{name}={value!r} must be {what}")
+    return int(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
     """The data.* settings (defaults: configs/common.py's). Optional settings (the classification task's
@@ -42,8 +74,8 @@ class DataSpec:
     text_feature: str = "text"
     train_split: str = "train"
     eval_split: str = "validation"
-    files: str = ""
-    eval_files: str = ""
+    files: str | tuple[str, ...] = ""        # globs: split_globs
+    eval_files: str | tuple[str, ...] = ""
     eval_fraction: float = 0.01
     cache_dir: str = ""
     tokenizer: str = "bytes"
@@ -59,24 +91,57 @@ class DataSpec:
     extra: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, numbers.Integral) or self.seq_len <= 0:
-            raise ConfigError(f"data.seq_len={self.seq_len!r} must be a positive integer")
-        if (isinstance(self.worker_count, bool) or not isinstance(self.worker_count, numbers.Integral)
-                or self.worker_count < 0):
-            raise ConfigError(f"data.worker_count={self.worker_count!r} must be >= 0")
-        object.__setattr__(self, "seq_len", int(self.seq_len))
-        object.__setattr__(self, "worker_count", int(self.worker_count))
-        uses_files = bool(str(self.files or "").strip())
-        if uses_files and not str(self.eval_files or "").strip():
-            fraction = self.eval_fraction
-            if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0.0 < fraction < 1.0:
-                raise ConfigError(f"data.eval_fraction={fraction!r} must be in (0, 1) when data.eval_files is empty")
-        if not uses_files and self.eval_split == self.train_split:
+        for name in _STRINGS:
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"data.{name}={getattr(self, name)!r} must be a string")
+        if not self.text_feature.strip():
+            raise ConfigError("data.text_feature is empty; name the field (jsonl), column (parquet) or feature (TFDS) "
+                              "that holds the text, e.g. 'text'")
+        object.__setattr__(self, "seq_len", _check_int("seq_len", self.seq_len, 1))
+        object.__setattr__(self, "worker_count", _check_int("worker_count", self.worker_count, 0))
+        object.__setattr__(self, "shuffle_seed", _check_int("shuffle_seed", self.shuffle_seed, 0))
+        object.__setattr__(self, "vocab_size", _check_int("vocab_size", self.vocab_size, 1))
+        for name in ("files", "eval_files"):
+            value = getattr(self, name)
+            split_globs(value, f"data.{name}")  # the type checked
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        fraction = self.eval_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+            raise ConfigError(f"data.eval_fraction={fraction!r} must be a number in (0, 1)")
+        if self.holds_out and not 0.0 < fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction={fraction!r} must be in (0, 1) when data.eval_files is empty")
+        if not self.uses_files and self.eval_split == self.train_split:
             raise ConfigError(f"data.eval_split={self.eval_split!r} is data.train_split: evaluation would be on the "
                               f"training data; choose another split of data.tfds_name={self.tfds_name!r} "
                               f"(e.g. 'validation' or 'test')")
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
+
+    @property
+    def file_globs(self) -> list[str]:
+        """The globs of data.files (split_globs)."""
+        return split_globs(self.files, "data.files")
+
+    @property
+    def eval_file_globs(self) -> list[str]:
+        """The globs of data.eval_files (split_globs)."""
+        return split_globs(self.eval_files, "data.eval_files")
+
+    @property
+    def uses_files(self) -> bool:
+        """Whether data.files names local files (they replace the TFDS dataset data.tfds_name)."""
+        return bool(self.file_globs)
+
+    @property
+    def has_eval_files(self) -> bool:
+        """Whether local files are evaluated on data.eval_files (not on documents held out of data.files)."""
+        return self.uses_files and bool(self.eval_file_globs)
+
+    @property
+    def holds_out(self) -> bool:
+        """Whether the eval documents are those of data.files held out by data.eval_fraction (a hash of each)."""
+        return self.uses_files and not self.eval_file_globs
 
     @classmethod
     def of(cls, data: Any) -> "DataSpec":
