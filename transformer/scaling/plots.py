@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
+from transformer.scaling import interval
+
 LABEL_C = "compute C (FLOPs)"
 LABEL_N = "parameters N"
 LABEL_D = "tokens D"
@@ -127,7 +129,8 @@ def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarra
     coefs = np.array(draws[f"{kind}_coef"], float)
     ok = np.isfinite(exps) & np.isfinite(coefs)
     pred_KG = coefs[ok, None] * flops_G[None, :] ** exps[ok, None]
-    return np.percentile(pred_KG, 2.5, axis=0), np.percentile(pred_KG, 97.5, axis=0)
+    lo_G, hi_G = np.percentile(pred_KG, interval.PERCENTILES, axis=0)
+    return lo_G, hi_G
 
 
 def plot_optimal(fit: dict[str, Any], path: str) -> str:
@@ -219,7 +222,7 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
                 band_KG = e_K + k_K * flops_G[None, :] ** -g_K
             ok_K = np.all(np.isfinite(band_KG), axis=1)
             if ok_K.sum() >= 2:
-                lo_G, hi_G = np.percentile(band_KG[ok_K], [2.5, 97.5], axis=0)
+                lo_G, hi_G = np.percentile(band_KG[ok_K], interval.PERCENTILES, axis=0)
                 ax.fill_between(flops_G, lo_G, hi_G, color="C1", alpha=0.15, lw=0)
     for p in predictions:
         if p.get("loss") is None:
