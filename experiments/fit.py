@@ -27,7 +27,7 @@ from transformer.scaling import points as points_lib
 
 _SWEEP = DEFINE_path("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
 _POINTS = DEFINE_path("points", None, "CSV with a header naming params (or N), tokens (or D), loss "
-                              "(optional flops).")
+                              "(optional flops: each run's budget; without it C = 6·N·D).")
 _WHERE = flags.DEFINE_multi_string("where", [], "COLUMN=VALUE: keep the CSV rows of one setting (repeatable).")
 _PREDICT = flags.DEFINE_list("predict_flops", [], "Budgets C to predict N_opt, D_opt and the optimal loss at "
                              "(with 95% intervals), into fit.json['predictions'].")

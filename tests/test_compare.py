@@ -16,7 +16,7 @@ from matplotlib import image
 
 from sweep_fixture import TRUE_A, g_coef, law, shape
 from transformer.spec import ConfigError
-from transformer.scaling import compare, compare_plots, fits, frontier
+from transformer.scaling import compare, compare_plots, fits, frontier, interval
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -155,10 +155,10 @@ def test_multiplier_inverts_the_baseline_frontier():
     assert np.all(np.isinf(compare.multiplier(law_b, np.array([1.5, 1.2]), np.array([1e12, 1e12]))))
     # percentiles of draws with infinite values: an end among the infinite draws is infinite
     # (the finite end as numpy's linear percentile of the same order statistics)
-    assert compare.percentiles(np.array([1.0, 2.0, np.inf, np.nan])) == [pytest.approx(np.percentile([1, 2, 3], 2.5)),
-                                                                         math.inf]
-    assert compare.percentiles(np.r_[np.linspace(1, 2, 97), [np.inf] * 3])[1] == math.inf  # 3% infinite
-    assert compare.percentiles(np.r_[np.linspace(1, 2, 99), np.inf])[1] < 2.0  # 1% infinite
+    ends = interval.percentile_ends(np.array([1.0, 2.0, np.inf, np.nan]), keep_infinite=True)
+    assert list(ends) == [pytest.approx(np.percentile([1, 2, 3], 2.5)), math.inf]
+    assert interval.percentile_ends(np.r_[np.linspace(1, 2, 97), [np.inf] * 3], True)[1] == math.inf  # 3% infinite
+    assert interval.percentile_ends(np.r_[np.linspace(1, 2, 99), np.inf], True)[1] < 2.0  # 1% infinite
 
 
 @pytest.mark.slow

@@ -237,3 +237,95 @@ def test_hold_excludes_other_processes(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", _COUNTER, str(path)], cwd=REPO, env=ENV) for _ in range(3)]
     assert [p.wait(120) for p in procs] == [0, 0, 0]
     assert path.read_text() == "90" and sorted(os.listdir(tmp_path)) == ["count"]
+
+
+def _three_way_race(monkeypatch, path: str) -> tuple[object, object, object]:
+    """The takeover race of three contenders, forced step by step: a dead claim (another host's, stale) at `path`;
+    A reads it as dead; before A moves it aside, B takes it over (its fresh claim is now at `path`); A moves B's
+    claim aside, reads it, sees a live claim; before A links it back, C claims the empty path. Returns (A's result,
+    B's claim, C's claim)."""
+    _write_claim(path, "node-elsewhere", 1, age_s=120)
+    real_read, calls, got = file_claims.read, [], {}
+
+    def read(p: str):
+        info = real_read(p)
+        if threading.current_thread() is threading.main_thread() and len(calls) < 2 and "A" not in got:
+            calls.append(p)
+            if len(calls) == 1:  # A has read the dead claim: B takes it over now
+                got["B"] = _in_thread(lambda: file_claims.try_claim(path, 60, 30))
+            else:  # A has moved B's claim aside and read it: C claims the empty path now
+                assert ".stale-" in p and info["token"] == got["B"].token
+                got["C"] = _in_thread(lambda: file_claims.try_claim(path, 60, 30))
+        return info
+
+    monkeypatch.setattr(file_claims, "read", read)
+    got["A"] = file_claims.try_claim(path, 60, 30)
+    monkeypatch.setattr(file_claims, "read", real_read)
+    return got["A"], got["B"], got["C"]
+
+
+def _in_thread(fn):
+    """fn() run in its own thread (another contender), its result."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    return out[0]
+
+
+def test_a_takeover_race_of_three_never_deletes_a_live_claim(tmp_path, monkeypatch):
+    """issue 29, 3.1: A's link back fails (C holds the path); A must not delete B's live claim, and B, displaced,
+    finds out (held(), its heartbeat) while C alone holds the path; B's release removes its displaced copy only."""
+    path = str(tmp_path / "x.claim")
+    a, b, c = _three_way_race(monkeypatch, path)
+    assert a is None and b is not None and c is not None
+    tokens = {name: file_claims.read(str(tmp_path / name))["token"] for name in os.listdir(tmp_path)}
+    assert tokens == {"x.claim": c.token, f"x.claim.displaced-{b.token}": b.token}  # B's claim kept, not deleted
+    assert not b.mine() and c.held() and not b.held()  # one owner: the file at the path
+    b.release()
+    assert c.held() and sorted(os.listdir(tmp_path)) == ["x.claim"]
+    c.release()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_displaced_claims_heartbeat_notices_and_stops_refreshing(tmp_path, monkeypatch):
+    path = str(tmp_path / "x.claim")
+    _write_claim(path, "node-elsewhere", 1, age_s=120)
+    held = file_claims.try_claim(path, stale_after_s=60, heartbeat_s=0.05)
+    os.replace(path, f"{path}.displaced-{held.token}")  # what a racing taker does to it
+    _write_claim(path, "node-elsewhere", 2, age_s=30)  # and a third process's claim, now at the path
+    assert held.lost.wait(5)
+    time.sleep(0.2)
+    assert file_claims.read(path)["age_s"] > 20  # the other's claim is never refreshed by the displaced owner
+    held.release()
+    assert sorted(os.listdir(tmp_path)) == ["x.claim"] and file_claims.read(path)["pid"] == 2
+
+
+def test_hold_rechecks_its_claim_before_and_after_the_section(tmp_path, monkeypatch):
+    """A claim displaced as soon as it is made is waited for again, not entered; one lost during the section
+    raises ClaimLost after it."""
+    path = str(tmp_path / "m.claim")
+    real_try = file_claims.try_claim
+    other: list = []
+
+    def displaced_at_once(*args, **kwargs):
+        claim = real_try(*args, **kwargs)
+        if claim is not None and not other:  # a racing taker moves it aside, a third process claims the path
+            os.replace(path, f"{path}.displaced-{claim.token}")
+            other.append(real_try(path, 60, 30))
+            threading.Timer(0.3, other[0].release).start()
+        return claim
+
+    monkeypatch.setattr(file_claims, "try_claim", displaced_at_once)
+    start = time.monotonic()
+    with file_claims.hold(path) as got:
+        assert got and time.monotonic() - start >= 0.25  # it waited for the third process
+        assert file_claims.read(path)["token"] != other[0].token
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(file_claims, "try_claim", real_try)
+    with pytest.raises(file_claims.ClaimLost, match="was not exclusive"):
+        with file_claims.hold(path):
+            token = file_claims.read(path)["token"]
+            os.replace(path, f"{path}.displaced-{token}")
+            _write_claim(path, "node-elsewhere", 3)
+    assert file_claims.read(path)["pid"] == 3  # the other owner's claim is left alone

@@ -97,11 +97,11 @@ def test_conformal_multiplier_and_leave_group_out():
 
 def test_interval_widens_with_distance_and_without_backtest_says_uncalibrated():
     scale = {"per_efold": 0.01, "t": 2.0, "origins": 5, "pairs": 10}  # as misfit_scale gives
-    near = backtest.interval(2.0, np.log(2), 0.001, scale)
-    far = backtest.interval(2.0, np.log(8), 0.001, scale)
-    assert far["loss_ci95"][1] - far["loss_ci95"][0] > 2.5 * (near["loss_ci95"][1] - near["loss_ci95"][0])
-    bare = backtest.interval(2.0, np.log(8), 0.001, backtest.misfit_scale([]))  # no backtest: the prior alone
-    assert not bare["calibrated"] and bare["loss_ci95"][1] / 2.0 - 1 > 3 * 1.96 * 0.001
+    near, _ = backtest.interval(2.0, np.log(2), 0.001, scale, "seeds")
+    far, _ = backtest.interval(2.0, np.log(8), 0.001, scale, "seeds")
+    assert far.hi - far.lo > 2.5 * (near.hi - near.lo) and far.source == "seeds"
+    bare, terms = backtest.interval(2.0, np.log(8), 0.001, backtest.misfit_scale([]), "seeds")  # the prior alone
+    assert not terms["calibrated"] and bare.hi / 2.0 - 1 > 3 * 1.96 * 0.001
 
 
 def test_backtest_pairs_every_origin_with_three_budgets_and_exact_law_has_no_error():
@@ -139,7 +139,7 @@ def test_frontier_warns_when_its_form_misfits_the_minima_beyond_their_noise():
         draws2 = {"C_opt": np.repeat(flops_B[:, None], 30, 1),
                   "loss_opt": loss_B[:, None] * np.exp(rng.normal(0, 0.001, (8, 30))),
                   **{k: np.full(30, 0.5) for k in ("a", "b", "N_coef", "D_coef")}}
-        return fits._frontier(a2, draws2, {})
+        return frontier.fit_frontier(a2, draws2, {}, "seeds")
 
     smooth_B = 1.7 + 300.0 * flops_B ** -0.15
     assert "warning" not in frontier_of(smooth_B)
@@ -148,4 +148,5 @@ def test_frontier_warns_when_its_form_misfits_the_minima_beyond_their_noise():
 
 def test_a_runaway_backtest_gives_no_interval_instead_of_inf():
     scale = {"per_efold": 1e3, "t": 4.0, "origins": 1, "pairs": 1}
-    assert backtest.interval(2.0, 2.0, 0.01, scale)["loss_ci95"] is None
+    ci, terms = backtest.interval(2.0, 2.0, 0.01, scale, "residuals")
+    assert ci.to_json() is None and "runs away" in ci.note and not terms["calibrated"]

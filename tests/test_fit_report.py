@@ -86,11 +86,11 @@ def test_approach3_fits_near_the_optima_and_flags_misfit(tmp_path):
     pts = dataclasses.replace(pts, loss_P=np.where(far, pts.loss_P * 1.03, pts.loss_P))
     sigma = noise.estimate(pts)["sigma"]
     a2 = fits.approach2(pts)
-    near, _ = fits._approach3_near(pts, a2, fits.APPROACH3_NEAR, sigma)
+    near, _ = fits.approach3_near_optimum(pts, a2, fits.APPROACH3_NEAR, sigma)
     assert "within 3x" in near["selection"]
     assert set(np.array(pts.ids)[far]).isdisjoint(near["points_used"])
     assert near["form_fits"] and not near.get("warning")
-    every, _ = fits._approach3_near(pts, a2, 0, sigma)
+    every, _ = fits.approach3_near_optimum(pts, a2, 0, sigma)
     assert every["selection"].startswith("all points") and len(every["points_used"]) == len(pts)
     assert not every["form_fits"] and "does not describe" in every["warning"]
     assert set(every["beyond_noise"]) & set(np.array(pts.ids)[far])
@@ -123,9 +123,9 @@ def test_frontier_keeps_e_and_falls_back_to_approach3_when_the_minima_do_not_pin
     assert held["k"] == pytest.approx(400.0, rel=1e-3)
     # Minima of a pure power law (no E): the free fit drives E to 0; approach 3's E is used instead.
     budgets = [{"C_opt": c, "loss_opt": 40.0 * c**-0.1} for c in flops_B]
-    out = fits._frontier({"budgets": budgets}, None, {"E": 1.0})
+    out = frontier.fit_frontier({"budgets": budgets}, None, {"E": 1.0}, "none")
     assert out["E_from"].startswith("approach 3") and out["law"]["E"] == 1.0
-    assert fits._frontier({"budgets": budgets}, None, {})["law"]["E"] < 1e-3
+    assert frontier.fit_frontier({"budgets": budgets}, None, {}, "none")["law"]["E"] < 1e-3
 
 
 def test_lower_envelope_never_rises():

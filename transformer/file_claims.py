@@ -7,8 +7,12 @@ held, a heartbeat thread refreshes its mtime every `heartbeat_s` seconds. A clai
 over, when its mtime is older than `stale_after_s` (its owner was killed on another host, or that host died),
 when it was made on this host by a pid that no longer exists, or when the caller's `dead` rule says so (the
 sweep's: a SLURM task that is no longer running). The taker renames it to a unique name first (rename is
-atomic: of several takers one succeeds), checks again that what it renamed was dead (a racing taker may have
-claimed meanwhile: that claim is given back), then claims.
+atomic: of several takers one succeeds), checks again that what it renamed was dead, then claims. What it
+renamed may be a live claim (a racing taker's, made meanwhile): that claim is given back (linked back to the
+path, which fails if a third process claimed the empty path meanwhile: then it is kept beside it as
+PATH.displaced-TOKEN, never deleted). No process deletes a claim it did not write: a former owner's release and
+heartbeat touch only a file that holds its own token, and a displaced owner finds out (`Claim.held`; its
+heartbeat stops and warns; `hold` re-checks before and after the critical section).
 
 - `try_claim`: one attempt; None while a live owner holds the claim.
 - `build_once`: make an output once (the token cache, the built-in corpus, a SentencePiece model): the others
@@ -24,6 +28,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -31,6 +36,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+ABSENT_RECHECKS = 5  # `Claim.held`: a claim absent this many reads (a racing taker moving it aside a moment) is lost
+ABSENT_WAIT_S = 0.02
 DeadRule = Callable[[dict[str, Any]], "bool | None"]  # True/False: the owner is dead/alive; None: cannot say
 
 
@@ -82,15 +89,40 @@ def is_live(path: str, stale_after_s: float, dead: DeadRule | None = None) -> bo
     return info is not None and info["age_s"] < stale_after_s and not owner_is_dead(info, dead)
 
 
+class ClaimLost(RuntimeError):
+    """A `hold` whose claim was taken over while it was held: the section was not exclusive (a fault: the holder
+    stalled beyond `stale_after_s`, or three processes raced for a dead claim)."""
+
+
+def displaced(path: str, token: str) -> str:
+    """Where a live claim moved aside by a racing taker is kept when it cannot be given back (module docstring)."""
+    return f"{path}.displaced-{token}"
+
+
+def _give_back(aside: str, path: str, info: dict[str, Any] | None) -> None:
+    """Puts a live claim that was moved to `aside` (by a taker, or a release that found it was not its own) back
+    at `path`; where another claim took `path` meanwhile, keeps it as `displaced(path, token)` for its owner to
+    find. Never deletes it."""
+    try:
+        os.link(aside, path)
+    except FileExistsError:
+        token = str((info or {}).get("token") or uuid.uuid4().hex)
+        os.replace(aside, displaced(path, token))
+        return
+    os.remove(aside)  # the second name of the claim now back at `path`
+
+
 class Claim:
     """A held claim: a heartbeat thread refreshes its mtime; `release()` (or leaving the `with` block) removes
-    it. `took_over`: the dead claim's content this one replaced, or None."""
+    it. `took_over`: the dead claim's content this one replaced, or None. `lost`: set by the heartbeat when the
+    file at `path` is no longer this claim (taken over after a stall, or displaced by a takeover race)."""
 
     def __init__(self, path: str, token: str, heartbeat_s: float, took_over: dict[str, Any] | None = None):
         self.path = path
         self.token = token
         self.took_over = took_over
         self._stop = threading.Event()
+        self.lost = threading.Event()
         self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True)
         self._thread.start()
 
@@ -99,18 +131,46 @@ class Claim:
         info = read(self.path)
         return info is not None and info.get("token") == self.token
 
+    def held(self) -> bool:
+        """Whether this process still holds the claim: the file at `path` holds its token. A file that is absent
+        for a moment (a racing taker moves it aside and gives it back) is read again, ABSENT_RECHECKS times."""
+        for attempt in range(ABSENT_RECHECKS):
+            info = read(self.path)
+            if info is not None:
+                return info.get("token") == self.token
+            if attempt + 1 < ABSENT_RECHECKS:
+                time.sleep(ABSENT_WAIT_S)
+        return False
+
     def _beat(self, every: float) -> None:
         while not self._stop.wait(every):
-            if self.mine():  # absent a moment while a racing taker renames it (it gives it back): skip a beat
-                with contextlib.suppress(OSError):
-                    os.utime(self.path)
+            if not self.held():  # taken over or displaced: never refresh another's claim
+                if not self._stop.is_set():
+                    self.lost.set()
+                    print(f"warning: the claim {self.path} is no longer this process's (taken over after a stall "
+                          "of its heartbeat, or displaced by a racing takeover)", file=sys.stderr, flush=True)
+                return
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
 
     def release(self) -> None:
-        """Stops the heartbeat and removes the claim file if it is still this claim."""
+        """Stops the heartbeat and removes the claim file if it is still this claim (moved aside first and checked,
+        so that a claim taken over meanwhile is given back, not deleted), and a displaced copy of it."""
         self._stop.set()
-        if self.mine():
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path)
+        if self.held():
+            aside = f"{self.path}.release-{self.token[:12]}"
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                aside = ""
+            if aside:
+                info = read(aside)
+                if info is not None and info.get("token") == self.token:
+                    os.remove(aside)
+                else:
+                    _give_back(aside, self.path, info)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(displaced(self.path, self.token))
 
     def __enter__(self) -> "Claim":
         return self
@@ -146,9 +206,7 @@ def try_claim(path: str, stale_after_s: float, heartbeat_s: float, extra: dict[s
                 continue
             taken = read(aside)
             if taken is not None and taken["age_s"] < stale_after_s and not owner_is_dead(taken, dead):
-                with contextlib.suppress(FileExistsError):  # lost a race to a fresh claim: give it back
-                    os.link(aside, path)
-                os.remove(aside)
+                _give_back(aside, path, taken)  # lost a race to a fresh claim: it is not ours to delete
                 return None
             took_over = taken
             with contextlib.suppress(FileNotFoundError):
@@ -210,9 +268,16 @@ def hold(path: str, *, stale_after_s: float = 120.0, heartbeat_s: float = 10.0, 
          blocking: bool = True) -> Iterator[bool]:
     """A mutex over processes and hosts: holds the claim `path` for the block (waiting for a live owner to
     release it; a dead one's is taken over). Yields True; with `blocking=False`, yields False at once when
-    another process holds it. Not re-entrant: a process that holds `path` waits for itself."""
+    another process holds it. Ownership is checked again before the block (a claim displaced by a racing
+    takeover at once is waited for again) and after it: a claim lost during the block raises `ClaimLost` (the
+    section was not exclusive). Not re-entrant: a process that holds `path` waits for itself."""
     wait = poll_s
-    while (claim := try_claim(path, stale_after_s, heartbeat_s)) is None:
+    while True:
+        claim = try_claim(path, stale_after_s, heartbeat_s)
+        if claim is not None:
+            if claim.held():
+                break
+            claim.release()  # displaced as soon as made: another process holds `path` now
         if not blocking:
             yield False
             return
@@ -220,3 +285,7 @@ def hold(path: str, *, stale_after_s: float = 120.0, heartbeat_s: float = 10.0, 
         wait = min(wait * 2, 0.5)
     with claim:
         yield True
+        if not claim.held():
+            raise ClaimLost(f"the claim {path} was taken over while this process held it: the section it guards "
+                            f"was not exclusive (a stall beyond stale_after_s={stale_after_s:g} s, or a takeover "
+                            "race)")

@@ -11,8 +11,9 @@ ones: e = ln(L̂ / L) at the distance x = ln(N / N_k) + max(0, ln(D / D_max)) be
 up on a near-continuous ladder of sizes, as Chinchilla's). Both forms are backtested on the same pairs; the one
 with the smaller median |e| predicts (approach 3 on a tie or where neither has a pair). The misfit scale and the
 interval are `backtest.misfit_scale` / `backtest.interval`'s, with the noise term the sd of ln L̂ over approach 3's
-loss-noise draws, or for the over-training form (no draws) its log residual RMS: the scatter of one point about
-it, an upper bound on the noise of the fitted curve; and the multiplier m = INTERVAL_SCALE, the conformal quantile
+loss-noise draws, or where there are none (the over-training form; no loss-noise estimate) the chosen form's log
+residual RMS ("fit_residuals"): the scatter of one point about it, an upper bound on the noise of the fitted
+curve; and the multiplier m = INTERVAL_SCALE, the conformal quantile
 of |e| / (t·σ) over size hold-outs of published grids (`experiments.reproduce`, docs/fitting.md).
 """
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import backtest, overtrain, parametric
+from transformer.scaling import backtest, interval, overtrain, parametric
 from transformer.scaling.points import Points
 
 MIN_SIZES = 3  # a refit sees at least this many model sizes (and 5 points)
 REFIT_STARTS = 20
+APPROACH3_PARAMS, OVERTRAIN_PARAMS = 5, 4  # parameters of each form (its residual degrees of freedom)
 MIN_DISTANCE = float(np.log(1.5))  # pairs nearer the refit's largest model than 1.5× are noise, not misfit: e/x explodes
 MISFIT_FLAG = 2.0  # the chosen form misfits when its log residual RMS exceeds this many times the loss noise σ
 # The conformal multiplier of t·σ (`backtest.conformal_multiplier`) from size hold-outs of the 21 published IsoFLOP
@@ -90,11 +92,14 @@ def _median_abs(bt_J: list[dict[str, float]]) -> float:
 
 
 def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, float]],
-            sigma: float | None = None) -> dict[str, Any]:
+            sigma: float | None = None, source: str = "none") -> dict[str, Any]:
     """fit.json's "point_predictions": {"form", "chosen", "candidates", "backtest", "predictions": [{"params",
-    "tokens", "loss", "loss_ci95", "loss_noise_ci95"?, "loss_interval"}], "warning"?} from approach 3 `a3` (fitted
-    to `points`, with its bootstrap draws where there are any) or the over-training form, whichever has the smaller
-    median |error| on the backtest by model size. `sigma`: the loss noise σ in ln L (for the misfit warning)."""
+    "tokens", "loss", "loss_ci95", "loss_ci95_source", "loss_noise_ci95"?, "loss_interval"}], "warning"?} from
+    approach 3 `a3` (fitted to `points`, with its bootstrap draws where there are any) or the over-training form,
+    whichever has the smaller median |error| on the backtest by model size. `sigma`: the loss noise σ in ln L
+    (for the misfit warning), from `source` (`interval.SOURCES`: the draws' source). The interval's noise term is
+    the sd of ln L̂ over approach 3's draws, else the chosen form's log residual RMS ("fit_residuals"), else none
+    (then an interval inside the data is null: never a zero-width one)."""
     if a3.get("E") is None:
         return {"note": f"approach 3 is not fitted ({a3.get('note', 'no result')}): no loss at (N, D)"}
     start = np.array([[np.log(a3["A"]), np.log(a3["B"]), np.log(a3["E"]), a3["alpha"], a3["beta"]]])
@@ -110,12 +115,16 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
     candidates["approach3"]["law"] = {k: a3[k] for k in ("E", "A", "B", "alpha", "beta")}
     scale = backtest.misfit_scale(bt[chosen], multiplier=INTERVAL_SCALE)
     draws = a3.get("bootstrap", {}).get("draws") if chosen == "approach3" else None
+    draws_source = a3.get("bootstrap", {}).get("source", source)
+    # Without draws, the chosen form's own log residual RMS stands in for the noise ("fit_residuals").
+    residual_sd = interval.residual_sd(law["rms_log_residual"], len(points) - OVERTRAIN_PARAMS) if chosen == "overtrain" \
+        else interval.residual_sd(a3.get("residual_rms"), len(points) - APPROACH3_PARAMS)
     n_max, d_max = float(points.params_P.max()), float(points.tokens_P.max())
     preds = []
     for n, d in asked_Q:
         loss = float(_loss(a3, n, d) if chosen == "approach3" else overtrain.loss_at(law, n, d))
         pred: dict[str, Any] = {"params": n, "tokens": d, "loss": loss}
-        noise_sd = law["rms_log_residual"] if chosen == "overtrain" else None
+        noise_sd, noise_source = residual_sd, "fit_residuals"
         if draws:
             keys = ("E", "A", "B", "alpha", "beta")
             ok = [all(draws[k][i] is not None for k in keys) for i in range(len(draws["E"]))]
@@ -123,13 +132,13 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
             with np.errstate(over="ignore", invalid="ignore"):
                 loss_K = cols["E"] + cols["A"] / n ** cols["alpha"] + cols["B"] / d ** cols["beta"]
             loss_K = loss_K[np.isfinite(loss_K) & (loss_K > 0)]
-            if len(loss_K) >= 2:
-                pred["loss_noise_ci95"] = [float(v) for v in np.percentile(loss_K, [2.5, 97.5])]
-                noise_sd = backtest.log_sd(loss_K)
+            noise_ci = interval.from_draws(loss_K, draws_source)
+            if noise_ci is not None:
+                pred.update(noise_ci.fields("loss_noise"))
+                noise_sd, noise_source = backtest.log_sd(loss_K), draws_source
         distance = max(0.0, np.log(n / n_max)) + max(0.0, np.log(d / d_max))
-        cal = backtest.interval(loss, distance, noise_sd, scale)
-        pred["loss_ci95"] = cal.pop("loss_ci95")
-        pred["loss_interval"] = cal
+        ci, pred["loss_interval"] = backtest.interval(loss, distance, noise_sd, scale, noise_source)
+        pred.update(ci.fields("loss"))
         preds.append(pred)
     out: dict[str, Any] = {
         "form": FORMS[chosen], "chosen": chosen, "candidates": candidates,

@@ -27,6 +27,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from scipy import stats
 
+from transformer.scaling.interval import NO_NOISE, Interval, none
+
 MIN_BUDGETS = 3  # a frontier refit needs 3 minima (E, k, γ)
 COVERAGE = 0.95  # the intervals are 95% ones
 Z95 = (1 + COVERAGE) / 2
@@ -91,24 +93,36 @@ def summary(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS) -> dict
     return out
 
 
-def interval(loss: float, distance: float, noise_sd: float | None, scale: dict[str, Any]) -> dict[str, Any]:
+def interval(loss: float, distance: float, noise_sd: float | None, scale: dict[str, Any],
+             source: str) -> tuple[Interval, dict[str, Any]]:
     """The calibrated 95% interval of a predicted loss `loss` at `distance` = ln(C / C_largest fitted) (≤ 0:
-    inside the fitted range, no extrapolation term): {"loss_ci95", "sigma_log", "calibrated", ...}."""
-    noise_sd = float(noise_sd) if noise_sd is not None and np.isfinite(noise_sd) else 0.0
+    inside the fitted range, no extrapolation term), with the noise sd `noise_sd` in ln L from `source`
+    (`interval.SOURCES`; None or 0: no noise term, the source "none"), and its terms ("sigma_log",
+    "noise_sd_log", "distance", "t", "multiplier", "calibrated", "source", "method"): the fit.json
+    `loss_interval`. With no noise term inside the fitted range it is null (a zero-width interval is no 95% one);
+    beyond it, the misfit term alone, which its note says."""
+    noise_sd = float(noise_sd) if noise_sd is not None and np.isfinite(noise_sd) and noise_sd > 0 else 0.0
+    source = source if noise_sd > 0 else "none"
     x = max(float(distance), 0.0)
     sigma = float(np.hypot(noise_sd, scale["per_efold"] * x))
-    t, calibrated = scale["t"], bool(scale["origins"])
-    multiplier = float(scale.get("multiplier", 1.0))
+    t, multiplier = scale["t"], float(scale.get("multiplier", 1.0))
     half = multiplier * t * sigma
     with np.errstate(over="ignore"):
         bounds = [float(loss * np.exp(-half)), float(loss * np.exp(half))]
     if not (np.isfinite(half) and np.all(np.isfinite(bounds))):  # a runaway backtest: no finite interval
-        bounds = None
-    return {"loss_ci95": bounds, "sigma_log": sigma if np.isfinite(sigma) else None,
-            "noise_sd_log": noise_sd, "distance": x, "t": float(t), "multiplier": multiplier, "calibrated": calibrated,
-            "method": "ln L ± m·t·sqrt(σ_noise² + (s·x)²), s from the backtest pooled with the prior, m the "
-                      "conformal multiplier" + (
-                "" if calibrated else " (no backtest refit: the prior alone, not calibrated on these data)")}
+        ci = Interval(None, None, source, multiplier, "the backtest's misfit runs away: no finite interval")
+    elif half <= 0:
+        ci = none(f"{NO_NOISE}, and the prediction is inside the fitted range: no interval", multiplier)
+    else:
+        ci = Interval(*bounds, source, multiplier, None if source != "none" else
+                      f"{NO_NOISE}: the extrapolation misfit alone, no noise term")
+    calibrated = bool(scale["origins"]) and ci.exists
+    terms = {"sigma_log": sigma if np.isfinite(sigma) else None, "noise_sd_log": noise_sd, "distance": x,
+             "t": float(t), "multiplier": multiplier, "calibrated": calibrated, "source": source,
+             "method": "ln L ± m·t·sqrt(σ_noise² + (s·x)²), s from the backtest pooled with the prior, m the "
+                       "conformal multiplier" + (
+                 "" if scale["origins"] else " (no backtest refit: the prior alone, not calibrated on these data)")}
+    return ci, terms
 
 
 def at_multiplier(score: float, unit: float, multiplier: float) -> tuple[bool, float]:

@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 
 from transformer.spec import ConfigError, MissingInputError
-from transformer.scaling import fits, frontier
+from transformer.scaling import fits, frontier, interval
 from transformer.scaling import points as points_lib
 
 AT_FLOPS_FACTOR = 4.0  # --at_flops defaults to this many times the largest budget
-PERCENTILES = (2.5, 97.5)
 ROLES = ("baseline", "variant")
 DEFINITION = ("compute_multiplier(C) = C_base(L_var(C)) / C: how many times the compute C the baseline needs "
               "to reach the variant's compute-optimal loss L_var(C) (both from their frontiers "
@@ -162,21 +161,6 @@ def multiplier(law_base: dict[str, Any], loss: np.ndarray, flops: np.ndarray) ->
         return np.where(gap > 0, np.exp(log_ratio), np.inf)
 
 
-def percentiles(values: np.ndarray) -> list[float] | None:
-    """The 2.5th and 97.5th percentiles (linear between order statistics) of values that may hold +inf
-    (an end is inf when it falls among the infinite draws); NaNs (failed draws) are left out; None with
-    fewer than 2 values."""
-    v = np.sort(np.asarray(values, float)[~np.isnan(values)])
-    if len(v) < 2:
-        return None
-    out = []
-    for q in PERCENTILES:
-        h = q / 100 * (len(v) - 1)
-        lo, hi = int(math.floor(h)), int(math.ceil(h))
-        out.append(math.inf if np.isinf(v[hi]) else float(v[lo] + (h - lo) * (v[hi] - v[lo])))
-    return out
-
-
 def law_draws(fit: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """The frontier's noise draws of E, k, gamma, (K,) each (NaN: a failed refit), or None."""
     draws = fit["frontier"].get("bootstrap", {}).get("draws")
@@ -185,12 +169,10 @@ def law_draws(fit: dict[str, Any]) -> dict[str, np.ndarray] | None:
     return {k: np.array([np.nan if x is None else x for x in draws[k]], float) for k in ("E", "k", "gamma")}
 
 
-def _json_interval(ci: list[float] | None) -> list[float | None] | None:
-    return None if ci is None else [None if math.isinf(x) else x for x in ci]
-
-
-def at_compute(flops_Q: np.ndarray, laws: dict[str, dict | None], draws: dict[str, dict | None]) -> list[dict]:
-    """Per compute value: the multiplier with its interval, both frontiers' losses and their difference."""
+def at_compute(flops_Q: np.ndarray, laws: dict[str, dict | None], draws: dict[str, dict | None],
+               source: str = "none") -> list[dict]:
+    """Per compute value: the multiplier with its interval, both frontiers' losses and their difference; the
+    intervals' noise `source` is the two fits' (`interval.SOURCES`, "+"-joined where they differ)."""
     base, var = laws["baseline"], laws["variant"]
     out = [{"flops": float(c)} for c in flops_Q]
     if base is None or var is None:
@@ -217,12 +199,13 @@ def at_compute(flops_Q: np.ndarray, laws: dict[str, dict | None], draws: dict[st
             notes.append(f"infinite: the variant's L_opt = {loss_v_Q[q]:.4f} is below the baseline's irreducible "
                          f"loss E = {base['E']:.4f}; no baseline compute reaches it")
         if paired:
-            ci = percentiles(m_KQ[:, q])
+            ci = interval.from_draws(m_KQ[:, q], source, keep_infinite=True)
+            difference = interval.from_draws(lv_KQ[:, q] - lb_KQ[:, q], source, keep_infinite=True)
             infinite = float(np.mean(np.isinf(m_KQ[:, q])))
-            rec.update(compute_multiplier_ci95=_json_interval(ci),
-                       variant_better_fraction=float(np.mean(m_KQ[:, q] > 1.0)),
-                       loss_difference_ci95=percentiles(lv_KQ[:, q] - lb_KQ[:, q]), draws=int(ok_K.sum()))
-            if ci is not None and math.isinf(ci[1]):
+            rec.update(ci.fields("compute_multiplier") if ci else {"compute_multiplier_ci95": None})
+            rec.update(variant_better_fraction=float(np.mean(m_KQ[:, q] > 1.0)), draws=int(ok_K.sum()))
+            rec.update(difference.fields("loss_difference") if difference else {"loss_difference_ci95": None})
+            if ci is not None and math.isinf(ci.hi):
                 notes.append(f"the interval's upper end is infinite: in {100 * infinite:.1f}% of the draws the "
                              "variant's loss is below the baseline's E")
         if notes:
@@ -251,7 +234,7 @@ def fit_summary(fit: dict[str, Any]) -> dict[str, Any]:
     """What compare.json keeps of one sweep's fit: σ, approach 2's a and b with intervals and its
     budgets, the frontier with its intervals and its draws (for the figure)."""
     a2, front = fit["approach2"], fit["frontier"]
-    keys2 = ("a", "a_ci95", "b", "b_ci95", "N_coef", "D_coef", "method", "note")
+    keys2 = ("a", "a_ci95", "b", "b_ci95", "ci95_source", "N_coef", "D_coef", "method", "note")
     draws = front.get("bootstrap", {}).get("draws")
     return {
         "source": fit["source"], "headline": fit["headline"]["convention"], "noise": fit["noise"],
@@ -260,9 +243,10 @@ def fit_summary(fit: dict[str, Any]) -> dict[str, Any]:
                                   for b in a2.get("budgets", [])],
                       "budgets_excluded": [{"flops": b["flops"], "reason": b["reason"]}
                                            for b in a2.get("budgets_excluded", [])]},
-        "frontier": {**{k: front[k] for k in ("form", "law", "E_from", "E_ci95", "gamma_ci95", "note") if k in front},
-                     **({"draws": {k: [None if not math.isfinite(x) else x for x in v] for k, v in draws.items()}}
-                        if draws else {})},
+        "frontier": {**{k: front[k] for k in ("form", "law", "E_from", "E_ci95", "gamma_ci95", "ci95_source", "note")
+                        if k in front},
+                     **({"draws": {k: [x if x is not None and math.isfinite(x) else None for x in v]
+                                   for k, v in draws.items()}} if draws else {})},
     }
 
 
@@ -290,7 +274,8 @@ def compare(baseline: str, variant: str, *, at_flops: float | None = None, boots
               for i, (role, d) in enumerate(dirs.items())}
     laws = {role: f["frontier"].get("law") for role, f in fitted.items()}
     draws = {role: law_draws(f) for role, f in fitted.items()}
-    records = at_compute(np.append(budgets_B, at), laws, draws)
+    source = "+".join(sorted({interval.noise_kind(f["noise"]) for f in fitted.values()}))
+    records = at_compute(np.append(budgets_B, at), laws, draws, source)
     for rec, c in zip(records, budgets_B):
         measured = {role: _budget_record(fitted[role], c) for role in ROLES}
         rec["measured"] = measured

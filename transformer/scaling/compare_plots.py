@@ -10,18 +10,19 @@ Bottom panel: the compute multiplier C_base(L_var(C)) / C against C with its 95%
 from __future__ import annotations
 
 import math
-
+import textwrap
 from typing import Any
 
 import numpy as np
 from matplotlib import figure, ticker
 
-from transformer.scaling import frontier
-from transformer.scaling.compare import ROLES, multiplier, percentiles
+from transformer.scaling import frontier, interval
+from transformer.scaling.compare import ROLES, multiplier
 from transformer.scaling.plots import LABEL_C, LABEL_LOSS
 
 STYLE = {"baseline": ("C0", "baseline"), "variant": ("C3", "variant")}
 BAND_FLOOR = 2  # draws needed for a band
+TITLE_WIDTH = 88  # characters of the title's lines at fontsize 10 on the 7.5-inch figure; longer ones wrap
 
 
 def _draws(fit: dict[str, Any]) -> dict[str, np.ndarray] | None:
@@ -32,17 +33,23 @@ def _draws(fit: dict[str, Any]) -> dict[str, np.ndarray] | None:
 
 
 def _band(values_KG: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """2.5th and 97.5th percentiles per column over the draws without NaN (`compare.percentiles`: an end
+    """2.5th and 97.5th percentiles per column over the draws without NaN (`interval.percentile_ends`: an end
     among infinite draws is +inf)."""
     ok_K = ~np.any(np.isnan(values_KG), axis=1)
     if ok_K.sum() < BAND_FLOOR:
         return None
-    lo_G, hi_G = np.array([percentiles(column) for column in values_KG[ok_K].T]).T
+    lo_G, hi_G = np.array([interval.percentile_ends(column, keep_infinite=True) for column in values_KG[ok_K].T]).T
     return lo_G, hi_G
 
 
 def plot_compare(result: dict[str, Any], path: str) -> str:
     """Writes compare.png (see the module docstring); returns its path."""
+    draw(result).savefig(path, dpi=130)
+    return path
+
+
+def draw(result: dict[str, Any]) -> figure.Figure:
+    """compare.png's figure (see the module docstring)."""
     fig = figure.Figure(figsize=(7.5, 8.0), layout="constrained")
     ax_loss, ax_m = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     budgets_B = np.array(result["grid"]["budgets"], float)
@@ -78,12 +85,12 @@ def plot_compare(result: dict[str, Any], path: str) -> str:
         span = max(measured_losses) - min(measured_losses)
         ax_loss.set_ylim(min(measured_losses) - 0.6 * span - 0.02, max(measured_losses) + 0.3 * span + 0.02)
     ax_loss.set(xscale="log", ylabel=LABEL_LOSS)
-    ax_loss.set_title(_title(result), fontsize=10)
+    ax_loss.set_title("\n".join(textwrap.fill(line, TITLE_WIDTH, subsequent_indent="  ")
+                                 for line in _title(result).split("\n")), fontsize=10)
     ax_loss.grid(True, which="major", alpha=0.3)
     ax_loss.legend(fontsize=7)
     _multiplier_panel(ax_m, result, flops_G)
-    fig.savefig(path, dpi=130)
-    return path
+    return fig
 
 
 def _verdict(ci: list | None) -> str:
@@ -119,9 +126,9 @@ def _title(result: dict[str, Any]) -> str:
                      + (f" ({counts} of {len(measured)})" if counts else ""))
     ext = result["extrapolated"]
     m, ci = _multiplier(ext), ext.get("compute_multiplier_ci95")
-    interval = "" if not ci else " [" + ", ".join("inf" if x is None else f"{x:.2f}" for x in ci) + "]"
+    ends = "" if not ci else " [" + ", ".join("inf" if x is None else f"{x:.3g}" for x in ci) + "]"
     verdict = f", {_verdict(ci)}" if ci and m is not None else ""
-    lines.append(f"at C = {ext['flops']:.3g} (extrapolated): {'n/a' if m is None else _times(m)}{interval}{verdict}")
+    lines.append(f"at C = {ext['flops']:.3g} (extrapolated): {'n/a' if m is None else _times(m)}{ends}{verdict}")
     return "compute multiplier " + "\n".join(lines)
 
 

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import at_points, backtest, conventions, frontier, isoflop, noise, parametric
+from transformer.scaling import at_points, conventions, frontier, interval, isoflop, noise, parametric
+from transformer.scaling.interval import draw_lists  # noqa: F401 (re-exported)
 from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points
 
@@ -168,22 +169,6 @@ def approach3(points: Points, **fit_kwargs: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------- noise bootstrap and the whole fit
 
 
-def draw_lists(draws: dict[str, np.ndarray], keys: Sequence[str] | None = None) -> dict[str, list]:
-    """Noise draws as JSON lists; a failed draw (NaN or ±inf) is null, and plots and intervals skip it."""
-    return {k: [float(x) if np.isfinite(x) else None for x in np.asarray(draws[k], float)]
-            for k in (keys or draws)}
-
-
-def _intervals(draws: dict[str, np.ndarray], keys: Sequence[str]) -> dict[str, Any]:
-    out = {}
-    for k in keys:
-        v = np.asarray(draws[k], float)
-        v = v[np.isfinite(v)]
-        if len(v) >= 2:
-            out[f"{k}_ci95"] = [float(x) for x in np.percentile(v, [2.5, 97.5])]
-    return out
-
-
 def approach2_draws(result: dict[str, Any], sigma: float, samples: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Approach 2 refitted under `samples` loss-noise draws: a, b, N_coef, D_coef (K,) and the budgets'
@@ -218,8 +203,10 @@ def drop_highest_loss(points: Points, k: int) -> Points:
     return points.subset(keep_P, reason=f"among the {k} highest losses (drop_highest={k})")
 
 
-def _approach3_near(points: Points, a2: dict[str, Any], near: float, sigma: float | None,
-                    **fit_kwargs: Any) -> tuple[dict[str, Any], Points]:
+def approach3_near_optimum(points: Points, a2: dict[str, Any], near: float, sigma: float | None,
+                           **fit_kwargs: Any) -> tuple[dict[str, Any], Points]:
+    """Approach 3 fitted to the points `near_optimum` keeps (its `selection` says which), with its residual
+    report against the noise σ `sigma`; returns (the approach-3 record, the points it fitted)."""
     keep_P, selection = near_optimum(points, a2, near)
     chosen = points.subset(keep_P, reason=f"further than {near:g}x in N from its budget's optimum")
     a3 = approach3(chosen, **fit_kwargs)
@@ -258,9 +245,10 @@ def fit_all(
     samples = bootstrap or (200 if predict_flops or predict_points else 0)
     rng = np.random.default_rng(seed)
     sigma = noise.estimate(used)
+    kind = interval.noise_kind(sigma)  # the intervals' noise source
     main = conventions.apply(used, headline)
     a2 = approach2(main, isoflop_window, method=isoflop_method)
-    a3, chosen = _approach3_near(main, a2, approach3_near, sigma["sigma"])
+    a3, chosen = approach3_near_optimum(main, a2, approach3_near, sigma["sigma"])
     result: dict[str, Any] = {
         "source": points.source,
         "options": {"drop_highest": drop_highest, "bootstrap": samples, "seed": seed,
@@ -278,7 +266,7 @@ def fit_all(
     draws2 = None
     if samples and sigma["sigma"] and a2.get("a") is not None:
         draws2 = approach2_draws(a2, sigma["sigma"], samples, rng)
-        a2.update(_intervals(draws2, ("a", "b", "N_coef", "D_coef")))
+        a2.update(interval.of_draws(draws2, ("a", "b", "N_coef", "D_coef"), kind))
         a2["bootstrap"] = {"kind": "parametric: losses redrawn with the noise σ", "samples": samples,
                            "budget_minima_clamped": int(draws2["clamped"].sum()),
                            "draws": draw_lists(draws2, ("a", "b", "N_coef", "D_coef"))}
@@ -286,89 +274,26 @@ def fit_all(
         # Where the form misfits (residual RMS > σ), the draws use the residual RMS: the interval then
         # carries the misfit too, not only the noise.
         sigma3 = max(sigma["sigma"], a3["residual_rms"])
+        source3 = kind if sigma3 == sigma["sigma"] else "fit_residuals"
         draws3 = approach3_draws(chosen, a3, sigma3, samples, rng)
-        a3.update(_intervals(draws3, tuple(draws3)))
+        a3.update(interval.of_draws(draws3, tuple(draws3), source3))
         a3["bootstrap"] = {"kind": "parametric: fitted losses redrawn with σ = max(noise σ, residual RMS)",
-                           "sigma": sigma3, "samples": samples,
+                           "sigma": sigma3, "source": source3, "samples": samples,
                            "failed": int(np.isnan(draws3["a"]).sum()),
                            "draws": draw_lists(draws3)}
     result["conventions"] = _conventions(used, names, headline, a2, a3, isoflop_window, isoflop_method,
-                                         approach3_near, sigma["sigma"], samples, rng)
-    result["frontier"] = _frontier(a2, draws2, a3)
+                                         approach3_near, sigma["sigma"], samples, rng, kind)
+    result["frontier"], predictions = frontier.with_predictions(a2, draws2, a3, predict_flops, kind)
     if predict_flops:
-        result["predictions"] = frontier.predictions(predict_flops, a2, result["frontier"].get("law"),
-                                                     result["frontier"].get("_draws"),
-                                                     result["frontier"].get("_calibration"))
-    result["frontier"].pop("_draws", None)
-    result["frontier"].pop("_calibration", None)
+        result["predictions"] = predictions
     if predict_points:
-        result["point_predictions"] = at_points.predict(chosen, a3, predict_points, sigma["sigma"])
+        result["point_predictions"] = at_points.predict(chosen, a3, predict_points, sigma["sigma"], kind)
     return result
-
-
-MISFIT_FLAG = 2.0  # the frontier misfits when its residual RMS exceeds this many times the minima's noise sd
-
-
-def _frontier(a2: dict[str, Any], draws2: dict[str, np.ndarray] | None, a3: dict[str, Any]) -> dict[str, Any]:
-    """L_opt(C) = E + k·C^-γ through the largest `frontier.FRONTIER_BUDGETS` of approach 2's minima, with its
-    noise draws (kept under `_draws`), its backtest (`backtest`), and a warning where it misfits its minima
-    beyond their noise.
-
-    When the minima do not pin E down (the fit drives it to ~0, a pure power law), E is held at
-    approach 3's (its draws too, where they are there), and the frontier says so; the backtest's refits hold it
-    there as well."""
-    budgets = a2.get("budgets", [])
-    flops_B, loss_B = [b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets]
-    law = frontier.fit_largest(flops_B, loss_B)
-    out: dict[str, Any] = {"form": f"L_opt(C) = E + k·C^-gamma through the largest {frontier.FRONTIER_BUDGETS} "
-                                   "of approach 2's minima", "E_from": "the minima"}
-    e_draws, e_held = None, None
-    if budgets and (law is None or law["E"] < frontier.E_UNIDENTIFIED * min(loss_B)):  # the minima do not pin E
-        if a3.get("E") and a3["E"] < min(loss_B):
-            e_held = a3["E"]
-            law = frontier.fit_largest(flops_B, loss_B, e_fixed=e_held)
-            out["E_from"] = "approach 3 (the minima alone do not identify E)"
-            e_draws = a3.get("bootstrap", {}).get("draws", {}).get("E")
-        elif law is not None:
-            out["E_from"] = "the minima, which drive it to 0: a pure power law, which overstates the loss drop " \
-                            "far beyond the grid (approach 3 gives no E to hold)"
-    out["law"] = law
-    if law is None:
-        out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
-        return out
-    bt = backtest.pairs(flops_B, loss_B, lambda f, l: frontier.fit_largest(
-        f, l, e_fixed=e_held if e_held is not None and e_held < min(l) else None), frontier.loss_at)
-    min_origin = max(backtest.MIN_BUDGETS, min(frontier.FRONTIER_BUDGETS, len(flops_B) - 1))
-    out["backtest"] = backtest.summary(bt, min_origin)
-    out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt, min_origin)}
-    if draws2 is not None:
-        fits_K = []
-        for k in range(draws2["a"].size):
-            e_k = None if out["E_from"].startswith("the minima") else (
-                e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
-            fits_K.append(frontier.fit_largest(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
-        nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
-        draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
-        out.update(_intervals(draws, ("E", "gamma")))
-        out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
-                            "draws": draw_lists(draws)}
-        out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
-        # The minima's own noise: the sd of ln L_opt over the draws, per budget fitted.
-        _, kept_loss = frontier.largest(flops_B, np.arange(len(flops_B)))
-        noise_B = [backtest.log_sd(draws2["loss_opt"][int(i)]) for i in kept_loss]
-        noise_sd = float(np.median([v for v in noise_B if v is not None])) if any(v is not None for v in noise_B) else None
-        out["minima_noise_sd"] = noise_sd
-        if noise_sd and law["rms_log_residual"] > MISFIT_FLAG * noise_sd:
-            out["warning"] = (f"the frontier's log residual RMS {law['rms_log_residual']:.4f} is "
-                              f"{law['rms_log_residual'] / noise_sd:.1f}x the minima's noise sd {noise_sd:.4f}: "
-                              "E + k·C^-γ does not describe these minima to their noise; trust the predictions "
-                              "only as far as the backtest's calibrated interval says")
-    return out
 
 
 def _conventions(used: Points, names: list[str], headline: str, a2: dict[str, Any], a3: dict[str, Any],
                  window: int | None, method: str | None, near: float, sigma: float | None, samples: int,
-                 rng: np.random.Generator) -> dict[str, Any]:
+                 rng: np.random.Generator, kind: str) -> dict[str, Any]:
     """a and b of approach 2 (with intervals) and approach 3 under each convention."""
     out = {}
     for name in names:
@@ -377,9 +302,9 @@ def _conventions(used: Points, names: list[str], headline: str, a2: dict[str, An
         else:
             pts = conventions.apply(used, name)
             c2 = approach2(pts, window, method=method)
-            c3, _ = _approach3_near(pts, c2, near, sigma, n_starts=20)
+            c3, _ = approach3_near_optimum(pts, c2, near, sigma, n_starts=20)
             if samples and sigma and c2.get("a") is not None:
-                c2 = {**c2, **_intervals(approach2_draws(c2, sigma, samples, rng), ("a", "b"))}
+                c2 = {**c2, **interval.of_draws(approach2_draws(c2, sigma, samples, rng), ("a", "b"), kind)}
         out[name] = {"definition": conventions.DESCRIPTIONS[name],
                      "approach2": {k: c2.get(k) for k in ("a", "b", "a_ci95", "b_ci95", "note") if k in c2},
                      "approach3": {k: c3.get(k) for k in ("a", "b", "note") if k in c3}}

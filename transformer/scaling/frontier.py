@@ -19,17 +19,18 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import optimize
 
-from transformer.scaling import backtest
+from transformer.scaling import backtest, interval
 
 E_STARTS = (0.2, 0.5, 0.8, 0.95)  # E as fractions of the lowest minimum
 
 
 FRONTIER_BUDGETS = 6  # the frontier is fitted to the minima of the largest this many budgets
 E_UNIDENTIFIED = 1e-3  # a fitted E below this fraction of the lowest minimum: the minima do not pin E down
+MISFIT_FLAG = 2.0  # the frontier misfits when its residual RMS exceeds this many times the minima's noise sd
 
 
 def fit(flops_B: np.ndarray, loss_B: np.ndarray, e_fixed: float | None = None) -> dict[str, float] | None:
-    """{"E", "k", "gamma", "rms_log_residual"} or None with fewer than 3 budgets (2 with `e_fixed`) or a
+    """{"E", "k", "gamma", "rms_log_residual", "dof" (minima − fitted parameters)} or None with fewer than 3 budgets (2 with `e_fixed`) or a
     failed fit. `e_fixed`: E held at that value (only k and γ fitted)."""
     flops_B, loss_B = np.asarray(flops_B, float), np.asarray(loss_B, float)
     if len(flops_B) < (2 if e_fixed else 3) or not np.all(np.isfinite(loss_B) & (loss_B > 0)):
@@ -67,7 +68,7 @@ def fit(flops_B: np.ndarray, loss_B: np.ndarray, e_fixed: float | None = None) -
     if not np.isfinite(k):
         return None
     return {"E": float(np.exp(ln_e)), "k": k, "gamma": float(gamma),
-            "rms_log_residual": float(np.sqrt(np.mean(best.fun**2)))}
+            "rms_log_residual": float(np.sqrt(np.mean(best.fun**2))), "dof": len(flops_B) - len(best.x)}
 
 
 def largest(flops_B: Sequence[float], loss_B: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -86,19 +87,84 @@ def loss_at(law: dict[str, float], flops: np.ndarray) -> np.ndarray:
     return law["E"] + law["k"] * np.power(np.asarray(flops, float), -law["gamma"])
 
 
-def _ci(values: np.ndarray) -> list[float] | None:
-    values = values[np.isfinite(values)]
-    return [float(v) for v in np.percentile(values, [2.5, 97.5])] if len(values) >= 2 else None
+def e_unpinned(approach2: dict[str, Any]) -> bool:
+    """Whether approach 2's minima leave E unidentified (the frontier through them drives E to ~0, or there is
+    none): then the frontier holds E at approach 3's, which must be fitted first."""
+    budgets = approach2.get("budgets", [])
+    if not budgets:
+        return False
+    loss_B = [b["loss_opt"] for b in budgets]
+    law = fit_largest([b["C_opt"] for b in budgets], loss_B)
+    return law is None or law["E"] < E_UNIDENTIFIED * min(loss_B)
+
+
+def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None, approach3: dict[str, Any],
+                 source: str) -> dict[str, Any]:
+    """L_opt(C) = E + k·C^-γ through the largest FRONTIER_BUDGETS of approach 2's minima: fit.json's "frontier"
+    (the law, where E came from, the backtest, the intervals of E and γ over the noise draws `draws2` of
+    approach 2 with their `source`, a misfit warning), plus "_draws" and "_calibration" for `predictions`.
+
+    When the minima do not pin E down (`e_unpinned`) E is held at approach 3's (its draws too, where there are
+    any), and the frontier says so; the backtest's refits hold it there as well."""
+    budgets = approach2.get("budgets", [])
+    flops_B, loss_B = [b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets]
+    law = fit_largest(flops_B, loss_B)
+    out: dict[str, Any] = {"form": f"L_opt(C) = E + k·C^-gamma through the largest {FRONTIER_BUDGETS} "
+                                   "of approach 2's minima", "E_from": "the minima"}
+    e_draws, e_held = None, None
+    if e_unpinned(approach2):
+        if approach3.get("E") and approach3["E"] < min(loss_B):
+            e_held = approach3["E"]
+            law = fit_largest(flops_B, loss_B, e_fixed=e_held)
+            out["E_from"] = "approach 3 (the minima alone do not identify E)"
+            e_draws = approach3.get("bootstrap", {}).get("draws", {}).get("E")
+        elif law is not None:
+            out["E_from"] = "the minima, which drive it to 0: a pure power law, which overstates the loss drop " \
+                            "far beyond the grid (approach 3 gives no E to hold)"
+    out["law"] = law
+    if law is None:
+        out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
+        return out
+    bt = backtest.pairs(flops_B, loss_B, lambda f, l: fit_largest(
+        f, l, e_fixed=e_held if e_held is not None and e_held < min(l) else None), loss_at)
+    min_origin = max(backtest.MIN_BUDGETS, min(FRONTIER_BUDGETS, len(flops_B) - 1))
+    out["backtest"] = backtest.summary(bt, min_origin)
+    out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt, min_origin)}
+    if draws2 is not None:
+        fits_K = []
+        for k in range(draws2["a"].size):
+            e_k = None if out["E_from"].startswith("the minima") else (
+                e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
+            fits_K.append(fit_largest(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
+        nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
+        draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
+        out.update(interval.of_draws(draws, ("E", "gamma"), source))
+        out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
+                            "draws": interval.draw_lists(draws)}
+        out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
+        # The minima's own noise: the sd of ln L_opt over the draws, per budget fitted.
+        _, kept_loss = largest(flops_B, np.arange(len(flops_B)))
+        noise_B = [v for i in kept_loss if (v := backtest.log_sd(draws2["loss_opt"][int(i)])) is not None]
+        noise_sd = float(np.median(noise_B)) if noise_B else None
+        out["minima_noise_sd"] = noise_sd
+        if noise_sd and law["rms_log_residual"] > MISFIT_FLAG * noise_sd:
+            out["warning"] = (f"the frontier's log residual RMS {law['rms_log_residual']:.4f} is "
+                              f"{law['rms_log_residual'] / noise_sd:.1f}x the minima's noise sd {noise_sd:.4f}: "
+                              "E + k·C^-γ does not describe these minima to their noise; trust the predictions "
+                              "only as far as the backtest's calibrated interval says")
+    return out
 
 
 def predictions(
     flops_Q: Sequence[float], approach2: dict[str, Any], law: dict[str, float] | None,
-    draws: dict[str, np.ndarray] | None, calibration: dict[str, Any] | None = None,
+    draws: dict[str, np.ndarray] | None, calibration: dict[str, Any] | None, source: str,
 ) -> list[dict[str, Any]]:
     """One object per budget asked for: flops, params (N_opt), tokens (D_opt), loss (L_opt) and their
-    95% intervals (`draws`: a, b, N_coef, D_coef and E, k, gamma, each (K,)). The loss interval is
-    `backtest.interval`'s: the noise draws' spread widened by the backtest's misfit at the distance beyond the
-    largest fitted budget (`calibration`: {"largest_flops", "scale"}); the noise-only one is `loss_noise_ci95`."""
+    95% intervals (`interval.Interval.fields`; `draws`: a, b, N_coef, D_coef and E, k, gamma, each (K,), from
+    the loss noise `source`). The loss interval is `backtest.interval`'s: the noise draws' spread (without draws,
+    the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") widened by the
+    backtest's misfit at the distance beyond the largest fitted budget (`calibration`: {"largest_flops",
+    "scale"}); the noise-only one is `loss_noise_ci95`, the terms `loss_interval`."""
     out = []
     for c in flops_Q:
         pred: dict[str, Any] = {"flops": float(c)}
@@ -109,20 +175,35 @@ def predictions(
         if approach2.get("a") is None or not law:
             pred["note"] = ("approach 2 has no power law; " if approach2.get("a") is None else "") + \
                 ("no frontier (fewer than 3 budget minima)" if not law else "")
-        loss_K = None
+        loss_K, noise_ci = None, None
         if draws is not None:
             with np.errstate(over="ignore", invalid="ignore"):
-                pred["params_ci95"] = _ci(draws["N_coef"] * c ** draws["a"])
-                pred["tokens_ci95"] = _ci(draws["D_coef"] * c ** draws["b"])
+                for key, values in (("params", draws["N_coef"] * c ** draws["a"]),
+                                    ("tokens", draws["D_coef"] * c ** draws["b"])):
+                    ci = interval.from_draws(values, source)
+                    pred.update(ci.fields(key) if ci else {f"{key}_ci95": None})
                 if law:
                     loss_K = draws["E"] + draws["k"] * c ** -draws["gamma"]
-                    pred["loss_noise_ci95"] = _ci(loss_K[loss_K > 0])
+                    loss_K = loss_K[loss_K > 0]
+                    noise_ci = interval.from_draws(loss_K, source)
+                    pred.update(noise_ci.fields("loss_noise") if noise_ci else {"loss_noise_ci95": None})
         if law and calibration is not None:
-            cal = backtest.interval(pred["loss"], float(np.log(c / calibration["largest_flops"])),
-                                    backtest.log_sd(loss_K) if loss_K is not None else None, calibration["scale"])
-            pred["loss_ci95"] = cal.pop("loss_ci95")
-            pred["loss_interval"] = cal
+            noise_sd, noise_source = (backtest.log_sd(loss_K), source) if loss_K is not None else (
+                interval.residual_sd(law.get("rms_log_residual"), law.get("dof", 0)), "fit_residuals")
+            ci, pred["loss_interval"] = backtest.interval(pred["loss"], float(np.log(c / calibration["largest_flops"])),
+                                                          noise_sd, calibration["scale"], noise_source)
+            pred.update(ci.fields("loss"))
         elif law:
-            pred["loss_ci95"] = pred.get("loss_noise_ci95")
+            pred.update((noise_ci or interval.none("no noise draws and no backtest calibration")).fields("loss"))
         out.append(pred)
     return out
+
+
+def with_predictions(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None, approach3: dict[str, Any],
+                     predict_flops: Sequence[float], source: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The one prediction route (`fits.fit_all`, `predict.frontier_predictions`): the frontier (`fit_frontier`,
+    as fit.json stores it) and the predictions at `predict_flops` (`predictions`)."""
+    front = fit_frontier(approach2, draws2, approach3, source)
+    draws, calibration = front.pop("_draws", None), front.pop("_calibration", None)
+    preds = predictions(predict_flops, approach2, front.get("law"), draws, calibration, source) if predict_flops else []
+    return front, preds

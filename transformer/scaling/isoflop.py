@@ -194,8 +194,12 @@ def approach2(points: Points, window: int | None = None, rtol: float = BUDGET_RT
         "points_used": [i for b in kept for i in b["ids"]], "points_excluded": excluded,
     }
     if len(kept) < 2:
-        return {**result, "a": None, "b": None,
-                "note": f"{len(kept)} usable IsoFLOP budget(s); approach 2 needs at least 2"}
+        note = f"{len(kept)} usable IsoFLOP budget(s); approach 2 needs at least 2"
+        if not points.flops_given:
+            note += (f" ({len(budgets)} groups of points of equal compute): the points have no flops column, so "
+                     "each one's compute is 6·N·D, and points form one IsoFLOP budget only where that agrees within "
+                     f"{100 * rtol:g}%; add a flops column giving each run's budget (one value per IsoFLOP curve)")
+        return {**result, "a": None, "b": None, "note": note}
     laws = power_laws(*(np.array([[b[k]] for b in kept]) for k in ("C_opt", "N_opt", "D_opt")))
     values = {k: float(v[0]) for k, v in laws.items()}
     if not all(np.isfinite(v) for v in values.values()):

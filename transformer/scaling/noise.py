@@ -58,19 +58,21 @@ def residual_sigma(points: Points, groups: list[np.ndarray]) -> tuple[float, int
 
 
 def estimate(points: Points) -> dict[str, Any]:
-    """{"sigma", "source", "dof", "sigma_nats"} (σ_nats = σ × the median loss); sigma None when neither
-    replicates nor budgets with ≥ 4 sizes are there."""
+    """{"sigma", "source", "kind", "dof", "sigma_nats"} (σ_nats = σ × the median loss; kind "seeds", "residuals"
+    or "none", the intervals' `interval.SOURCES` name); sigma None when neither replicates nor budgets with ≥ 4
+    sizes are there."""
     groups = isoflop.group_budgets(points.flops_P, budget_P=points.budget_P)
     sigma, dof = replicate_sigma(points, groups)
-    source = "seed replicates (pooled sd of ln L within points of equal budget and N)"
+    source, kind = "seed replicates (pooled sd of ln L within points of equal budget and N)", "seeds"
     if not dof:
+        kind = "residuals"
         sigma, dof = residual_sigma(points, groups)
         source = (f"residuals of ln L about a local cubic in ln N ({2 * RESIDUAL_HALF_WINDOW + 1} sizes around "
                   "each budget's minimum; robust scale); no seed replicates")
     if not dof or not np.isfinite(sigma) or sigma <= 0:
         return {"sigma": None, "source": "none: no seed replicates and no budget with 4 or more sizes",
-                "dof": 0, "sigma_nats": None}
-    return {"sigma": sigma, "source": source, "dof": dof,
+                "kind": "none", "dof": 0, "sigma_nats": None}
+    return {"sigma": sigma, "source": source, "kind": kind, "dof": dof,
             "sigma_nats": float(sigma * np.median(points.loss_P))}
 
 

@@ -9,11 +9,14 @@ loss contours in (N, D) with the IsoFLOP lines and the compute-optimal line.
 from __future__ import annotations
 
 import os
+import textwrap
 from typing import Any
 
 import numpy as np
 from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
+
+from transformer.scaling import interval
 
 LABEL_C = "compute C (FLOPs)"
 LABEL_N = "parameters N"
@@ -47,6 +50,33 @@ def _colorbar(fig: figure.Figure, ax: Any, norm: colors.Normalize, cmap: str = "
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=LABEL_C)
 
 
+def _note(ax: Any, text: str, y: float = 0.5, width: int = 60) -> None:
+    """A message in the axes (what is not drawn, and why), centred at height `y` (axes fraction), its lines
+    wrapped at `width` characters."""
+    text = "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+    ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va="center", fontsize=7,
+            bbox={"facecolor": "w", "alpha": 0.85, "edgecolor": "0.6"}, zorder=6)
+
+
+def _log_scales(ax: Any, x: bool, y: bool, empty: str) -> bool:
+    """Log scales on the axes asked for where something positive was drawn on them; else linear axes without
+    ticks and the note `empty` (a log axis with no data cannot be drawn). Returns whether the data were there."""
+    lim = ax.dataLim
+    drawn = (not x or np.isfinite(lim.minposx)) and (not y or np.isfinite(lim.minposy))
+    if drawn:
+        ax.set(xscale="log" if x else ax.get_xscale(), yscale="log" if y else ax.get_yscale())
+    else:
+        ax.set(xticks=[], yticks=[])
+        _note(ax, empty)
+    return drawn
+
+
+def _no_predictions(fit: dict[str, Any], key: str) -> str:
+    """The "cannot predict" lines of fit["predictions"] whose `key` is null ("" when none)."""
+    return "\n".join(f"no prediction at C = {p['flops']:.3g}: {p.get('note') or 'the fit cannot predict'}"
+                      for p in fit.get("predictions", []) if p.get(key) is None)
+
+
 def _save(fig: figure.Figure, path: str) -> str:
     fig.savefig(path, dpi=130)
     return path
@@ -78,8 +108,9 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
         ax.scatter([], [], s=22, marker="x", color="C3", label="budgets left out (no interior minimum)")
     ax.scatter([], [], marker="*", s=120, color="w", edgecolor="k",
                label=f"fitted minimum ({'Akima interpolation' if method == 'akima' else 'parabola'})")
-    ax.set(xscale="log", xlabel=LABEL_N, ylabel=LABEL_LOSS,
+    ax.set(xlabel=LABEL_N, ylabel=LABEL_LOSS,
            title=f"IsoFLOP curves (N: {fit.get('headline', {}).get('convention', 'as given')})")
+    _log_scales(ax, True, False, f"no IsoFLOP budget to draw: {a2.get('note', 'no budgets')}")
     ax.legend(loc="best", fontsize=8)
     ax.grid(True, which="major", alpha=0.3)
     if not discrete:
@@ -98,7 +129,8 @@ def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarra
     coefs = np.array(draws[f"{kind}_coef"], float)
     ok = np.isfinite(exps) & np.isfinite(coefs)
     pred_KG = coefs[ok, None] * flops_G[None, :] ** exps[ok, None]
-    return np.percentile(pred_KG, 2.5, axis=0), np.percentile(pred_KG, 97.5, axis=0)
+    lo_G, hi_G = np.percentile(pred_KG, interval.PERCENTILES, axis=0)
+    return lo_G, hi_G
 
 
 def plot_optimal(fit: dict[str, Any], path: str) -> str:
@@ -108,7 +140,7 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
     flops_G = _flops_range(fit)
     for ax, kind, key, label in ((axes[0], "N", "params", LABEL_N), (axes[1], "D", "tokens", LABEL_D)):
         env = fit["approach1"].get("envelope")
-        if env:
+        if env and not all(env["at_edge"]):
             inner = ~np.array(env["at_edge"])
             ax.scatter(np.array(env["flops"])[inner], np.array(env[key])[inner], s=6, color="C0", alpha=0.5,
                        zorder=1, label="envelope points (approach 1)")
@@ -138,10 +170,16 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
         if checked and fit["headline"]["convention"] == "eff":  # the model trained there, N_eff = C / (6·D)
             trained = checked["flops"] / 6.0 / checked["tokens"] if kind == "N" else checked["tokens"]
             ax.scatter([checked["flops"]], [trained], marker="X", s=60, color="k", zorder=5, label="validation run")
-        ax.set(xscale="log", yscale="log", xlabel=LABEL_C, ylabel=f"optimal {label}",
-               title=f"compute-optimal {label}")
+        ax.set(xlabel=LABEL_C, ylabel=f"optimal {label}", title=f"compute-optimal {label}")
+        unfitted = "\n".join(f"approach {name[-1]}: {fit[name].get('note', 'not fitted')}"
+                             for name in APPROACH_STYLE if fit[name].get("a") is None)
+        missing = _no_predictions(fit, key)
+        if _log_scales(ax, True, True, f"no compute-optimal {label} to draw\n{unfitted}" + (
+                f"\n{missing}" if missing else "")) and missing:
+            _note(ax, missing, y=0.1)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="upper left")
     return _save(fig, path)
 
 
@@ -184,7 +222,7 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
                 band_KG = e_K + k_K * flops_G[None, :] ** -g_K
             ok_K = np.all(np.isfinite(band_KG), axis=1)
             if ok_K.sum() >= 2:
-                lo_G, hi_G = np.percentile(band_KG[ok_K], [2.5, 97.5], axis=0)
+                lo_G, hi_G = np.percentile(band_KG[ok_K], interval.PERCENTILES, axis=0)
                 ax.fill_between(flops_G, lo_G, hi_G, color="C1", alpha=0.15, lw=0)
     for p in predictions:
         if p.get("loss") is None:
@@ -192,7 +230,7 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
         ci = p.get("loss_ci95") or [p["loss"], p["loss"]]
         ax.errorbar([p["flops"]], [p["loss"]], yerr=_yerr(p["loss"], ci), fmt="D",
                     color="C3", ms=5, capsize=3, zorder=4)
-    if predictions:
+    if any(p.get("loss") is not None for p in predictions):
         ax.errorbar([], [], yerr=[], fmt="D", color="C3", ms=5, capsize=3, label="prediction (95% interval)")
     checked = fit.get("validation")
     if checked and checked.get("measured_loss") is not None:  # the sweep's prediction check (its own run)
@@ -204,6 +242,12 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
         n_G, d_G = a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"]
         loss_G = a3["E"] + a3["A"] / n_G ** a3["alpha"] + a3["B"] / d_G ** a3["beta"]
         ax.plot(flops_G, loss_G, color="C2", lw=1.2, label="approach 3: L(N_opt(C), D_opt(C))", zorder=2)
+    if not law:
+        _note(ax, f"no frontier: {front.get('note') or fit['approach2'].get('note', 'no budget minima')}", y=0.85,
+              width=90)
+    missing = _no_predictions(fit, "loss")
+    if missing:
+        _note(ax, missing, y=0.7, width=90)
     ax.set(xscale="log", xlabel=LABEL_C, ylabel=LABEL_LOSS, title="loss frontier")
     ax.set_ylim(top=min(ax.get_ylim()[1], float(np.quantile(pts["loss"], 0.9)) * 1.05))
     ax.grid(True, which="major", alpha=0.3)

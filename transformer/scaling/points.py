@@ -56,6 +56,7 @@ class Points:
     # Other per-point arrays, (P,) each: "params_total", "params_non_embedding", "flops_no_attention",
     # "params_unpadded" where the source has them (sweeps); see `conventions`.
     extra_P: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    flops_given: bool = True  # False: the source gave no compute (a CSV without flops), flops_P = 6·N·D
 
     def __len__(self) -> int:
         return len(self.loss_P)
@@ -126,7 +127,7 @@ def from_arrays(
         if not np.all(np.isfinite(x) & (x > 0)):
             raise ConfigError(f"{source}: {name} must be positive finite numbers")
     ids = tuple(ids) if ids is not None else tuple(f"p{i}" for i in range(len(params_P)))
-    return Points(params_P, tokens_P, flops_P, loss_P, ids, source=source)
+    return Points(params_P, tokens_P, flops_P, loss_P, ids, source=source, flops_given=flops is not None)
 
 
 def _positive_number(path: str, line: int, column: str, text: str) -> float:

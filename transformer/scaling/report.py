@@ -114,10 +114,8 @@ def summary(fit: dict[str, Any]) -> str:
                      f"{_ci(p, 'params', '.4g')}  D_opt {p.get('tokens', float('nan')):.4g}"
                      f"{_ci(p, 'tokens', '.4g')}  loss "
                      + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
-                     + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip()}; "
-                        + (f"calibrated on the backtest, m = {p['loss_interval'].get('multiplier', 1.0):g}"
-                           if p["loss_interval"]["calibrated"] else "NOT calibrated: "
-                           "no backtest refit, the misfit prior alone") + ")" if p.get("loss_interval") else ""))
+                     + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip() or 'n/a'}; " + _interval_words(p) + ")"
+                        if p.get("loss_interval") else ""))
     at = fit.get("point_predictions")
     if at and at.get("predictions"):
         bt = at["backtest"]
@@ -134,10 +132,22 @@ def summary(fit: dict[str, Any]) -> str:
             lines.append(f"{at.get('chosen', 'approach3')} WARNING (applies to these losses): {at['warning']}")
         for p in at["predictions"]:
             lines.append(f"loss at N = {p['params']:.4g}, D = {p['tokens']:.4g}: {p['loss']:.4f}{_ci(p, 'loss', '.4f')}"
-                         + ("" if p["loss_interval"]["calibrated"] else " (not calibrated)"))
+                         f" ({_interval_words(p)})")
     elif at:
         lines.append(f"loss at (N, D): {at.get('note')}")
     return "\n".join(lines)
+
+
+def _interval_words(p: dict[str, Any]) -> str:
+    """How a prediction's loss interval was made: its noise source, the calibration, or why there is none."""
+    if not p.get("loss_ci95"):
+        return f"no interval: {p.get('loss_ci95_note', 'no noise estimate')}"
+    cal = p["loss_interval"]
+    noise = {"fit_residuals": "the fit's residual RMS as noise"}.get(cal.get("source", ""), f"noise: {cal.get('source')}")
+    if cal.get("source") == "none":
+        noise = "NO noise term: the extrapolation misfit alone"
+    return noise + "; " + (f"calibrated on the backtest, m = {cal.get('multiplier', 1.0):g}" if cal["calibrated"]
+                           else "NOT calibrated: no backtest refit, the misfit prior alone")
 
 
 def backtest_table(bt: dict[str, Any] | None) -> list[str]:

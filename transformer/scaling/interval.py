@@ -1,0 +1,137 @@
+"""One definition of a 95% interval: its ends, the loss noise it was drawn from, and the multiplier of its width.
+
+Legend: K = noise draws.
+
+Every 95% interval under scaling/ is an `Interval` (fit.json, predictions.json, compare.json write its ends as
+`KEY_ci95: [lo, hi]` and its source as `KEY_ci95_source`, `Interval.fields`). Two kinds are made:
+- percentiles of K noise draws (`from_draws`; multiplier 1): the losses redrawn with the noise σ of
+  `noise.estimate` and everything refitted (the exponents, the frontier, a compute multiplier);
+- L̂·exp(±m·t·σ) around a prediction (`backtest.interval`): σ² = σ_noise² + (s·x)², m the conformal multiplier.
+
+Its `source` names where the noise came from (SOURCES), "+"-joined where two fits' draws are paired (compare):
+- "seeds": σ from seed replicates (points of equal budget and N);
+- "residuals": σ from the scatter of ln L about a local cubic per budget (no replicates);
+- "fit_residuals": no loss-noise estimate (no replicates, no budget of 4 or more sizes, the normal case of an
+  over-training grid): the fitted form's own log residual RMS stands in for it (the scatter of one point about
+  the form: an upper bound on the noise of the fitted curve, so the interval errs wide), where the form has
+  residual degrees of freedom (more points than parameters);
+- "none": no noise term at all: an interval that would have zero width is null with a note, one beyond the
+  data holds the extrapolation misfit alone and says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+COVERAGE = 0.95
+PERCENTILES = (2.5, 97.5)  # the 95% interval's ends
+SOURCES = {
+    "seeds": "loss noise σ from seed replicates",
+    "residuals": "loss noise σ from the residuals of ln L about a local cubic per budget",
+    "fit_residuals": "no loss-noise estimate: the fitted form's log residual RMS stands in for σ",
+    "none": "no noise estimate",
+}
+NO_NOISE = "no loss-noise estimate and no residual degrees of freedom"
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """A 95% interval [lo, hi] (None: an end that does not exist; +inf: an infinite one), the noise it was drawn
+    from (`source`, module docstring) and the multiplier m of its half-width (1 for percentiles of draws);
+    `note`: why it is null or what it lacks."""
+
+    lo: float | None
+    hi: float | None
+    source: str
+    multiplier: float = 1.0
+    note: str | None = None
+
+    def __post_init__(self) -> None:
+        if not all(part in SOURCES for part in self.source.split("+")):
+            raise ValueError(f"interval source {self.source!r}: each '+'-joined part must be one of {list(SOURCES)}")
+        if not self.multiplier > 0:
+            raise ValueError(f"interval multiplier {self.multiplier}: must be positive")
+        if (self.lo is None) != (self.hi is None):
+            raise ValueError("an interval has both ends or neither")
+        if self.lo is not None and not self.lo <= self.hi:
+            raise ValueError(f"interval [{self.lo}, {self.hi}]: lo must not exceed hi")
+
+    @property
+    def exists(self) -> bool:
+        return self.lo is not None
+
+    def to_json(self) -> list[float | None] | None:
+        """[lo, hi] with an infinite end as null; None where there is no interval."""
+        if not self.exists:
+            return None
+        return [None if not math.isfinite(x) else float(x) for x in (self.lo, self.hi)]
+
+    def fields(self, key: str) -> dict[str, Any]:
+        """The JSON keys of this interval for quantity `key`: KEY_ci95, KEY_ci95_source (and KEY_ci95_note)."""
+        out: dict[str, Any] = {f"{key}_ci95": self.to_json(), f"{key}_ci95_source": self.source}
+        if self.note:
+            out[f"{key}_ci95_note"] = self.note
+        return out
+
+
+def none(note: str, multiplier: float = 1.0) -> Interval:
+    """No interval, with the reason."""
+    return Interval(None, None, "none", multiplier, note)
+
+
+def noise_kind(noise: dict[str, Any]) -> str:
+    """The source of `noise.estimate`'s σ: "seeds", "residuals" or "none"."""
+    return noise.get("kind") or ("none" if not noise.get("sigma") else
+                                 "seeds" if str(noise.get("source", "")).startswith("seed") else "residuals")
+
+
+def percentile_ends(values_K: Sequence[float] | np.ndarray, keep_infinite: bool = False) -> tuple[float, float] | None:
+    """The 2.5th and 97.5th percentiles (linear between order statistics, numpy's default) of K draws; failed
+    draws (NaN, None) are left out, and so are infinite ones unless `keep_infinite` (then an end that falls among
+    the +inf draws is +inf). None with fewer than 2 draws left."""
+    v = np.array([np.nan if x is None else x for x in np.asarray(values_K, object).ravel()], float)
+    v = np.sort(v[~np.isnan(v) if keep_infinite else np.isfinite(v)])
+    if len(v) < 2:
+        return None
+    ends = []
+    for q in PERCENTILES:
+        h = q / 100 * (len(v) - 1)
+        lo, hi = int(math.floor(h)), int(math.ceil(h))
+        ends.append(math.inf if np.isinf(v[hi]) else float(v[lo] + (h - lo) * (v[hi] - v[lo])))
+    return ends[0], ends[1]
+
+
+def from_draws(values_K: Sequence[float] | np.ndarray, source: str, keep_infinite: bool = False) -> Interval | None:
+    """The 95% interval of K noise draws from the loss noise `source` (`percentile_ends`); None with fewer than 2
+    usable draws."""
+    ends = percentile_ends(values_K, keep_infinite)
+    return None if ends is None else Interval(*ends, source)
+
+
+def draw_lists(draws: dict[str, np.ndarray], keys: Sequence[str] | None = None) -> dict[str, list]:
+    """Noise draws as JSON lists; a failed draw (NaN or ±inf) is null, and plots and intervals skip it."""
+    return {k: [float(x) if np.isfinite(x) else None for x in np.asarray(draws[k], float)]
+            for k in (keys or draws)}
+
+
+def of_draws(draws: dict[str, np.ndarray], keys: Sequence[str], source: str) -> dict[str, Any]:
+    """KEY_ci95 for each of `keys` with 2 or more usable draws, and their common `ci95_source`."""
+    out: dict[str, Any] = {}
+    for k in keys:
+        ci = from_draws(draws[k], source)
+        if ci is not None:
+            out[f"{k}_ci95"] = ci.to_json()
+    if out:
+        out["ci95_source"] = source
+    return out
+
+
+def residual_sd(rms: float | None, dof: int) -> float | None:
+    """A fitted form's log residual RMS as the stand-in noise sd ("fit_residuals"): None without residual
+    degrees of freedom (as many parameters as points: the RMS is ~0 by construction) or a positive value."""
+    if rms is None or dof < 1 or not (np.isfinite(rms) and rms > 0):
+        return None
+    return float(rms)
