@@ -16,12 +16,12 @@ def law(n, d):
     return E + A / n**ALPHA + B / d**BETA
 
 
-def overtraining_grid(seed: int = 0) -> points_lib.Points:
-    """6 sizes × 5 token counts (20–640 tokens per parameter), 0.3% noise."""
+def overtraining_grid(seed: int = 0, noise: float = 0.003) -> points_lib.Points:
+    """6 sizes × 5 token counts (20–640 tokens per parameter), `noise` (0.3%) lognormal noise."""
     rng = np.random.default_rng(seed)
     n = np.repeat(np.geomspace(1e7, 3.2e8, 6), 5)
     d = n * np.tile([20, 40, 80, 160, 640], 6)
-    loss = law(n, d) * np.exp(rng.normal(0, 0.003, len(n)))
+    loss = law(n, d) * np.exp(rng.normal(0, noise, len(n)))
     return points_lib.from_arrays(n, d, loss)
 
 
@@ -93,9 +93,13 @@ def test_points_use_the_form_that_wins_the_backtest():
             text = report.summary(fit)
             assert "loss at (N, D) from overtrain" in text and "chosen by the backtest" in text
     assert "overtrain" in chosen and "approach3" in chosen, chosen
-    other = fits.fit_all(overtraining_grid(), bootstrap=8, approach3_near=0, predict_points=asked)["point_predictions"]
+    # The over-training form misses approach 3's law (α ≠ β) by ~0.4% in backtest; at 0.3% noise the two forms'
+    # backtest errors are both near the noise (0.0034 vs 0.0047 on one Xeon, another order elsewhere), so the loser is
+    # shown where the noise (0.05%) is well below that misfit: there the margin is 3.8x, not a floating-point accident.
+    other = fits.fit_all(overtraining_grid(noise=0.0005), bootstrap=8, approach3_near=0,
+                         predict_points=asked)["point_predictions"]
     assert other["chosen"] == "approach3", other["candidates"]
-    assert other["candidates"]["overtrain"]["backtest_median_abs_error"] > 1.5 * other["candidates"]["approach3"][
+    assert other["candidates"]["overtrain"]["backtest_median_abs_error"] > 2 * other["candidates"]["approach3"][
         "backtest_median_abs_error"]
 
 
