@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from transformer import file_claims
 from transformer.spec import ConfigError
-from transformer.sweeps import results, runner, slurm, slurm_query
+from transformer.sweeps import execute, results, runner, slurm, slurm_query
 from transformer.sweeps.execute import CLAIMED_ELSEWHERE, result_row
 
 JOBS = "jobs.jsonl"  # in DIR/slurm/: one line per submission {"stage", "arrays": {id: [indices]}, "driver", ...}
@@ -157,7 +157,9 @@ def reconcile(workdir: str, doc: dict[str, Any]) -> list[str]:
                      f"last: {tail or 'no output'} (log: {log})")
         if error is None:
             continue
-        row = result_row(by_id[rid], None, "failed", error, 0.0, doc["mode"])
+        if execute.recover(workdir, {**doc, "runs": [by_id[rid]]}):  # it finished; only its row was lost
+            continue
+        row = result_row(by_id[rid], None, execute.FAILED, error, 0.0, doc["mode"])
         row["slurm_task"] = task
         if results.append_result(workdir, row):
             failed.append(rid)
@@ -165,9 +167,8 @@ def reconcile(workdir: str, doc: dict[str, Any]) -> list[str]:
 
 
 def _failed_rows(workdir: str) -> list[dict[str, Any]]:
-    from transformer.scaling import lr_scan
-    return [r for r in results.read_results(workdir) if r.get("status") != "ok"
-            and not (r.get("role") == "lr" and lr_scan.diverged(r))]
+    """The rows of runs that failed (execute.verdict; a diverged run is an observation, not a failure)."""
+    return [r for r in execute.read_rows(workdir) if r["status"] == execute.FAILED]
 
 
 def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
@@ -257,7 +258,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
             for rid in reconcile(workdir, runner.load_sweep(workdir)):
                 print(f"recorded {rid} as failed (its SLURM task ended without a result)", flush=True)
         if retry_failed:
-            retried = results.drop_failed(workdir)
+            retried = execute.drop_failed(workdir)
             if retried:
                 _append(workdir, {"retried": retried, "time": time.time()})
             print(f"retrying {len(retried)} failed runs", flush=True)
@@ -268,7 +269,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
             print(f"stopped: {len(failed)} runs failed (rows in {workdir}/results.jsonl); fix the cause and rerun "
                   f"with --retry_failed to submit them again", flush=True)
             return "failed", None
-        rows = {r["run_id"]: r for r in results.read_results(workdir)}  # designed in memory, checked, then written
+        rows = runner.design_rows(workdir, config)  # designed in memory, checked, then written
         first = runner.sweep_document(config, plan.design(config, rows, outcome.load_prediction(workdir)))
         checked = validate_locally(first, runner.ready_to_submit(workdir, first))
         p, doc = runner.plan_and_write(workdir, config)
