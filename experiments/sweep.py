@@ -143,7 +143,7 @@ def main(argv: list[str]) -> None:
     failed = [r["run_id"] for r in rows if r["status"] == execute.FAILED]
     for r in rows:  # an observation, not a failure: reported, left out of the fit
         if r["status"] == execute.DIVERGED and r.get("role", "grid") != "lr":
-            print(f"warning: {r['run_id']} diverged ({r.get('error')}): left out of the fit", file=sys.stderr)
+            print(f"warning: {r['run_id']} diverged ({r.get('error')}); left out of the fit", file=sys.stderr)
     try:
         fit = outcome.current_fit(workdir, doc)  # the rows it was made from, unchanged: printed, nothing written
         if fit is None:

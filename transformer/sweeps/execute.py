@@ -45,11 +45,11 @@ def verdict(row: dict[str, Any]) -> tuple[str, str | None]:
     loss = float(row["eval_loss"])
     vocab = row.get("vocab_size_unpadded")
     if vocab and loss > math.log(vocab):
-        return DIVERGED, (f"diverged: its eval loss {loss:.4g} is above ln {vocab} = {math.log(vocab):.4g}, the "
-                          "loss of a uniform guess")
+        return DIVERGED, (f"its eval loss {loss:.4g} is above ln {vocab} = {math.log(vocab):.4g}, the loss of a "
+                          "uniform guess")
     start = row.get("initial_loss")
     if start is not None and math.isfinite(start) and loss > start:
-        return DIVERGED, f"diverged: its eval loss {loss:.4g} is above the train loss it logged first ({start:.4g})"
+        return DIVERGED, f"its eval loss {loss:.4g} is above the train loss it logged first ({start:.4g})"
     return OK, None
 
 
