@@ -79,8 +79,8 @@ def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
 
 
 def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
-    """(runs without a results row, {run_id: row} of those with one)."""
-    recorded = {r["run_id"]: r for r in results.read_results(workdir)}
+    """(runs without a results row, {run_id: row} of those with one, classified by execute.verdict)."""
+    recorded = {r["run_id"]: r for r in execute.read_rows(workdir)}
     return [r for r in runs if r["run_id"] not in recorded], recorded
 
 

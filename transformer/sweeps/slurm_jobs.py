@@ -10,7 +10,6 @@ reruns the command when they have ended; (5) or, everything recorded, say so (th
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -171,11 +170,12 @@ def _failed_rows(workdir: str) -> list[dict[str, Any]]:
     return [r for r in execute.read_rows(workdir) if r["status"] == execute.FAILED]
 
 
-def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
+def validate_locally(workdir: str, doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
     """The training's own resolve step (model, train, mesh, data and logging checks; the data's files and
     tokenizer; a dataset not prepared yet is prepared here) for the runs about to be submitted, here, before
     any task starts: a mistake is one ConfigError now, not a failure of every task. Runs that differ only in shape, steps or learning rate resolve alike:
-    the first one's data is resolved, every one's model and train settings. Returns the checked run ids."""
+    the first one's data is resolved, every one's model and train settings, each run's config as its task gets
+    it (execute.run_config: the sweep's data pin included). Returns the checked run ids."""
     from transformer.data import identity, sources, tokenizers
     from transformer.spec import DataSpec
     from transformer.training.resolve import model_config, resolve
@@ -183,7 +183,7 @@ def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
     gpus = int(doc["sweep"]["slurm"]["gpus_per_task"]) or 1
     seen_data: set[str] = set()
     for i in indices:
-        config = copy.deepcopy(doc["runs"][i]["config"])  # a plain nested dict, as sweep.json holds it
+        config = execute.run_config(workdir, doc["runs"][i], doc)  # a plain nested dict, as the task trains it
         key = json.dumps(config["data"], sort_keys=True)
         if key in seen_data:
             DataSpec.of(config["data"])
@@ -198,8 +198,6 @@ def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
         tokenizer = None
         if data.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data)):
             tokenizer = types.SimpleNamespace(vocab_size=data.vocab_size)  # trained by the first task
-        if doc.get("data_identity"):
-            config["data"]["identity"] = doc["data_identity"]
         resolve(config, gpus, 1, tokenizer)
     return {doc["runs"][i]["run_id"] for i in indices}
 
@@ -271,7 +269,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
             return "failed", None
         rows = runner.design_rows(workdir, config)  # designed in memory, checked, then written
         first = runner.sweep_document(config, plan.design(config, rows, outcome.load_prediction(workdir)))
-        checked = validate_locally(first, runner.ready_to_submit(workdir, first))
+        checked = validate_locally(workdir, first, runner.ready_to_submit(workdir, first))
         p, doc = runner.plan_and_write(workdir, config)
         while p.waiting == "prediction":
             outcome.predict(workdir, doc)
@@ -283,7 +281,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
         if not ready:
             print("no run is ready to train (they wait for runs not yet recorded)", flush=True)
             return "stuck", doc
-        validate_locally(doc, [i for i in ready if doc["runs"][i]["run_id"] not in checked])  # after a prediction
+        validate_locally(workdir, doc, [i for i in ready if doc["runs"][i]["run_id"] not in checked])  # after a prediction
         entry = submit(workdir, doc, ready, command, cwd, cap)
     arrays = ", ".join(f"{a} ({len(i)} runs, --time={entry['limits'][a]})" for a, i in entry["arrays"].items())
     print(f"stage {entry['stage']}: submitted {len(ready)} runs as job array {arrays}"
