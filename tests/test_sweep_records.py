@@ -153,7 +153,7 @@ def test_a_short_write_is_continued_and_a_failed_one_leaves_nothing(tmp_path, mo
     kept = _lines(workdir)
     monkeypatch.setattr(os, "write", full)
     path = os.path.join(workdir, results.RESULTS)
-    with pytest.raises(results.RecordError, match=rf"could not record run c in {path}: No space left on device"):
+    with pytest.raises(results.RecordError, match=rf"could not record run c in {path}: No space left on device; rerun"):
         results.append_result(workdir, {**big, "run_id": "c"})
     assert _lines(workdir) == kept  # no partial row that a reader would skip and a runner take for a claimed run
 

@@ -87,33 +87,37 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _record_error(what: str, path: str, e: OSError) -> RecordError:
+    return RecordError(f"could not {what} {path}: {e.strerror or e}; rerun the command once it can be written (a "
+                       "finished run is recorded from its run directory)")
+
+
 def append_result(sweep_dir: str, row: dict[str, Any]) -> bool:
     """Appends `row` unless a row with its run_id is already there; True when it was written. A write that fails
     leaves the file as it was and raises RecordError naming it."""
     path = os.path.join(sweep_dir, RESULTS)
-    with locked(sweep_dir):
-        if any(r.get("run_id") == row["run_id"] for r in read_results(sweep_dir)):
-            return False
-        data = (json.dumps(row, sort_keys=True) + "\n").encode()
-        try:
+    what = f"record run {row['run_id']} in"
+    try:
+        with locked(sweep_dir):
+            if any(r.get("run_id") == row["run_id"] for r in read_results(sweep_dir)):
+                return False
             repair_torn_tail(path)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        except OSError as e:
-            raise RecordError(f"could not record run {row['run_id']} in {path}: {e.strerror or e}") from e
-        try:
-            start = os.fstat(fd).st_size
             try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            except OSError as e:
-                with suppress(OSError):  # no partial line is left to be read as a row, or mended into one
-                    os.ftruncate(fd, start)
+                start = os.fstat(fd).st_size
+                try:
+                    _write_all(fd, (json.dumps(row, sort_keys=True) + "\n").encode())
                     os.fsync(fd)
-                raise RecordError(f"could not record run {row['run_id']} in {path}: {e.strerror or e}; its run "
-                                  "directory keeps its result, recorded by the next run of the command") from e
-        finally:
-            os.close(fd)
-        return True
+                except OSError:
+                    with suppress(OSError):  # no partial line is left to be read as a row, or mended into one
+                        os.ftruncate(fd, start)
+                        os.fsync(fd)
+                    raise
+            finally:
+                os.close(fd)
+            return True
+    except OSError as e:  # a full or read-only disk (the results claim included)
+        raise _record_error(what, path, e) from e
 
 
 def remove_rows(sweep_dir: str, drop: Callable[[dict[str, Any]], bool]) -> list[str]:
@@ -122,28 +126,30 @@ def remove_rows(sweep_dir: str, drop: Callable[[dict[str, Any]], bool]) -> list[
     path = os.path.join(sweep_dir, RESULTS)
     if not any(drop(r) for r in read_results(sweep_dir)):
         return []
-    with locked(sweep_dir):
-        with open(path, "rb") as f:
-            lines = f.read().splitlines(keepends=True)
-        dropped, kept = [], []
-        for line in lines:
-            row = _parse(line)
-            if row is not None and drop(row):
-                dropped.append(row["run_id"])
-            else:
-                kept.append(line if line.endswith(b"\n") else line + b"\n")
-        tmp = path + ".tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.writelines(kept)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as e:
-            with suppress(OSError):
-                os.remove(tmp)
-            raise RecordError(f"could not rewrite {path}: {e.strerror or e}") from e
-        return dropped
+    tmp = path + ".tmp"
+    try:
+        with locked(sweep_dir):
+            with open(path, "rb") as f:
+                lines = f.read().splitlines(keepends=True)
+            dropped, kept = [], []
+            for line in lines:
+                row = _parse(line)
+                if row is not None and drop(row):
+                    dropped.append(row["run_id"])
+                else:
+                    kept.append(line if line.endswith(b"\n") else line + b"\n")
+            try:
+                with open(tmp, "wb") as f:
+                    f.writelines(kept)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                with suppress(OSError):
+                    os.remove(tmp)
+            return dropped
+    except OSError as e:  # a full or read-only disk: the file stays as it was
+        raise _record_error("rewrite", path, e) from e
 
 
 def _last_line_start(f: Any, size: int, chunk: int = 1 << 16) -> int:
