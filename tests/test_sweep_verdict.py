@@ -26,6 +26,8 @@ def test_the_verdict_of_finished_diverged_and_failed_rows():
     assert execute.verdict(_row("a", 2.5, vocab_size_unpadded=VOCAB)) == ("ok", None)
     status, why = execute.verdict(_row("b", 18.56, vocab_size_unpadded=VOCAB))  # the run: 'ok' before
     assert status == "diverged" and "18.56 is above ln 259 = 5.557" in why
+    status, why = execute.verdict(_row("b2", 5.43, vocab_size_unpadded=VOCAB, train_loss=6.47))  # the third run
+    assert status == "diverged" and "final train loss 6.47 is above ln 259" in why
     status, why = execute.verdict(_row("c", 3.4, initial_loss=3.1))  # worse than where it started (a warm start)
     assert status == "diverged" and "above the train loss it logged first (3.1)" in why
     assert execute.verdict(_row("d", None))[0] == "diverged"  # train.nonfinite=skip: a null eval loss

@@ -32,9 +32,10 @@ OK, FAILED, DIVERGED = "ok", "failed", "diverged"
 def verdict(row: dict[str, Any]) -> tuple[str, str | None]:
     """(status, reason) of a results row, rows recorded before this rule included; the one definition.
 
-    DIVERGED: a non-finite loss (the loop's non-finite error, or a null eval loss), or a finite eval loss above
-    ln(vocab_size_unpadded) (worse than the uniform guess) or above `initial_loss` (the train loss the run logged
-    first: it ended worse than it started). FAILED: any other run that did not finish. Else OK."""
+    DIVERGED: a non-finite loss (the loop's non-finite error, or a null eval loss); a final eval or train loss
+    above ln(vocab_size_unpadded), the loss of a uniform guess; or an eval loss above `initial_loss` (the train
+    loss the run logged first: it ended worse than it started). FAILED: any other run that did not finish.
+    Else OK."""
     status = row.get("status")
     if status == DIVERGED:
         return DIVERGED, row.get("error")
@@ -44,9 +45,11 @@ def verdict(row: dict[str, Any]) -> tuple[str, str | None]:
         return FAILED, row.get("error")
     loss = float(row["eval_loss"])
     vocab = row.get("vocab_size_unpadded")
-    if vocab and loss > math.log(vocab):
-        return DIVERGED, (f"its eval loss {loss:.4g} is above ln {vocab} = {math.log(vocab):.4g}, the loss of a "
-                          "uniform guess")
+    for name in ("eval_loss", "train_loss") if vocab else ():
+        value = row.get(name)
+        if isinstance(value, (int, float)) and not value <= math.log(vocab):  # NaN too
+            return DIVERGED, (f"its {'eval' if name == 'eval_loss' else 'final train'} loss {value:.4g} is above "
+                              f"ln {vocab} = {math.log(vocab):.4g}, the loss of a uniform guess")
     start = row.get("initial_loss")
     if start is not None and math.isfinite(start) and loss > start:
         return DIVERGED, f"its eval loss {loss:.4g} is above the train loss it logged first ({start:.4g})"
