@@ -152,8 +152,8 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
     """Trains (or resumes) one run in this process and records it. A run that raises is tried again
     (resuming from its checkpoints) up to `max_retries` times before it is recorded as failed.
 
-    Returns (the row, or None when the run was preempted or another process recorded it first; and an
-    exit code: 0 ok, 1 failed or diverged, 3 preempted).
+    Returns (the run's row, None when the run was preempted; and an exit code: 0 ok, 1 failed or diverged,
+    3 preempted). The row is the one another process recorded where one came first.
     """
     from transformer.training.loop import train  # imported late: the caller sets up JAX first
 
@@ -173,7 +173,7 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
                 continue
             row = result_row(run, None, FAILED, f"{type(e).__name__}: {e} (after {attempt + 1} attempts)",
                              time.time() - t0, mode, initial_loss(workdir, run))
-            return (row if results.append_result(workdir, row) else None), 1
+            return _append(workdir, row), 1
     return record(workdir, run, summary, mode)
 
 
@@ -207,9 +207,20 @@ def record(workdir: str, run: dict[str, Any], summary: dict[str, Any],
     """Appends the results row of a run that trained to `summary`; (row or None, exit code) as train_run."""
     if summary["status"] == "preempted":
         return None, 3
-    row = result_row(run, summary, OK if summary["status"] == OK else FAILED, summary.get("error"),
-                     summary["wall_seconds"], mode, initial_loss(workdir, run))
-    return (row if results.append_result(workdir, row) else None), (0 if row["status"] == OK else 1)
+    row = _append(workdir, _summary_row(workdir, run, summary, mode))
+    return row, (0 if row["status"] == OK else 1)
+
+
+def _summary_row(workdir: str, run: dict[str, Any], summary: dict[str, Any], mode: str) -> dict[str, Any]:
+    return result_row(run, summary, OK if summary["status"] == OK else FAILED, summary.get("error"),
+                      summary["wall_seconds"], mode, initial_loss(workdir, run))
+
+
+def _append(workdir: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Records `row`; returns it, or the run's row another process recorded first."""
+    if results.append_result(workdir, row):
+        return row
+    return next((canonical(r) for r in results.read_results(workdir) if r["run_id"] == row["run_id"]), row)
 
 
 def finished_summary(workdir: str, run: dict[str, Any]) -> dict[str, Any] | None:
@@ -235,7 +246,7 @@ def recover(workdir: str, doc: dict[str, Any] | None = None) -> list[str]:
     out = []
     for run in doc["runs"]:
         if run["run_id"] not in have and (summary := finished_summary(workdir, run)) is not None:
-            if record(workdir, run, summary, doc["mode"])[0] is not None:
+            if results.append_result(workdir, _summary_row(workdir, run, summary, doc["mode"])):
                 out.append(run["run_id"])
     return out
 
