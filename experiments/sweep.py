@@ -27,8 +27,8 @@ from experiments.jax_setup import setup_jax
 from transformer import file_claims
 from transformer.data import identity
 from transformer.design.spec import SweepSpec
-from transformer.scaling import lr_scan
-from transformer.sweeps import outcome, progress, runner, slurm, slurm_jobs
+from transformer.sweeps import execute, outcome, progress, runner, slurm, slurm_jobs
+from transformer.sweeps.results import RecordError
 from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
@@ -61,8 +61,12 @@ def _worker(workdir: str, index: int) -> None:
         requeue_signal = slurm.arm_requeue()  # a SLURM task: checkpoint and requeue itself before its time limit
         import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
         with held:
-            row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
-                                         max_retries=doc["sweep"].get("max_retries", 0))
+            try:
+                row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
+                                             max_retries=doc["sweep"].get("max_retries", 0))
+            except RecordError as e:  # the run's directory keeps its result: recorded by the next command
+                print(f"error: {e}", file=sys.stderr, flush=True)
+                raise SystemExit(1)
         print(f"{run['run_id']}: {row['status'] if row else 'preempted'}", flush=True)
         if code == 3 and slurm.requeue_if_signalled(requeue_signal):
             raise SystemExit(3)
@@ -75,7 +79,7 @@ def _worker(workdir: str, index: int) -> None:
 def _dry_run(workdir: str, config) -> None:
     from transformer.design import plan
 
-    rows = {r["run_id"]: r for r in runner.results.read_results(workdir)} if os.path.isdir(workdir) else {}
+    rows = {r["run_id"]: r for r in execute.read_rows(workdir)} if os.path.isdir(workdir) else {}
     prediction = outcome.load_prediction(workdir) if rows else None
     if _LAUNCHER.value == "slurm":  # the script the command would submit now: the runs of this stage that are ready
         p = plan.design(config, rows, prediction)
@@ -117,14 +121,17 @@ def main(argv: list[str]) -> None:
         return _dry_run(workdir, config)
     if _LAUNCHER.value == "slurm":
         return _slurm(workdir, config)
-    if _RETRY.value:
-        os.makedirs(workdir, exist_ok=True)
-        retried = runner.results.drop_failed(workdir)
-        print(f"retrying {len(retried)} failed runs", flush=True)
-    if _PARALLEL.value == 1:
-        setup_jax(_CONFIG.value.base)
-        import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
-    code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
+    try:
+        if _RETRY.value:
+            retried = execute.drop_failed(workdir)  # failed, not diverged (an observation: it would diverge again)
+            print(f"retrying {len(retried)} failed runs", flush=True)
+        if _PARALLEL.value == 1:
+            setup_jax(_CONFIG.value.base)
+            import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
+        code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
+    except RecordError as e:  # a full disk: the finished runs' directories keep their results for the rerun
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     for note in doc["notes"]:
         print(f"note: {note}", flush=True)
     if code == runner.OTHER_RUNNERS:  # the rest is being trained by other runners on this DIR
@@ -132,19 +139,23 @@ def main(argv: list[str]) -> None:
         return
     if code:
         raise SystemExit(code)
-    rows = runner.results.read_results(workdir)
-    failed = [r["run_id"] for r in rows if r["status"] != "ok"  # a diverged LR-scan run is an observation
-              and not (r.get("role") == "lr" and lr_scan.diverged(r))]
+    rows = execute.read_rows(workdir)
+    failed = [r["run_id"] for r in rows if r["status"] == execute.FAILED]
+    for r in rows:  # an observation, not a failure: reported, left out of the fit
+        if r["status"] == execute.DIVERGED and r.get("role", "grid") != "lr":
+            print(f"warning: {r['run_id']} diverged ({r.get('error')}); left out of the fit", file=sys.stderr)
     try:
-        with file_claims.hold(os.path.join(workdir, "fit.claim")):  # runners finishing together: one at a time
-            fit = outcome.finish(workdir, doc, announce=False)
+        fit = outcome.current_fit(workdir, doc)  # the rows it was made from, unchanged: printed, nothing written
+        if fit is None:
+            with file_claims.hold(os.path.join(workdir, "fit.claim")):  # runners finishing together: one at a time
+                fit = outcome.finish(workdir, doc, announce=False)
     except Exception as e:  # the runs are safe in results.jsonl; the fit can be redone on its own
         again = ("python -m experiments.fit --sweep=" + workdir + " --out=" + os.path.join(workdir, "fit")
                  if doc["mode"] == "isoflop" else "this command")
         print(f"error: the fit failed ({type(e).__name__}: {e}); all runs are recorded in {workdir}/results.jsonl; "
               f"fit again with {again}", file=sys.stderr)
         raise SystemExit(1)
-    _report_fit(doc["mode"], fit, workdir)
+    _report_fit(doc["mode"], fit, workdir, rows)
     if failed:
         print(f"{len(failed)} runs failed ({', '.join(failed)}); see their rows in {workdir}/results.jsonl; "
               f"--retry_failed runs them again", file=sys.stderr)
@@ -181,11 +192,11 @@ def _slurm(workdir: str, config) -> None:
         with open(path) as f:
             fit = json.load(f)
     if fit is not None:
-        _report_fit(doc["mode"], fit, workdir)
+        _report_fit(doc["mode"], fit, workdir, execute.read_rows(workdir))
     print(f"every run of {workdir} is recorded", flush=True)
 
 
-def _report_fit(mode: str, fit: dict, workdir: str) -> None:
+def _report_fit(mode: str, fit: dict, workdir: str, rows: list[dict] = ()) -> None:
     if mode == "lr_scan":
         print(f"lr_opt = {fit['coefficient']:.4g} · N^{fit['exponent']:.3f} -> {workdir}/lr_fit.json")
         for w in fit["warnings"]:
@@ -193,7 +204,7 @@ def _report_fit(mode: str, fit: dict, workdir: str) -> None:
         return
     from transformer.scaling.report import summary
     print(summary(fit))
-    for line in outcome.summary_lines(fit):  # excluded points named, estimates not credible, the prediction check
+    for line in outcome.summary_lines(fit, rows):  # excluded points and why, estimates not credible, the check
         print(line)
     print(f"fit -> {workdir}/fit/ (N_opt ∝ C^a, D_opt ∝ C^b)")
 

@@ -251,10 +251,22 @@ def test_sweep_cli_killed_then_resumed_records_each_run_once(tmp_path, corpus_di
     assert {"approach1", "approach2", "approach3"} <= set(fit)
     assert [f for f in os.listdir(os.path.join(workdir, "fit")) if f.endswith(".png")]
 
-    again = _run(cmd)  # everything recorded: nothing retrained, nothing appended
+    stamp = {f: os.stat(os.path.join(workdir, f)).st_mtime_ns for f in ("sweep.json", "fit/fit.json")}
+    again = _run(cmd)  # everything recorded: nothing retrained, nothing appended, nothing rewritten
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "0 runs to go" in again.stdout
+    assert "0 runs to go" in again.stdout and "approach2" in again.stdout
     assert len(results.read_results(workdir)) == 6
+    assert {f: os.stat(os.path.join(workdir, f)).st_mtime_ns for f in stamp} == stamp
+    ro = str(tmp_path / "ro")  # the same directory read-only (where this may mount): the rerun prints its fit
+    os.mkdir(ro)
+    if subprocess.run(["mount", "--bind", workdir, ro], capture_output=True).returncode == 0:
+        try:
+            assert subprocess.run(["mount", "-o", "remount,bind,ro", ro], capture_output=True).returncode == 0
+            again = _run(_sweep_cmd(ro, *TINY, f"--config.base.data.data_dir={corpus_dir}"))
+            assert again.returncode == 0 and "0 runs to go" in again.stdout and "approach2" in again.stdout, \
+                again.stderr[-2000:]
+        finally:
+            subprocess.run(["umount", ro], capture_output=True)
 
 
 def test_multirun_group_that_fails_falls_back_to_runs_one_by_one(tmp_path, capsys):

@@ -17,7 +17,8 @@ budgets themselves may be left to the sweep: design/budgets.py):
              prediction at that budget (DIR/fit/predictions.json) before the predicted compute-optimal model is
              designed here and trained.
 The learning-rate stages (calibration, LR scan) are in lr_stages.py.
-`design(config, rows, prediction)` is a pure function of the recorded results, so a rerun designs the same runs;
+`design(config, rows, prediction)` is a pure function of the recorded results (rows as sweeps/execute.read_rows
+gives them: each status ok / diverged / failed by the sweep's one failure rule), so a rerun designs the same runs;
 `preview=True` designs every stage from the priors (the dry run's plan and time estimate).
 """
 from __future__ import annotations

@@ -27,6 +27,8 @@ _DIVERGED_MARKS = ("non-finite", "nonfinite")
 
 def diverged(row: dict[str, Any]) -> bool:
     """Whether a results row is a run that diverged (an observation: worse than every finite run)."""
+    if row.get("status") == "diverged":  # the sweep's verdict (transformer/sweeps/execute.py), finite losses too
+        return True
     if row.get("status") == "ok":
         loss = row.get("eval_loss")
         return loss is None or not math.isfinite(float(loss))

@@ -7,18 +7,20 @@ exists). What is the sweep's own: the claim records, in a SLURM task, its job id
 restart count (SLURM_RESTART_COUNT), and such a claim is also dead when that task is no longer running (squeue)
 or is an earlier attempt of this process's own task (requeued, maybe onto another node: it takes over its own
 claim). Workers of the same attempt (`--parallel=K` inside one job) share the job id and keep each other's
-claims.
+claims. A recorded run needs no claim: its runner removes it when it stops (Claim.release), and a claim a
+runner left behind (killed after recording, or a worker whose row its parent wrote) is removed by
+release_recorded, through the same takeover, so a live runner's claim is never touched.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Collection
 
 from transformer import file_claims
 from transformer.file_claims import Claim
 from transformer.sweeps import slurm_query
 
-__all__ = ["CLAIMS", "Claim", "held", "owner", "try_claim"]
+__all__ = ["CLAIMS", "Claim", "held", "owner", "release_recorded", "try_claim"]
 
 CLAIMS = "claims"
 
@@ -60,3 +62,27 @@ def try_claim(sweep_dir: str, run_id: str, *, stale_after_s: float = 600.0, hear
     return file_claims.try_claim(_path(sweep_dir, run_id), stale_after_s, heartbeat_s,
                                  extra={"slurm_job": slurm_query.own_task(), "slurm_restart": _restart_count()},
                                  dead=_slurm_task_dead)
+
+
+def release_recorded(sweep_dir: str, recorded: Collection[str], stale_after_s: float = 600.0) -> list[str]:
+    """Removes the claim files left in DIR/claims/ for runs in `recorded` whose owner is gone (dead or stale:
+    taken over, then released, as try_claim would); a live owner's claim stays until it releases it. Returns
+    the run ids whose claim was removed. Best effort: a directory that cannot be written keeps its files."""
+    folder = os.path.join(sweep_dir, CLAIMS)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    out = []
+    for name in sorted(names):
+        run_id = name[:-len(".claim")] if name.endswith(".claim") else None
+        if run_id is None or run_id not in recorded:
+            continue
+        try:
+            claim = try_claim(sweep_dir, run_id, stale_after_s=stale_after_s, heartbeat_s=stale_after_s)
+        except OSError:
+            continue
+        if claim is not None:
+            claim.release()
+            out.append(run_id)
+    return out

@@ -1,28 +1,107 @@
-"""One run of a sweep, in this process: its training config from DIR/sweep.json, its claim, the branch seed
-(a copy of its source run's decay-start checkpoint), training with retries, and its DIR/results.jsonl row.
+"""One run of a sweep, in this process: its training config from DIR/sweep.json (the sweep's data identity
+included), its claim, the branch seed (a copy of its source run's decay-start checkpoint), training with retries,
+its DIR/results.jsonl row, and what that row says: the one failure rule (`verdict`) every reader of the rows uses.
 
-Used by the runner (transformer/sweeps/runner.py: one run after another, worker processes) and by run groups
-(transformer/sweeps/run_groups.py: sweep.multirun); it imports neither, so the dependency runs one way.
+Used by the runner (transformer/sweeps/runner.py: one run after another, worker processes), by run groups
+(transformer/sweeps/run_groups.py: sweep.multirun) and by the SLURM steps; it imports none of them, so the
+dependency runs one way. Those executors only schedule: the config, the claim and the verdict are made here.
 """
 from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import shutil
 import time
 import traceback
 from typing import Any
 
+from transformer.scaling import lr_scan
 from transformer.spec import MissingInputError
 from transformer.sweeps import claims, results
 
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
 
+# A results row's status: the run finished and is fitted (OK); it ended in a loss that says it diverged, an
+# observation of its learning rate but no point of the fit (DIVERGED); or it failed for another reason and says
+# nothing (FAILED: --retry_failed trains it again).
+OK, FAILED, DIVERGED = "ok", "failed", "diverged"
+
+
+def verdict(row: dict[str, Any]) -> tuple[str, str | None]:
+    """(status, reason) of a results row, rows recorded before this rule included; the one definition.
+
+    DIVERGED: a non-finite loss (the loop's non-finite error, or a null eval loss); a final eval or train loss
+    above ln(vocab_size_unpadded), the loss of a uniform guess; or an eval loss above `initial_loss` (the train
+    loss the run logged first: it ended worse than it started). FAILED: any other run that did not finish.
+    Else OK."""
+    status = row.get("status")
+    if status == DIVERGED:
+        return DIVERGED, row.get("error")
+    if lr_scan.diverged(row):
+        return DIVERGED, row.get("error") or "its eval loss is not finite"
+    if status != OK:
+        return FAILED, row.get("error")
+    loss = float(row["eval_loss"])
+    vocab = row.get("vocab_size_unpadded")
+    for name in ("eval_loss", "train_loss") if vocab else ():
+        value = row.get(name)
+        if isinstance(value, (int, float)) and not value <= math.log(vocab):  # NaN too
+            return DIVERGED, (f"its {'eval' if name == 'eval_loss' else 'final train'} loss {value:.4g} is above "
+                              f"ln {vocab} = {math.log(vocab):.4g}, the loss of a uniform guess")
+    start = row.get("initial_loss")
+    if start is not None and math.isfinite(start) and loss > start:
+        return DIVERGED, f"its eval loss {loss:.4g} is above the train loss it logged first ({start:.4g})"
+    return OK, None
+
+
+def canonical(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with its status (and, where the status is derived, the reason in `error`) as `verdict` says."""
+    status, reason = verdict(row)
+    if status == row.get("status") and (reason is None or row.get("error")):
+        return row
+    return {**row, "status": status, "error": row.get("error") or reason}
+
+
+def read_rows(workdir: str) -> list[dict[str, Any]]:
+    """DIR/results.jsonl's rows, each `canonical`: what the design, the fit and the reports read."""
+    return [canonical(r) for r in results.read_results(workdir)]
+
+
+def observed(row: dict[str, Any]) -> bool:
+    """Whether a row tells something about its run's learning rate: finished or diverged, not failed."""
+    return verdict(row)[0] != FAILED
+
+
+def drop_failed(workdir: str) -> list[str]:
+    """--retry_failed: removes the rows of the FAILED runs (not the diverged: an observation, and trained again
+    they diverge again), so those runs train again; returns their ids."""
+    return results.remove_rows(workdir, lambda r: verdict(r)[0] == FAILED)
+
+
+def initial_loss(workdir: str, run: dict[str, Any]) -> float | None:
+    """The train loss of the first row of DIR/runs/RUN_ID/metrics.jsonl when it was logged in the run's first
+    logging interval (a run that trained from step 0); None otherwise (a branch, or nothing logged)."""
+    path = os.path.join(workdir, "runs", run["run_id"], "metrics.jsonl")
+    every = int(run.get("config", {}).get("train", {}).get("log_every") or 0)
+    try:
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if "train_loss" in row:
+                    loss = row["train_loss"]
+                    ok = every and row.get("step", every + 1) <= every and isinstance(loss, (int, float))
+                    return float(loss) if ok else None
+    except (OSError, ValueError):
+        return None
+    return None
+
 
 def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str, error: str | None,
-               wall_seconds: float, mode: str) -> dict[str, Any]:
-    """One results.jsonl row: the run's design numbers and shape, overlaid with what training measured."""
+               wall_seconds: float, mode: str, initial: float | None = None) -> dict[str, Any]:
+    """One results.jsonl row: the run's design numbers and shape, overlaid with what training measured; its
+    status and error as `verdict` classifies them (`initial`: the run's initial_loss)."""
     s = summary or {}
     row = {k: run[k] for k in ("run_id", "budget", "params", "params_non_embedding", "size", "tokens", "flops",
                                "flops_per_token", "steps", "batch_size", "seq_len", "learning_rate",
@@ -33,21 +112,28 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
                eval_bits_per_byte=s.get("eval_bits_per_byte"), epochs=s.get("epochs"),
                train_loss=s.get("train_loss"), wall_seconds=wall_seconds,
                tokens_per_second=s.get("tokens_per_second"), mfu=s.get("mfu"),
-               compile_seconds=s.get("compile_seconds"), device=s.get("device"))
-    if status == "ok":  # measured values (equal to the design's when the run reached its last step)
-        row.update({k: s[k] for k in ("params", "params_non_embedding", "params_unpadded", "vocab_size_unpadded",
-                                      "tokens", "flops") if k in s})
-    return row
+               compile_seconds=s.get("compile_seconds"), device=s.get("device"), initial_loss=initial,
+               vocab_size_unpadded=s.get("vocab_size_unpadded"))
+    if status == OK:  # measured values (equal to the design's when the run reached its last step)
+        row.update({k: s[k] for k in ("params", "params_non_embedding", "params_unpadded", "tokens", "flops")
+                    if k in s})
+    return canonical(row)
 
 
 CLAIMED_ELSEWHERE = 4  # exit code of a worker whose run another runner holds
 
 
-def run_config(workdir: str, run: dict[str, Any]) -> dict[str, Any]:
-    """A run's training config from sweep.json (a plain nested dict: training.resolve reads it by item access);
-    its W&B runs are grouped by sweep: logging.wandb_group, when unset, is the sweep directory's name (logging is
-    not part of the run id)."""
+def run_config(workdir: str, run: dict[str, Any], doc: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run's training config (a plain nested dict: training.resolve reads it by item access): its config in
+    sweep.json with the sweep's data pin, data.identity, from `doc` or DIR/sweep.json (resolve refuses the run
+    unless its data is the sweep's: data/identity.py); its W&B runs are grouped by sweep: logging.wandb_group,
+    when unset, is the sweep directory's name (logging is not part of the run id)."""
     config = copy.deepcopy(run["config"])
+    if doc is None:
+        path = os.path.join(workdir, "sweep.json")
+        doc = load_sweep(workdir) if os.path.exists(path) else {}
+    if doc.get("data_identity"):
+        config["data"]["identity"] = doc["data_identity"]
     if "logging" in config and not config["logging"].get("wandb_group"):
         config["logging"]["wandb_group"] = os.path.basename(os.path.normpath(workdir))
     return config
@@ -66,16 +152,13 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
     """Trains (or resumes) one run in this process and records it. A run that raises is tried again
     (resuming from its checkpoints) up to `max_retries` times before it is recorded as failed.
 
-    Returns (the row, or None when the run was preempted or another process recorded it first; and an
-    exit code: 0 ok, 1 failed, 3 preempted).
+    Returns (the run's row, None when the run was preempted; and an exit code: 0 ok, 1 failed or diverged,
+    3 preempted). The row is the one another process recorded where one came first.
     """
     from transformer.training.loop import train  # imported late: the caller sets up JAX first
 
     t0 = time.time()
     config = run_config(workdir, run)
-    recorded = load_sweep(workdir).get("data_identity")
-    if recorded:  # resolve refuses the run unless its data is the sweep's (data/identity.py)
-        config["data"]["identity"] = recorded
     seed_branch(workdir, run, verbose)
     for attempt in range(max_retries + 1):
         try:
@@ -88,9 +171,9 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
                 print(f"{run['run_id']} failed ({type(e).__name__}: {str(e)[:200]}); retry {attempt + 1} of "
                       f"{max_retries}", flush=True)
                 continue
-            row = result_row(run, None, "failed", f"{type(e).__name__}: {e} (after {attempt + 1} attempts)",
-                             time.time() - t0, mode)
-            return (row if results.append_result(workdir, row) else None), 1
+            row = result_row(run, None, FAILED, f"{type(e).__name__}: {e} (after {attempt + 1} attempts)",
+                             time.time() - t0, mode, initial_loss(workdir, run))
+            return _append(workdir, row), 1
     return record(workdir, run, summary, mode)
 
 
@@ -124,9 +207,48 @@ def record(workdir: str, run: dict[str, Any], summary: dict[str, Any],
     """Appends the results row of a run that trained to `summary`; (row or None, exit code) as train_run."""
     if summary["status"] == "preempted":
         return None, 3
-    status = "ok" if summary["status"] == "ok" else "failed"
-    row = result_row(run, summary, status, summary.get("error"), summary["wall_seconds"], mode)
-    return (row if results.append_result(workdir, row) else None), (0 if status == "ok" else 1)
+    row = _append(workdir, _summary_row(workdir, run, summary, mode))
+    return row, (0 if row["status"] == OK else 1)
+
+
+def _summary_row(workdir: str, run: dict[str, Any], summary: dict[str, Any], mode: str) -> dict[str, Any]:
+    return result_row(run, summary, OK if summary["status"] == OK else FAILED, summary.get("error"),
+                      summary["wall_seconds"], mode, initial_loss(workdir, run))
+
+
+def _append(workdir: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Records `row`; returns it, or the run's row another process recorded first."""
+    if results.append_result(workdir, row):
+        return row
+    return next((canonical(r) for r in results.read_results(workdir) if r["run_id"] == row["run_id"]), row)
+
+
+def finished_summary(workdir: str, run: dict[str, Any]) -> dict[str, Any] | None:
+    """DIR/runs/RUN_ID/summary.json when it says the run finished (status ok), else None."""
+    path = os.path.join(workdir, "runs", run["run_id"], "summary.json")
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("status") == OK else None
+
+
+def recover(workdir: str, doc: dict[str, Any] | None = None) -> list[str]:
+    """Records, from its run directory, each run of `doc` (default DIR/sweep.json) that finished (summary.json
+    says ok) but has no results row (its line lost: a torn or damaged line, a full disk, a runner killed between
+    the two writes), as it would have been recorded; returns their ids. Nothing is written when none is missing."""
+    if doc is None:
+        if not os.path.exists(os.path.join(workdir, "sweep.json")):
+            return []
+        doc = load_sweep(workdir)
+    have = {r["run_id"] for r in results.read_results(workdir)}
+    out = []
+    for run in doc["runs"]:
+        if run["run_id"] not in have and (summary := finished_summary(workdir, run)) is not None:
+            if results.append_result(workdir, _summary_row(workdir, run, summary, doc["mode"])):
+                out.append(run["run_id"])
+    return out
 
 
 def claim(workdir: str, doc: dict[str, Any], run: dict[str, Any]) -> claims.Claim | None:

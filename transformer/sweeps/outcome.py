@@ -7,16 +7,20 @@ DIR/fit/predictions.json        sweep.validate_flops: the predicted N_opt, D_opt
 DIR/fit/validation.json         the validation run against the prediction: measured loss, relative error
 DIR/fit/schedule_check.json     sweep.schedule_check: each check run's loss beside the grid run it repeats
 DIR/lr_fit.json (+ lr_scan.png) an LR scan's fit (sweep.mode=lr_scan)
+DIR/fit/fitted_from.json        the digest of results.jsonl the last fit was made from: a rerun with the same
+                                rows prints that fit (current_fit) and writes nothing
+The rows are read through execute.read_rows (the failure rule: a diverged run is reported, never fitted).
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 from typing import Any
 
 from transformer import file_claims, files
-from transformer.sweeps import results
+from transformer.sweeps import execute, results
 
 
 def _fit_dir(workdir: str) -> str:
@@ -124,42 +128,66 @@ def schedule_check(workdir: str, rows: list[dict[str, Any]]) -> dict[str, Any] |
     return out
 
 
+def _results_digest(workdir: str) -> str:
+    """sha256 of DIR/results.jsonl's bytes (of nothing when there is none)."""
+    h = hashlib.sha256()
+    path = os.path.join(workdir, results.RESULTS)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _fit_path(workdir: str, doc: dict[str, Any]) -> str:
+    return os.path.join(workdir, "lr_fit.json") if doc["mode"] == "lr_scan" else os.path.join(_fit_dir(workdir), "fit.json")
+
+
+def current_fit(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The fit DIR holds (fit.json, or an LR scan's lr_fit.json) when it was made from results.jsonl as it is
+    now (DIR/fit/fitted_from.json), else None: then finish() fits again."""
+    stamp = os.path.join(_fit_dir(workdir), "fitted_from.json")
+    try:
+        with open(stamp) as f:
+            fitted = json.load(f)
+        with open(_fit_path(workdir, doc)) as f:
+            fit = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return fit if fitted.get("results_sha256") == _results_digest(workdir) else None
+
+
 def finish(workdir: str, doc: dict[str, Any], announce: bool = True) -> dict[str, Any]:
     """After the last run: the fit into DIR/fit/ (validation and schedule check beside it) or, for an LR scan,
-    DIR/lr_fit.json. `announce`: print the prediction check (the command line prints it in its end summary)."""
-    rows = results.read_results(workdir)
+    DIR/lr_fit.json; then DIR/fit/fitted_from.json. `announce`: print the prediction check (the command line
+    prints it in its end summary)."""
+    digest = _results_digest(workdir)  # before reading: a row appended meanwhile makes the fit stale
+    rows = execute.read_rows(workdir)
     if doc["mode"] == "lr_scan":
         from transformer.scaling import lr_scan
-        return lr_scan.write_lr_fit(workdir, rows, doc["sweep"]["param_count"])
-    checked = validation(workdir, doc, rows)
-    check = schedule_check(workdir, rows)
-    fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check)) if v})
-    if announce and checked is not None and checked["measured_loss"] is not None:
-        print(validation_line(checked), flush=True)
+        fit = lr_scan.write_lr_fit(workdir, rows, doc["sweep"]["param_count"])
+    else:
+        checked = validation(workdir, doc, rows)
+        check = schedule_check(workdir, rows)
+        fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check))
+                                           if v})
+        if announce and checked is not None and checked["measured_loss"] is not None:
+            print(validation_line(checked), flush=True)
+    _write(workdir, "fitted_from.json", {"results_sha256": digest, "fit": os.path.relpath(_fit_path(workdir, doc),
+                                                                                           workdir)})
     return fit
 
 
 def finish_once(workdir: str, doc: dict[str, Any]) -> dict[str, Any] | None:
-    """finish() by the first worker to find every run recorded, the plan complete and no fit yet (DIR/fit.claim)."""
-    done = "validation.json" if any(r.get("role") == "validate" for r in doc["runs"]) else "fit.json"
-    marker = os.path.join(workdir, "lr_fit.json" if doc["mode"] == "lr_scan" else os.path.join("fit", done))
+    """finish() by the first worker to find every run recorded, the plan complete and no fit of the rows as they
+    are (current_fit; DIR/fit.claim: one at a time). None: nothing to fit, or fitted already."""
     recorded = {r["run_id"] for r in results.read_results(workdir)}
+    if doc.get("waiting") is not None or not all(r["run_id"] in recorded for r in doc["runs"]) \
+            or current_fit(workdir, doc) is not None:
+        return None
     with file_claims.hold(os.path.join(workdir, "fit.claim")):
-        if doc.get("waiting") is None and all(r["run_id"] in recorded for r in doc["runs"]) \
-                and not _fitted(marker, doc):
+        if current_fit(workdir, doc) is None:
             return finish(workdir, doc)
     return None
-
-
-def _fitted(marker: str, doc: dict[str, Any]) -> bool:
-    """Whether `marker` exists and, for an LR scan, fits every run of `doc` (a scan extended below a diverged
-    size's lowest rate after a first fit is fitted again)."""
-    if not os.path.exists(marker):
-        return False
-    if doc["mode"] != "lr_scan":
-        return True
-    with open(marker) as f:
-        return json.load(f).get("num_rows") == len(doc["runs"])
 
 
 # ---------------------------------------------------------------- what the console says about the outcome
@@ -216,10 +244,12 @@ def _role(reason: Any) -> str:
     return str(reason).split("'")[1] if str(reason).startswith("role='") else ""
 
 
-def summary_lines(fit: dict[str, Any]) -> list[str]:
-    """What the end of a sweep adds to the fit's summary: each excluded point and why, the approaches whose
-    estimate is not credible, and the prediction check with its verdict."""
+def summary_lines(fit: dict[str, Any], rows: list[dict[str, Any]] = ()) -> list[str]:
+    """What the end of a sweep adds to the fit's summary: each excluded point and why (a diverged or failed run's
+    reason from its row in `rows`), the approaches whose estimate is not credible, and the prediction check."""
+    why = {r["run_id"]: r.get("error") for r in rows if r.get("status") != execute.OK and r.get("error")}
     lines = [f"excluded {p.get('id')}: {p.get('reason')}{_ROLE_WHY.get(_role(p.get('reason')), '')}"
+             + (f" ({why[p.get('id')]})" if p.get("id") in why and not _role(p.get("reason")) else "")
              for p in fit.get("points_excluded", [])]
     lines += [f"warning: {w}" for w in credibility(fit)]
     checked = fit.get("validation")

@@ -1,5 +1,5 @@
 """What a sweep prints: the dry run's table of runs (epochs, time estimate) and the runner's progress lines
-(done/running/failed/total, what happened, an ETA)."""
+(done/running/failed/diverged/total, what happened, an ETA)."""
 from __future__ import annotations
 
 import json
@@ -52,9 +52,10 @@ class Progress:
 
     def event(self, message: str) -> None:
         done = sum(1 for s in self.status.values() if s == "ok")
-        failed = sum(1 for s in self.status.values() if s != "ok")
-        print(f"[sweep {done + failed}/{len(self.runs)} done, {len(self.running)} running, {failed} failed, "
-              f"ETA {self._eta()}] {message}", flush=True)
+        diverged = sum(1 for s in self.status.values() if s == "diverged")
+        failed = len(self.status) - done - diverged
+        print(f"[sweep {len(self.status)}/{len(self.runs)} done, {len(self.running)} running, {failed} failed, "
+              + (f"{diverged} diverged, " if diverged else "") + f"ETA {self._eta()}] {message}", flush=True)
 
     def started(self, run: dict[str, Any]) -> None:
         self.running.add(run["run_id"])
@@ -69,8 +70,8 @@ class Progress:
         self.estimate_done += run["estimated_seconds"]
         if row["status"] == "ok":
             self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s")
-        else:
-            self.event(f"FAILED {run['run_id']}: {row['error']}")
+        else:  # "diverged" or "failed" (sweeps/execute.verdict)
+            self.event(f"{row['status'].upper()} {run['run_id']}: {row['error']}")
 
 
 def _duration(seconds: float) -> str:

@@ -1,23 +1,18 @@
 """sweep.multirun in the sweep runner: which pending runs train together, and training one group.
 
 Runs that share their shape and data and differ only in learning rate or seed (an LR scan's sizes,
-repeats) train as one vmapped program (transformer/training/loop.train_runs); each is still claimed,
-recorded and resumable on its own (transformer/sweeps/execute.py), as runner.run_in_process does for single runs.
+repeats) train as one vmapped program (transformer/training/loop.train_runs); each is still configured (its
+data pin included), claimed, recorded and resumable on its own by transformer/sweeps/execute.py, as
+runner.run_in_process does for single runs: this module only schedules.
 """
 from __future__ import annotations
 
-import json
 import os
 import traceback
 from typing import Any, Sequence
 
 from transformer.sweeps import execute
 from transformer.sweeps.progress import Progress
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    with open(path) as f:
-        return json.load(f)
 
 
 def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -29,8 +24,7 @@ def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, 
     out: list[list[dict[str, Any]]] = []
     by_key: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
-        summary = os.path.join(workdir, "runs", run["run_id"], "summary.json")
-        finished = os.path.exists(summary) and _read_json(summary).get("status") == "ok"
+        finished = execute.finished_summary(workdir, run) is not None
         key = None if finished else group_key(run["config"])
         if key is None or key not in by_key:
             out.append([run])
@@ -62,7 +56,7 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             progress.started(run)
         if len(runs) > 1:
             try:
-                summaries = train_runs([execute.run_config(workdir, r) for r in runs],
+                summaries = train_runs([execute.run_config(workdir, r, doc) for r in runs],
                                         [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose)
             except Exception as e:  # the runs go on alone, from the group's checkpoints
                 if verbose:

@@ -21,7 +21,7 @@ from typing import Any, Container, Sequence
 from transformer import files
 from transformer.design.spec import SweepSpec
 from transformer.spec import ConfigError
-from transformer.sweeps import claims, results, run_groups
+from transformer.sweeps import claims, execute, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
     CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, load_sweep, record, result_row, run_config, seed_branch, train_run)
 from transformer.sweeps.progress import Progress
@@ -49,8 +49,10 @@ def sweep_document(config: Any, p: Any) -> dict[str, Any]:
 
 def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
     """Writes DIR/sweep.json. Its runs only grow (stage by stage, in order, so a worker's --run_index stays
-    valid); a DIR holding a sweep with other runs is an error (use a new DIR)."""
-    os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
+    valid); a DIR holding a sweep with other runs is an error (use a new DIR). Nothing is written when the file
+    already says the same (a finished sweep reruns in a read-only DIR), nor when `doc` is a waiting plan whose
+    runs begin the recorded ones (a result a later stage was designed from went missing: its run trains again,
+    and the next design must give the recorded runs). A DIR that cannot be written is one ConfigError."""
     path = os.path.join(workdir, "sweep.json")
     if os.path.exists(path):
         old_doc = load_sweep(workdir)
@@ -60,16 +62,25 @@ def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
             doc["data_identity"] = doc.get("data_identity") or old_doc["data_identity"]
         old_ids = [r["run_id"] for r in old_doc["runs"]]
         new_ids = [r["run_id"] for r in doc["runs"]]
+        if doc.get("waiting") and len(new_ids) < len(old_ids) and old_ids[:len(new_ids)] == new_ids:
+            return
         if new_ids[:len(old_ids)] != old_ids and set(new_ids) != set(old_ids):
             differ = sorted(set(old_ids) ^ set(new_ids)) or [i for i, j in zip(old_ids, new_ids) if i != j]
             raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(differ)} runs differ, "
                               f"e.g. {differ[0]}); use a new --workdir, or the same settings to resume")
-    files.write_json(path, doc, indent=1)
+        if json.loads(json.dumps(doc)) == old_doc:
+            return
+    try:
+        os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
+        files.write_json(path, doc, indent=1)
+    except OSError as e:
+        raise ConfigError(f"--workdir={workdir}: cannot write {path} ({e.strerror or e}); use a directory this "
+                          "process can write") from e
 
 
 def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
-    """(runs without a results row, {run_id: row} of those with one)."""
-    recorded = {r["run_id"]: r for r in results.read_results(workdir)}
+    """(runs without a results row, {run_id: row} of those with one, classified by execute.verdict)."""
+    recorded = {r["run_id"]: r for r in execute.read_rows(workdir)}
     return [r for r in runs if r["run_id"] not in recorded], recorded
 
 
@@ -231,15 +242,23 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
                     progress.finished(run, None, "(claimed by another runner)")
                     continue
                 if row is None and p.returncode != 3:  # the worker died before recording anything
-                    row = result_row(run, None, "failed", f"worker exited with code {p.returncode}; see "
-                                     f"{os.path.join(workdir, 'runs', run['run_id'], 'worker.log')}", 0.0, doc["mode"])
-                    if not results.append_result(workdir, row):  # recorded meanwhile after all
-                        row = cache.rows()[run["run_id"]]
+                    row = record_dead_worker(workdir, doc, run, f"worker exited with code {p.returncode}; see "
+                                             f"{os.path.join(workdir, 'runs', run['run_id'], 'worker.log')}")
                 progress.finished(run, row, "(preempted: rerun the command to resume)" if p.returncode == 3 else "")
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
     return 3 if stop["signal"] is not None else 0
+
+
+def record_dead_worker(workdir: str, doc: dict[str, Any], run: dict[str, Any], error: str) -> dict[str, Any]:
+    """The row of a run whose worker (process or SLURM task) ended without recording it: its own result when its
+    run directory says it finished (execute.recover: killed between its summary and its row), else a failed row
+    with `error`; the claim the worker left is removed. Returns the run's row (another's, if one came first)."""
+    if not execute.recover(workdir, {**doc, "runs": [run]}):
+        results.append_result(workdir, result_row(run, None, execute.FAILED, error, 0.0, doc["mode"]))
+    claims.release_recorded(workdir, {run["run_id"]}, doc["sweep"].get("claim_timeout_s", 600.0))
+    return next(r for r in execute.read_rows(workdir) if r["run_id"] == run["run_id"])
 
 
 def all_recorded(workdir: str, doc: dict[str, Any]) -> bool:
@@ -251,16 +270,28 @@ def all_recorded(workdir: str, doc: dict[str, Any]) -> bool:
 OTHER_RUNNERS = 5  # run_sweep: runs of this stage are left to other runners on the same DIR
 
 
+def design_rows(workdir: str, config: Any = None) -> dict[str, dict[str, Any]]:
+    """{run_id: row} the design reads (execute.read_rows: each row as the failure rule classifies it), after
+    the runs of DIR/sweep.json that finished without a row are recorded from their run directories
+    (execute.recover) and the claims that recorded runs left behind are removed (claims.release_recorded)."""
+    for run_id in execute.recover(workdir):
+        print(f"recorded {run_id} from its run directory (its results row was missing)", flush=True)
+    rows = {r["run_id"]: r for r in execute.read_rows(workdir)}
+    stale = SweepSpec.of(config).claim_timeout_s if config is not None else 600.0
+    claims.release_recorded(workdir, rows, stale)
+    return rows
+
+
 def plan_and_write(workdir: str, config: Any) -> tuple[Any, dict[str, Any]]:
-    """The plan from DIR's recorded results (plan.design) and its DIR/sweep.json. `config`: a sweep config
-    (ConfigDict or mapping) or its SweepSpec."""
+    """The plan from DIR's recorded results (plan.design on design_rows) and its DIR/sweep.json. `config`: a
+    sweep config (ConfigDict or mapping) or its SweepSpec."""
     from transformer.data import identity
     from transformer.design import plan
     from transformer.spec import DataSpec
     from transformer.sweeps import outcome
 
     spec = SweepSpec.of(config)
-    rows = {r["run_id"]: r for r in results.read_results(workdir)}
+    rows = design_rows(workdir, spec)
     p = plan.design(spec, rows, outcome.load_prediction(workdir))
     doc = {**sweep_document(spec, p), "data_identity": identity.peek(DataSpec.of(spec.base["data"]))}  # None until built
     write_sweep(workdir, doc)

@@ -10,7 +10,6 @@ reruns the command when they have ended; (5) or, everything recorded, say so (th
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -22,7 +21,7 @@ from typing import Any, Sequence
 
 from transformer import file_claims
 from transformer.spec import ConfigError
-from transformer.sweeps import results, runner, slurm, slurm_query
+from transformer.sweeps import execute, results, runner, slurm, slurm_query
 from transformer.sweeps.execute import CLAIMED_ELSEWHERE, result_row
 
 JOBS = "jobs.jsonl"  # in DIR/slurm/: one line per submission {"stage", "arrays": {id: [indices]}, "driver", ...}
@@ -157,7 +156,9 @@ def reconcile(workdir: str, doc: dict[str, Any]) -> list[str]:
                      f"last: {tail or 'no output'} (log: {log})")
         if error is None:
             continue
-        row = result_row(by_id[rid], None, "failed", error, 0.0, doc["mode"])
+        if execute.recover(workdir, {**doc, "runs": [by_id[rid]]}):  # it finished; only its row was lost
+            continue
+        row = result_row(by_id[rid], None, execute.FAILED, error, 0.0, doc["mode"])
         row["slurm_task"] = task
         if results.append_result(workdir, row):
             failed.append(rid)
@@ -165,16 +166,16 @@ def reconcile(workdir: str, doc: dict[str, Any]) -> list[str]:
 
 
 def _failed_rows(workdir: str) -> list[dict[str, Any]]:
-    from transformer.scaling import lr_scan
-    return [r for r in results.read_results(workdir) if r.get("status") != "ok"
-            and not (r.get("role") == "lr" and lr_scan.diverged(r))]
+    """The rows of runs that failed (execute.verdict; a diverged run is an observation, not a failure)."""
+    return [r for r in execute.read_rows(workdir) if r["status"] == execute.FAILED]
 
 
-def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
+def validate_locally(workdir: str, doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
     """The training's own resolve step (model, train, mesh, data and logging checks; the data's files and
     tokenizer; a dataset not prepared yet is prepared here) for the runs about to be submitted, here, before
     any task starts: a mistake is one ConfigError now, not a failure of every task. Runs that differ only in shape, steps or learning rate resolve alike:
-    the first one's data is resolved, every one's model and train settings. Returns the checked run ids."""
+    the first one's data is resolved, every one's model and train settings, each run's config as its task gets
+    it (execute.run_config: the sweep's data pin included). Returns the checked run ids."""
     from transformer.data import identity, sources, tokenizers
     from transformer.spec import DataSpec
     from transformer.training.resolve import model_config, resolve
@@ -182,7 +183,7 @@ def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
     gpus = int(doc["sweep"]["slurm"]["gpus_per_task"]) or 1
     seen_data: set[str] = set()
     for i in indices:
-        config = copy.deepcopy(doc["runs"][i]["config"])  # a plain nested dict, as sweep.json holds it
+        config = execute.run_config(workdir, doc["runs"][i], doc)  # a plain nested dict, as the task trains it
         key = json.dumps(config["data"], sort_keys=True)
         if key in seen_data:
             DataSpec.of(config["data"])
@@ -197,8 +198,6 @@ def validate_locally(doc: dict[str, Any], indices: Sequence[int]) -> set[str]:
         tokenizer = None
         if data.tokenizer == "sentencepiece" and not os.path.exists(tokenizers.sentencepiece_path(data)):
             tokenizer = types.SimpleNamespace(vocab_size=data.vocab_size)  # trained by the first task
-        if doc.get("data_identity"):
-            config["data"]["identity"] = doc["data_identity"]
         resolve(config, gpus, 1, tokenizer)
     return {doc["runs"][i]["run_id"] for i in indices}
 
@@ -257,7 +256,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
             for rid in reconcile(workdir, runner.load_sweep(workdir)):
                 print(f"recorded {rid} as failed (its SLURM task ended without a result)", flush=True)
         if retry_failed:
-            retried = results.drop_failed(workdir)
+            retried = execute.drop_failed(workdir)
             if retried:
                 _append(workdir, {"retried": retried, "time": time.time()})
             print(f"retrying {len(retried)} failed runs", flush=True)
@@ -268,9 +267,9 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
             print(f"stopped: {len(failed)} runs failed (rows in {workdir}/results.jsonl); fix the cause and rerun "
                   f"with --retry_failed to submit them again", flush=True)
             return "failed", None
-        rows = {r["run_id"]: r for r in results.read_results(workdir)}  # designed in memory, checked, then written
+        rows = runner.design_rows(workdir, config)  # designed in memory, checked, then written
         first = runner.sweep_document(config, plan.design(config, rows, outcome.load_prediction(workdir)))
-        checked = validate_locally(first, runner.ready_to_submit(workdir, first))
+        checked = validate_locally(workdir, first, runner.ready_to_submit(workdir, first))
         p, doc = runner.plan_and_write(workdir, config)
         while p.waiting == "prediction":
             outcome.predict(workdir, doc)
@@ -282,7 +281,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
         if not ready:
             print("no run is ready to train (they wait for runs not yet recorded)", flush=True)
             return "stuck", doc
-        validate_locally(doc, [i for i in ready if doc["runs"][i]["run_id"] not in checked])  # after a prediction
+        validate_locally(workdir, doc, [i for i in ready if doc["runs"][i]["run_id"] not in checked])  # after a prediction
         entry = submit(workdir, doc, ready, command, cwd, cap)
     arrays = ", ".join(f"{a} ({len(i)} runs, --time={entry['limits'][a]})" for a, i in entry["arrays"].items())
     print(f"stage {entry['stage']}: submitted {len(ready)} runs as job array {arrays}"
