@@ -71,6 +71,27 @@ def test_a_diverged_run_is_reported_and_left_out_of_the_fit(tmp_path):
     assert not set(blown) & set(points.ids)
 
 
+def test_rows_recorded_before_the_rule_are_judged_by_it_in_the_fit_and_compare(tmp_path):
+    """Rows written before the verdict existed say status "ok" for a finite diverged loss: experiments.fit
+    (points.read_sweep) and compare (its finished-sweep check) read them through the same rule as the sweep, so
+    the fit leaves them out and compare counts them finished (--retry_failed would not train them again)."""
+    from transformer.scaling import compare
+
+    c = _isoflop()
+    workdir = str(tmp_path)
+    _, doc = runner.plan_and_write(workdir, c)
+    blown = doc["runs"][2]["run_id"]
+    for run in doc["runs"]:  # the old writer: status ok whatever the loss
+        row = execute.result_row(run, {"eval_loss": 18.56 if run["run_id"] == blown else _loss(run),
+                                       "vocab_size_unpadded": VOCAB}, "ok", None, 1.0, "isoflop")
+        results.append_result(workdir, {**row, "vocab_size_unpadded": VOCAB})
+    points = read_sweep(workdir)
+    excluded = {p["id"]: p["reason"] for p in points.excluded}
+    assert blown not in points.ids and "uniform guess" in excluded[blown], excluded
+    grid = {"runs": [r["run_id"] for r in doc["runs"]], "name": "t"}
+    assert compare.unfinished(workdir, grid, "--baseline") is None
+
+
 def test_retry_failed_drops_failed_runs_and_keeps_diverged_ones(tmp_path):
     """--retry_failed (execute.drop_failed) and the other filters agree: a diverged calibration run (non-finite,
     or finite above the uniform guess) is an observation the design reads, so it is kept; before, it was

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from transformer.spec import ConfigError, MissingInputError
-from transformer.scaling import fits, frontier, interval
+from transformer.scaling import fits, frontier, interval, verdict
 from transformer.scaling import points as points_lib
 
 AT_FLOPS_FACTOR = 4.0  # --at_flops defaults to this many times the largest budget
@@ -122,13 +122,12 @@ def _recorded(directory: str) -> dict[str, dict[str, Any]]:
 
 
 def unfinished(directory: str, grid: dict[str, Any], flag: str) -> str | None:
-    """None when every run of sweep.json has an ok row with a finite eval_loss; else what is missing and
-    the commands that finish it."""
+    """None when every run of sweep.json has a row that is not FAILED (scaling/verdict.py: ok, or diverged, which
+    the fit leaves out); else what is missing and the commands that finish it."""
     rows = _recorded(directory)
     missing = [i for i, rid in enumerate(grid["runs"]) if rid not in rows]
-    failed = [rid for rid in grid["runs"] if rid in rows and not (
-        rows[rid].get("status") == "ok" and isinstance(rows[rid].get("eval_loss"), (int, float))
-        and math.isfinite(rows[rid]["eval_loss"]))]
+    # a diverged run is finished (an observation the fit leaves out, which --retry_failed does not train again)
+    failed = [rid for rid in grid["runs"] if rid in rows and verdict.verdict(rows[rid])[0] == verdict.FAILED]
     if not missing and not failed:
         return None
     total = len(grid["runs"])

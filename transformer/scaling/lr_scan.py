@@ -18,28 +18,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer import files
+from transformer.scaling import verdict
 from transformer.spec import ConfigError
 
-# What a diverged run's results row says: training/nonfinite.describe's diagnosis in `error` (train.nonfinite=
-# "stop"), or status "ok" with a null eval loss (summary.json writes a non-finite loss as null).
-_DIVERGED_MARKS = ("non-finite", "nonfinite")
-
-
-def diverged(row: dict[str, Any]) -> bool:
-    """Whether a results row is a run that diverged (an observation: worse than every finite run)."""
-    if row.get("status") == "diverged":  # the sweep's verdict (transformer/sweeps/execute.py), finite losses too
-        return True
-    if row.get("status") == "ok":
-        loss = row.get("eval_loss")
-        return loss is None or not math.isfinite(float(loss))
-    error = str(row.get("error") or "").lower()
-    return row.get("status") == "failed" and any(m in error for m in _DIVERGED_MARKS)
-
-
-def observed(row: dict[str, Any]) -> bool:
-    """Whether a results row tells something about its learning rate: finished, or diverged (not a run that
-    failed for another reason, e.g. a killed worker: --retry_failed trains it again)."""
-    return row.get("status") == "ok" or diverged(row)
+diverged, observed = verdict.diverged, verdict.observed  # the one failure rule (verdict.py)
 
 
 def loss_of(row: dict[str, Any]) -> float:

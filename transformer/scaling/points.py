@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from transformer.scaling import verdict
 from transformer.spec import ConfigError, MissingInputError
 
 N_KINDS = ("params", "params_non_embedding")
@@ -305,8 +306,8 @@ def _flops_no_attention(record: dict[str, Any]) -> float | None:
 def read_sweep(directory: str, n_kind: str = "params") -> Points:
     """Points from a sweep directory's results.jsonl (+ each run's metrics.jsonl curve, except wsd runs').
 
-    Runs whose status is not "ok" or whose eval_loss is missing or non-finite are excluded with a
-    reason, as are lines that are not JSON (torn writes); a run listed twice keeps its last line. `n_kind` picks N: "params" (total) or
+    Runs whose verdict (scaling/verdict.py: failed, or diverged, a finite loss above the uniform guess or above
+    where the run started included) is not "ok" are excluded with a reason, as are lines that are not JSON (torn writes); a run listed twice keeps its last line. `n_kind` picks N: "params" (total) or
     "params_non_embedding".
     """
     if n_kind not in N_KINDS:
@@ -326,12 +327,13 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
     extras: dict[str, list[float]] = {"params_total": [], "params_non_embedding": [], "flops_no_attention": [],
                                       "params_unpadded": []}
     for run_id, (line_no, record) in by_id.items():
-        status, role = record.get("status"), record.get("role", "grid")
+        role = record.get("role", "grid")
         if role != "grid":  # a staged sweep's LR calibration, schedule check or validation run (plan.py)
             excluded.append({"id": run_id, "reason": f"role={role!r}: not an IsoFLOP grid run"})
             continue
-        if status != "ok":
-            excluded.append({"id": run_id, "reason": f"status={status!r} (not 'ok')"})
+        status, why = verdict.verdict(record)  # the one failure rule: a finite but diverged loss is no point
+        if status != verdict.OK:
+            excluded.append({"id": run_id, "reason": f"status={status!r} (not 'ok')" + (f": {why}" if why else "")})
             continue
         if not _finite_positive(record.get("eval_loss")):
             excluded.append({"id": run_id, "reason": f"eval_loss={record.get('eval_loss')!r} is not finite"})

@@ -10,68 +10,26 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import shutil
 import time
 import traceback
 from typing import Any
 
-from transformer.scaling import lr_scan
+from transformer.scaling import verdict as verdict_rule
 from transformer.spec import MissingInputError
 from transformer.sweeps import claims, results
 
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
 
-# A results row's status: the run finished and is fitted (OK); it ended in a loss that says it diverged, an
-# observation of its learning rate but no point of the fit (DIVERGED); or it failed for another reason and says
-# nothing (FAILED: --retry_failed trains it again).
-OK, FAILED, DIVERGED = "ok", "failed", "diverged"
-
-
-def verdict(row: dict[str, Any]) -> tuple[str, str | None]:
-    """(status, reason) of a results row, rows recorded before this rule included; the one definition.
-
-    DIVERGED: a non-finite loss (the loop's non-finite error, or a null eval loss); a final eval or train loss
-    above ln(vocab_size_unpadded), the loss of a uniform guess; or an eval loss above `initial_loss` (the train
-    loss the run logged first: it ended worse than it started). FAILED: any other run that did not finish.
-    Else OK."""
-    status = row.get("status")
-    if status == DIVERGED:
-        return DIVERGED, row.get("error")
-    if lr_scan.diverged(row):
-        return DIVERGED, row.get("error") or "its eval loss is not finite"
-    if status != OK:
-        return FAILED, row.get("error")
-    loss = float(row["eval_loss"])
-    vocab = row.get("vocab_size_unpadded")
-    for name in ("eval_loss", "train_loss") if vocab else ():
-        value = row.get(name)
-        if isinstance(value, (int, float)) and not value <= math.log(vocab):  # NaN too
-            return DIVERGED, (f"its {'eval' if name == 'eval_loss' else 'final train'} loss {value:.4g} is above "
-                              f"ln {vocab} = {math.log(vocab):.4g}, the loss of a uniform guess")
-    start = row.get("initial_loss")
-    if start is not None and math.isfinite(start) and loss > start:
-        return DIVERGED, f"its eval loss {loss:.4g} is above the train loss it logged first ({start:.4g})"
-    return OK, None
-
-
-def canonical(row: dict[str, Any]) -> dict[str, Any]:
-    """`row` with its status (and, where the status is derived, the reason in `error`) as `verdict` says."""
-    status, reason = verdict(row)
-    if status == row.get("status") and (reason is None or row.get("error")):
-        return row
-    return {**row, "status": status, "error": row.get("error") or reason}
+# The one failure rule (ok / failed / diverged), in scaling/verdict.py so that the fit and compare read rows by it too.
+OK, FAILED, DIVERGED = verdict_rule.OK, verdict_rule.FAILED, verdict_rule.DIVERGED
+verdict, canonical, observed = verdict_rule.verdict, verdict_rule.canonical, verdict_rule.observed
 
 
 def read_rows(workdir: str) -> list[dict[str, Any]]:
     """DIR/results.jsonl's rows, each `canonical`: what the design, the fit and the reports read."""
     return [canonical(r) for r in results.read_results(workdir)]
-
-
-def observed(row: dict[str, Any]) -> bool:
-    """Whether a row tells something about its run's learning rate: finished or diverged, not failed."""
-    return verdict(row)[0] != FAILED
 
 
 def drop_failed(workdir: str) -> list[str]:
