@@ -329,3 +329,25 @@ def test_hold_rechecks_its_claim_before_and_after_the_section(tmp_path, monkeypa
             os.replace(path, f"{path}.displaced-{token}")
             _write_claim(path, "node-elsewhere", 3)
     assert file_claims.read(path)["pid"] == 3  # the other owner's claim is left alone
+
+
+def test_a_claim_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    """A full disk while writing the claim: an empty claim file would block every other claimer until it went
+    stale (120-600 s). The error names the claim's path and nothing is left; the next claimer gets it at once."""
+    import errno
+
+    path = str(tmp_path / "x.claim")
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(file_claims.os, "write", full)
+    with pytest.raises(OSError) as e:
+        file_claims.try_claim(path, stale_after_s=600, heartbeat_s=60)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == path
+    assert not os.path.exists(path)
+    monkeypatch.setattr(file_claims.os, "write", real_write)
+    claim = file_claims.try_claim(path, stale_after_s=600, heartbeat_s=60)
+    assert claim is not None
+    claim.release()

@@ -213,10 +213,16 @@ def try_claim(path: str, stale_after_s: float, heartbeat_s: float, extra: dict[s
                 os.remove(aside)
             continue
         try:
-            os.write(fd, body)
+            written = 0
+            while written < len(body):  # a short write (a full disk) is continued, or fails below
+                written += os.write(fd, body[written:])
             os.fsync(fd)
-        finally:
+        except OSError as e:  # an empty or partial claim would block every other claimer until it is stale
             os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)  # ours: made by the O_EXCL create above
+            raise OSError(e.errno, f"could not write the claim: {e.strerror}", path) from None
+        os.close(fd)
         return Claim(path, token, heartbeat_s, took_over)
     return None
 
