@@ -1,9 +1,10 @@
 """What every command-line entry point shares: `run(main)`, which turns a user's mistake into one line.
 
-A user's mistake — a bad flag value, an unknown `--config.KEY`, a missing config file, an invalid
-setting (the project's `ConfigError`, raised before anything expensive or written), an argument that is not
-a `--flag` (no command takes one: `steps=30` would be ignored) — prints one `error: ...` line naming the
-setting (and the valid values where there is a short list) and exits with status 2.
+A user's mistake — a bad flag value, an unknown `--config.KEY`, a missing config file or one that is not
+Python (`--config=points.csv`), an invalid setting (the project's `ConfigError`, raised before anything
+expensive or written), an argument that is not a `--flag` (no command takes one: `steps=30` would be
+ignored) — prints one `error: ...` line naming the setting (and the valid values where there is a short list)
+and exits with status 2.
 
 So does an error of the environment the user runs in, an `OSError` that names a file (its own filename, or
 the file object or absolute-path argument of the frame that raised it: a `write()` or a file's close does not
@@ -188,6 +189,12 @@ def environment_error(error: BaseException, argv: list[str]) -> str | None:
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with each kind of bad command line turned into one `error:` line (exit 2)."""
+    for arg in argv[1:]:  # a config file is Python: a CSV or JSON given to --config would fail as a NameError
+        name, _, value = arg.lstrip("-").partition("=")
+        path = value.split(":")[0]
+        if arg.startswith("-") and _is_config_flag(name) and os.path.isfile(path) and not path.endswith(".py"):
+            _fail(f"--{name}={value}: {path} is not a config file; --{name} names a Python file with get_config(), "
+                  f"e.g. configs/lm.py:gpt2_tiny")
     try:
         rest = flags.FLAGS(argv)
         if len(rest) > 1:  # no command takes one: `steps=30` or `--dry_run true` would be ignored
