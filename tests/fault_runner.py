@@ -132,10 +132,11 @@ def environment(data_dir: str | None = None) -> dict[str, str]:
     return env
 
 
-def run_commands(cases: list[dict], data_dir: str | None = None, fork: bool | None = None) -> list[dict]:
+def run_commands(cases: list[dict], data_dir: str | None = None, fork: bool | None = None,
+                 cwd: str = REPO) -> list[dict]:
     """Runs each case {"argv": [MODULE, *ARGS], "watch": [DIR, ...], "uid": optional, "env": optional,
-    "timeout": seconds (default 300)} from the repository root, one after the other; returns per case
-    {"returncode" (an int, or "timeout"), "stdout", "stderr", "changed" (paths under `watch` added, removed or
+    "timeout": seconds (default 300)} in `cwd` (this checkout is on PYTHONPATH), one after the other; returns per
+    case {"returncode" (an int, or "timeout"), "stdout", "stderr", "changed" (paths under `watch` added, removed or
     modified; a directory ends in /), "forked", "seconds"}."""
     if fork is None:
         fork = os.environ.get("FAULT_TRIAL_FORK", "1") != "0"
@@ -145,7 +146,7 @@ def run_commands(cases: list[dict], data_dir: str | None = None, fork: bool | No
         with open(os.path.join(tmp, "spec.json"), "w") as f:
             json.dump(spec, f)
         longest = sum(c["timeout"] for c in spec["cases"]) + 120
-        subprocess.run([sys.executable, "-c", _RUNNER, os.path.join(tmp, "spec.json")], cwd=REPO,
+        subprocess.run([sys.executable, "-c", _RUNNER, os.path.join(tmp, "spec.json")], cwd=cwd,
                        env=environment(data_dir), check=True, timeout=longest)
         with open(spec["results"]) as f:
             return json.load(f)

@@ -9,8 +9,9 @@ appears, changes or goes under the trial's directory. An error of the environmen
 system, a full disk, a directory the user may not write) is the same one line, naming the path and the cause.
 Cases whose fix is another branch's are marked xfail(strict) with the issue item and the branch: they fail today
 and pass once it is merged (then the mark goes). Every case runs as `python -m experiments.X` in a process of its
-own, forked from one that imported the heavy libraries once (tests/fault_runner.py): about 0.3-1 s a case
-instead of 3-5 s.
+own, forked from one that imported the heavy libraries once (tests/fault_runner.py: about 0.3-1 s a case instead
+of 3-5 s), started in the trial's directory: a relative path a command makes (`~nouser/run` taken literally)
+lands where the check sees it.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from typing import NamedTuple
 
 import pytest
 
-from fault_runner import error_lines, run_commands
+from fault_runner import REPO, error_lines, run_commands
 
-TRAIN = ["experiments.train", "--config=configs/lm.py:gpt2_tiny", "--config.data.data_dir={data}"]
+TRAIN = ["experiments.train", "--config={repo}/configs/lm.py:gpt2_tiny", "--config.data.data_dir={data}"]
 DRY = TRAIN + ["--dry_run"]
 SMALL = ["--config.train.steps=2", "--config.train.warmup_steps=1", "--config.data.seq_len=32",
          "--config.train.batch_size=8"]
@@ -37,11 +38,11 @@ def real(workdir: str) -> list[str]:
     (a bug) cannot change what the next one sees."""
     return TRAIN + SMALL + [f"--workdir={{work}}/{workdir}"]
 
-SWEEP = ["experiments.sweep", "--config=configs/sweeps/quick.py", "--config.base.data.data_dir={data}",
+SWEEP = ["experiments.sweep", "--config={repo}/configs/sweeps/quick.py", "--config.base.data.data_dir={data}",
          "--workdir={work}/new_sweep", "--dry_run"]
 FIT = ["experiments.fit", "--points={work}/points.csv", "--out={work}/new_fit"]
 COMPARE = ["experiments.compare", "--baseline={work}/empty", "--variant={work}/empty", "--out={work}/new_compare"]
-PREPARE = ["experiments.prepare_data", "--config=configs/lm.py:gpt2_tiny", "--config.data.data_dir={data}"]
+PREPARE = ["experiments.prepare_data", "--config={repo}/configs/lm.py:gpt2_tiny", "--config.data.data_dir={data}"]
 LOCAL = ["--config.data.tfds_name=", "--config.data.files={work}/dïr with space/*.txt"]  # local files, for a cache
 PLOT = ["experiments.plot_lr_scans", "--out={work}/new_plot.png"]
 
@@ -97,7 +98,7 @@ MISTAKES = [
          r"train\.decay_fraction=1\.5"),
     Case("train_unknown_eval_split", DRY + ["--config.data.eval_split=nope"], r"split 'nope'.*train, validation"),
     # ---- train: a task the family does not support (item 1.1)
-    Case("train_lm_task_on_an_encoder", ["experiments.train", "--config=configs/mlm.py:bert_tiny",
+    Case("train_lm_task_on_an_encoder", ["experiments.train", "--config={repo}/configs/mlm.py:bert_tiny",
                                          "--config.data.data_dir={data}", "--config.train.task=lm", "--dry_run"],
          r"train\.task='lm'", fixed_on(TRAINRUN, "1.1")),
     Case("train_mlm_task_on_a_decoder", DRY + ["--config.train.task=mlm"], r"train\.task='mlm'",
@@ -109,10 +110,10 @@ MISTAKES = [
          fixed_on(TRAINRUN, "2.3")),
     Case("train_init_from_an_empty_dir", real("run_init_empty") + ["--config.train.init_from={work}/empty"],
          r"train\.init_from='.*/empty': .*empty/config\.json not found", fixed_on(TRAINRUN, "2.3")),
-    Case("train_loss_chunk_not_dividing", real("run_chunk") + ["--config.train.loss_chunk_size=7"], r"train\.loss_chunk_size=7",
-         fixed_on(TRAINRUN, "2.3")),
-    Case("train_negative_shuffle_seed", real("run_shuffle") + ["--config.data.shuffle_seed=-1"], r"data\.shuffle_seed=-1",
-         fixed_on(SAMEDATA, "2.5")),
+    Case("train_loss_chunk_not_dividing", real("run_chunk") + ["--config.train.loss_chunk_size=7"],
+         r"train\.loss_chunk_size=7", fixed_on(TRAINRUN, "2.3")),
+    Case("train_negative_shuffle_seed", real("run_shuffle") + ["--config.data.shuffle_seed=-1"],
+         r"data\.shuffle_seed=-1", fixed_on(SAMEDATA, "2.5")),
     Case("train_half_written_config_json", TRAIN + ["--workdir={work}/damaged_run"], r"damaged_run/config\.json",
          fixed_on(TRAINRUN, "2.5")),
     # ---- the command line itself (experiments/cli.py, experiments/_paths.py)
@@ -121,17 +122,17 @@ MISTAKES = [
     Case("train_empty_workdir", TRAIN + ["--workdir="], r"--workdir=DIR is required"),
     Case("train_config_not_python", ["experiments.train", "--config={work}/points.csv", "--workdir={work}/new_run"],
          r"--config=.*points\.csv is not a config file"),
-    Case("train_config_a_directory", ["experiments.train", "--config=configs", "--workdir={work}/new_run"],
-         r"--config: .*Is a directory: 'configs'"),
+    Case("train_config_a_directory", ["experiments.train", "--config={work}/empty", "--workdir={work}/new_run"],
+         r"--config: .*Is a directory: '.*/empty'"),
     Case("train_workdir_is_a_file", TRAIN + SMALL + ["--workdir={work}/a_file"],
          r"--workdir=.*a_file: it exists and is not a directory"),
     Case("train_workdir_under_a_file", TRAIN + SMALL + ["--workdir={work}/a_file/run"],
          r"--workdir=.*a_file/run: a part of it is a file"),
-    Case("train_workdir_of_no_user", TRAIN + ["--workdir=~no_such_user_zz/run"],
+    Case("train_workdir_of_no_user", DRY + ["--workdir=~no_such_user_zz/run"],
          r"--workdir=~no_such_user_zz/run: ~no_such_user_zz is no user's home"),
-    Case("train_workdir_unexpanded_variable", TRAIN + ["--workdir=$NO_SUCH_SCRATCH_ZZ/run"],
+    Case("train_workdir_unexpanded_variable", DRY + ["--workdir=$NO_SUCH_SCRATCH_ZZ/run"],
          r"--workdir=\$NO_SUCH_SCRATCH_ZZ/run: \$NO_SUCH_SCRATCH_ZZ is a shell variable that was not expanded"),
-    Case("train_cache_dir_unexpanded_variable", real("run_var") + ["--config.data.cache_dir=${{NO_SUCH_ZZ}}/cache"],
+    Case("train_cache_dir_unexpanded_variable", DRY + ["--config.data.cache_dir=${{NO_SUCH_ZZ}}/cache"],
          r"data\.cache_dir='\$\{NO_SUCH_ZZ\}/cache': \$\{NO_SUCH_ZZ\} is a shell variable"),
     Case("train_dry_run_given_a_value", TRAIN + ["--dry_run=maybe"], r"--dry_run=maybe.*Non-boolean"),
     # ---- sweep
@@ -140,7 +141,7 @@ MISTAKES = [
     Case("sweep_budget_not_a_number", SWEEP + ["--config.sweep.budgets=abc"], r"sweep\.budgets=\('abc',\)"),
     Case("sweep_multirun_in_parallel", SWEEP + ["--config.sweep.multirun=True", "--parallel=2"],
          r"sweep\.multirun=True .*--parallel=1"),
-    Case("sweep_given_a_training_config", ["experiments.sweep", "--config=configs/lm.py:gpt2_tiny",
+    Case("sweep_given_a_training_config", ["experiments.sweep", "--config={repo}/configs/lm.py:gpt2_tiny",
                                            "--workdir={work}/new_sweep"], r"needs a `sweep` section"),
     Case("sweep_negative_max_hours", SWEEP + ["--config.sweep.max_hours=-1"], r"sweep\.max_hours=-1"),
     Case("sweep_no_shapes", SWEEP + ["--config.sweep.d_models=()"], r"sweep\.d_models has 0 shapes"),
@@ -266,7 +267,7 @@ ENVIRONMENT = [
 
 NOBODY = 65534
 DOCUMENTS = {f"doc {i}, ü.txt": f"document {i}: " + " ".join(["alpha", "béta", "γάμμα", "delta"][(i * j) % 4]
-                                                          for j in range(3000)) for i in range(6)}  # 6 files: 5 train, 1 held out for evaluation
+                                                          for j in range(3000)) for i in range(6)}
 
 
 def _mount(args: list[str]) -> str | None:
@@ -334,7 +335,7 @@ def _unmount(work: str) -> None:
 
 
 def _argv(argv: list[str], work: str, data: str) -> list[str]:
-    return [a.format(work=work, data=data) for a in argv]
+    return [a.format(work=work, data=data, repo=REPO) for a in argv]
 
 
 PARITY = [("parity_config_error", DRY + ["--config.model.num_heads=5"]),
@@ -367,7 +368,7 @@ def trial(corpus_dir):
         ids.append("unicode_cache")
         cases.append({"argv": _argv(PREPARE + LOCAL, work, corpus_dir) + [
             f"--config.data.cache_dir={work}/cäche, with space", "--config.data.eval_fraction=0.4"], "timeout": 120})
-        results = dict(zip(ids, run_commands(cases, data_dir=corpus_dir)))
+        results = dict(zip(ids, run_commands(cases, data_dir=corpus_dir, cwd=work)))  # a relative path lands here
         yield results, unavailable, work, corpus_dir
     finally:
         _unmount(work)
@@ -419,7 +420,7 @@ def test_the_forked_runner_gives_what_python_m_gives(trial, corpus_dir):
     after JAX is imported, and a bug in a config file (a traceback, exit 1)."""
     results, _, work, _ = trial
     plain = run_commands([{"argv": _argv(argv, work, corpus_dir), "timeout": 120} for _, argv in PARITY],
-                         data_dir=corpus_dir, fork=False)
+                         data_dir=corpus_dir, fork=False, cwd=work)
     for (cid, _), p in zip(PARITY, plain):
         forked = results[cid]
         assert forked["forked"] and not p["forked"]
