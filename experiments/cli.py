@@ -6,9 +6,11 @@ expensive or written), an argument that is not a `--flag` (no command takes one:
 ignored) — prints one `error: ...` line naming the setting (and the valid values where there is a short list)
 and exits with status 2.
 
-So does an error of the environment the user runs in, an `OSError` that names a file (its own filename, or
-the file object or absolute-path argument of the frame that raised it: a `write()` or a file's close does not
-carry the name) and whose errno says what is wrong with the file system, not with the program:
+So does an error of the environment the user runs in: an `OSError` (itself, the one a library's exception
+was raised `from`, or the one tensorstore, orbax's checkpoint storage, reports as a ValueError ending
+`[os_error_code='28']`) that names a file (its filename, or the file object or absolute-path argument of the
+frame that raised it: a `write()` or a file's close does not carry the name) and whose errno says what is
+wrong with the file system, not with the program:
   EACCES, EPERM    permission denied: the user may not write (or read) there;
   EROFS            the file system is mounted read-only;
   ENOSPC, EDQUOT   the disk, or the user's quota, is full;
@@ -16,15 +18,17 @@ and, on a path the user named (a flag's or a `--config.KEY`'s value, or a path u
 EISDIR: `--workdir=FILE`, `--workdir=FILE/run`, `--out=DIR` where a file is written. The kernel raises
 these errnos for the state of the file system (its permissions, mount flags, free space), which the user
 changes and the program cannot; the line names the file and the cause, and rerunning the command once it is
-fixed resumes (a run from its checkpoint, a sweep from results.jsonl). Any other `OSError` (ENOENT,
-EBADF, EINVAL, a socket's or a subprocess's error; one without a file) may be a bug and, like any other
-exception, keeps its traceback (exit 1); so does EEXIST on a path the program chose itself. Set
-TRANSFORMER_TRACEBACK=1 to see the traceback of a user or environment error as well.
+fixed resumes (a run from its checkpoint, a sweep from results.jsonl). A library's log record of the same
+exception (orbax logs a failed asynchronous save from each of its threads) is left out: the one line says it.
+Any other `OSError` (ENOENT, EBADF, EINVAL, a socket's or a subprocess's error; one without a file) may be a
+bug and, like any other exception, keeps its traceback (exit 1); so does EEXIST on a path the program chose
+itself. Set TRANSFORMER_TRACEBACK=1 to see the traceback of a user or environment error as well.
 """
 from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import re
 import sys
@@ -165,13 +169,26 @@ def _failed_file(error: OSError) -> str | None:
     return next((path for path in map(_frame_file, reversed(frames)) if path is not None), None)
 
 
+_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError `error` is: itself, the one it was raised `from` (a library's wrapper), or the one tensorstore
+    (orbax's checkpoint storage) reports as a ValueError quoting the file and ending `[os_error_code='28']`."""
+    while not isinstance(error, OSError) and error.__cause__ is not None:
+        error = error.__cause__
+    if isinstance(error, OSError):
+        return error
+    code, paths = _TENSORSTORE_ERRNO.search(str(error)), re.findall(r'"(/[^"]*)"', str(error))
+    return OSError(int(code.group(1)), os.strerror(int(code.group(1))), paths[-1]) if code and paths else None
+
+
 def environment_error(error: BaseException, argv: list[str]) -> str | None:
     """The one `error:` line for an error of the user's environment (the module docstring says which), or None:
     anything else may be a bug and keeps its traceback. An exception raised `from` such an OSError is one too
     (a library that wraps it); an exception merely raised while handling one is not."""
-    while not isinstance(error, OSError) and error.__cause__ is not None:
-        error = error.__cause__
-    if not isinstance(error, OSError) or error.errno not in {**ENVIRONMENT_ERRNOS, **NAMED_PATH_ERRNOS}:
+    error = _os_error(error)
+    if error is None or error.errno not in {**ENVIRONMENT_ERRNOS, **NAMED_PATH_ERRNOS}:
         return None
     path = _failed_file(error)
     if path is None:
@@ -185,6 +202,16 @@ def environment_error(error: BaseException, argv: list[str]) -> str | None:
     if flag is not None:  # EEXIST, ENOTDIR, EISDIR: on a path the user named, that path is the wrong kind
         return f"{where}: {NAMED_PATH_ERRNOS[error.errno]} ({os.strerror(error.errno)})"
     return None
+
+
+class _EnvironmentErrorLogs(logging.Filter):
+    """Drops a library's log record of an exception that is an environment error: the command reports it once,
+    as its one `error:` line (orbax logs a failed asynchronous save from each of its threads, with a traceback,
+    before the save's error reaches the command)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exception = record.exc_info[1] if record.exc_info else None
+        return exception is None or environment_error(exception, sys.argv) is None
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -252,4 +279,5 @@ def run(main: Callable[[list[str]], None]) -> None:
 
     use_huge_pages()
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax/grain INFO lines would drown the progress
+    absl_logging.get_absl_handler().addFilter(_EnvironmentErrorLogs())
     app.run(guarded, flags_parser=parse_flags)

@@ -467,6 +467,13 @@ def test_an_os_error_is_one_line_only_where_the_environment_is_at_fault():
         raise RuntimeError("checkpoint save failed") from err(errno.EDQUOT, "/data/runs/r1/checkpoints/4")
     except RuntimeError as e:
         assert "Disk quota exceeded" in environment_error(e, argv)
+    tensorstore = ValueError('RESOURCE_EXHAUSTED: Error writing "params.w/0.0" in OCDBT database at local file '
+                             '"/data/runs/r1/checkpoints/10.orbax-checkpoint-tmp/d/": Failed writing: "/data/runs/r1/'
+                             'checkpoints/10.orbax-checkpoint-tmp/d/70a7": Failed to write 124410 bytes to file 20: '
+                             "No space left on device [os_error_code='28']")  # orbax's failed save on a full disk
+    assert environment_error(tensorstore, argv) == (
+        "--workdir=/data/runs/r1: /data/runs/r1/checkpoints/10.orbax-checkpoint-tmp/d/70a7: No space left on device; "
+        "free space on that file system, or choose a directory on another one, then rerun the command")
     try:
         try:
             raise err(errno.EROFS, "/data/runs/r1")
@@ -504,3 +511,23 @@ def test_a_failed_write_names_its_file_from_the_frame_that_wrote_it(tmp_path):
         claim(path)
     except OSError as e:
         assert environment_error(e, ["prog"]).startswith(f"{path}: No space left on device")
+
+
+def test_a_librarys_log_of_an_environment_error_is_left_to_the_one_line(monkeypatch):
+    """orbax logs a failed asynchronous save from each of its threads, traceback included, before the error
+    reaches the command: those records are dropped (the one error line says it); any other record is kept."""
+    import logging
+    import sys
+
+    from experiments.cli import _EnvironmentErrorLogs
+
+    monkeypatch.setattr(sys, "argv", ["prog", "--workdir=/data/runs/r1"])
+
+    def record(exception: BaseException | None) -> logging.LogRecord:
+        return logging.LogRecord("absl", logging.ERROR, "future.py", 387, "raised an exception: %s", (exception,),
+                                 (type(exception), exception, None) if exception else None)
+
+    keep = _EnvironmentErrorLogs().filter
+    assert not keep(record(OSError(errno.ENOSPC, "No space left on device", "/data/runs/r1/checkpoints/10")))
+    assert keep(record(ValueError("a bug in a handler")))
+    assert keep(record(None))
