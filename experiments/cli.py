@@ -177,8 +177,8 @@ def _os_error(error: BaseException) -> OSError | None:
     (orbax's checkpoint storage) reports as a ValueError quoting the file and ending `[os_error_code='28']`."""
     while not isinstance(error, OSError) and error.__cause__ is not None:
         error = error.__cause__
-    if isinstance(error, OSError):
-        return error
+    if not isinstance(error, ValueError):
+        return error if isinstance(error, OSError) else None
     code, paths = _TENSORSTORE_ERRNO.search(str(error)), re.findall(r'"(/[^"]*)"', str(error))
     return OSError(int(code.group(1)), os.strerror(int(code.group(1))), paths[-1]) if code and paths else None
 
