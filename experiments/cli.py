@@ -138,8 +138,9 @@ def _named_paths(argv: list[str]) -> dict[str, str]:
         if arg.startswith("-") and "=" in arg:
             value = arg.split("=", 1)[1]
             for part in (value, *value.split(",")):
-                if part.strip():
-                    named.setdefault(os.path.normpath(os.path.abspath(os.path.expanduser(part.strip()))), arg)
+                path = os.path.normpath(os.path.abspath(os.path.expanduser(part.strip())))
+                if part.strip() and path != os.sep:  # "/" would hold every path
+                    named.setdefault(path, arg)
     return dict(sorted(named.items(), key=lambda item: -len(item[0])))
 
 

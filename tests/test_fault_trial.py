@@ -399,10 +399,22 @@ def test_a_mistyped_command_line_is_one_error_and_writes_nothing(trial, case):
     assert results[case.id]["changed"] == [], results[case.id]["changed"]
 
 
-def test_the_mistakes_are_new_and_many():
-    """50+ command lines, none a duplicate of another here (the other files' cases are not repeated)."""
-    assert len(MISTAKES) >= 50
-    assert len({c.id for c in MISTAKES}) == len({tuple(c.argv) for c in MISTAKES}) == len(MISTAKES)
+def _mistake(argv: list[str]) -> tuple[str, frozenset[str]]:
+    """What a command line gets wrong: its command and the arguments beyond the set-up every case shares."""
+    shared = ("--config=", "--workdir=", "--config.data.data_dir=", "--config.base.data.data_dir=", "--dry_run",
+              "--config.train.warmup_steps=1", "--out=")
+    return argv[0], frozenset(a for a in argv[1:] if not a.startswith(shared) and a not in SMALL)
+
+
+def test_the_mistakes_are_many_and_new():
+    """50+ command lines, each its own mistake, none one of test_bad_inputs.py's."""
+    from test_bad_inputs import CASES
+
+    ours = [_mistake(c.argv) for c in MISTAKES]
+    assert len(MISTAKES) >= 50 and len({c.id for c in MISTAKES}) == len(MISTAKES)
+    assert len({tuple(c.argv) for c in MISTAKES}) == len(MISTAKES)
+    theirs = {_mistake(args) for _, args, _ in CASES}
+    assert [c.id for c, m in zip(MISTAKES, ours) if m in theirs and m[1]] == []
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c.xfail)) for c in ENVIRONMENT])
