@@ -290,7 +290,8 @@ def test_a_damaged_token_cache_is_refused_naming_the_file(damage, tmp_path):
              f"--workdir={tmp_path}/run")
     errors = error_lines(r)
     assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert path in errors[0] and "delete" in errors[0], errors[0]
+    assert os.path.dirname(path) in errors[0] and os.path.basename(path) in errors[0], errors[0]  # the cache, the file
+    assert "delete" in errors[0], errors[0]
 
 
 # ------------------------------------------------------------------ divergence
