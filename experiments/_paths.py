@@ -10,16 +10,25 @@ config.json (and a sweep's sweep.json) then names the same files from wherever t
 A setting that starts with `~` is kept as written (the library expands it where it reads it), so the
 recorded config of a run or sweep given `~/...` is what it always was; a data.tokenizer or train.init_from that
 names no existing path is kept as typed, for the library's error message.
+
+A path that cannot be what the user meant is one error, before anything is written: a `~name` that is no
+user's home (it would become a directory literally named `~name` in the current directory), or a `$VARIABLE`
+the shell did not expand (a path in single quotes in a job script: it would become a directory named
+`$SCRATCH`). A path that exists is taken as it is, whatever its characters; spaces, commas (in a path flag)
+and any Unicode are ordinary characters of a path.
 """
 from __future__ import annotations
 
+import glob
 import inspect
 import os
+import re
 import sys
 from typing import Any
 
 from absl import flags
 
+from transformer.spec import ConfigError
 from transformer.spec.data import join_globs, split_globs
 
 CONFIG_PATHS = ("data.files", "data.eval_files", "data.tokenizer", "data.cache_dir", "data.data_dir",
@@ -29,6 +38,25 @@ GLOB_LISTS = ("data.files", "data.eval_files")  # globs (a comma-separated strin
 TOKENIZER_NAMES = ("bytes", "sentencepiece")    # data.tokenizer values that are not files
 IF_PRESENT = ("data.tokenizer", "train.init_from")  # made absolute only when the path is there: anything else
                                                      # is left as typed for the library's error (or a name)
+
+
+_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def unmeant(path: str) -> str | None:
+    """Why `path`, as typed, cannot be the path the user meant (the module docstring), or None."""
+    if os.path.exists(os.path.expanduser(path)) or glob.glob(os.path.expanduser(path)):
+        return None
+    for part in path.split(","):
+        part = part.strip()
+        if part.startswith("~") and os.path.expanduser(part) == part:
+            user = part[1:].split(os.sep, 1)[0]
+            return f"~{user} is no user's home directory on this machine (~/ is yours)"
+    variable = _VARIABLE.search(path)
+    if variable:
+        return (f"{variable.group(0)} is a shell variable that was not expanded (the path was quoted with '...'?); "
+                f"write the path out or let the shell expand it")
+    return None
 
 
 def absolute(path: str | None) -> str | None:
@@ -44,6 +72,9 @@ class _PathParser(flags.ArgumentParser):
     syntactic_help = "a path (relative to the current directory, ~ expanded)"
 
     def parse(self, argument: str) -> str:
+        problem = unmeant(argument) if argument else None
+        if problem:
+            raise ValueError(problem)  # absl: "flag --NAME=VALUE: <problem>", one `error:` line (experiments/cli.py)
         return absolute(argument)
 
     def flag_type(self) -> str:
@@ -84,5 +115,9 @@ def absolute_config(config: Any) -> Any:
         for key in keys:
             section, name = key.split(".")
             if section in node and name in node[section]:
+                value = node[section][name]
+                problem = unmeant(value) if isinstance(value, str) and value.strip() else None
+                if problem:
+                    raise ConfigError(f"{'base.' if node is not config else ''}{key}={value!r}: {problem}")
                 node[section][name] = _absolute_setting(key, node[section][name])
     return config
