@@ -34,7 +34,15 @@ def main(argv: list[str]) -> None:
         if not os.path.exists(path):
             raise MissingInputError(f"--scans: {path} does not exist (an LR-scan sweep writes it when it ends)")
         with open(path) as f:
-            fits.append(json.load(f))
+            try:
+                fit = json.load(f)
+            except ValueError as e:  # a damaged or half-copied file
+                raise ConfigError(f"--scans: {path} is not valid JSON ({e}); rerun that sweep's command to write it "
+                                  f"again") from None
+        if not isinstance(fit, dict) or not {"sizes", "coefficient", "exponent"} <= set(fit):
+            raise ConfigError(f"--scans: {path} is not an LR scan's lr_fit.json (it needs sizes, coefficient and "
+                              f"exponent)")
+        fits.append(fit)
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     lr_scan.plot_panels(fits, titles, _OUT.value)
     for title, fit in zip(titles, fits):
