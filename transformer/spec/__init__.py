@@ -9,12 +9,12 @@ from transformer.spec.mesh import MESH_AXES, MeshSpec, normalize_rules, resolve_
 from transformer.spec.model import (AUTO, COMPUTE_DTYPES, FAMILIES, NORM_POSITIONS, PARAM_DTYPES, PARAMETRIZATIONS,
                                     REMAT_POLICIES, ModelConfig, model_defaults)
 from transformer.spec.run import FAMILY_TASKS, RunSpec, model_spec, run_task
-from transformer.spec.schedule import (AUTO_WARMUP, AUTO_WARMUP_FRACTION, AUTO_WARMUP_MAX, LR_ARITHMETIC,
+from transformer.spec.schedule import (ADDED_TRAIN_KEYS, AUTO_WARMUP, AUTO_WARMUP_FRACTION, AUTO_WARMUP_MAX, LR_ARITHMETIC,
                                        MAX_SKIPPED_FRACTION, NONFINITE_POLICIES, SCHEDULES, TrainSpec, decay_start,
                                        lr_at, train_spec, warmup_steps)
 
 __all__ = [
-    "AUTO", "AUTO_WARMUP", "AUTO_WARMUP_FRACTION", "AUTO_WARMUP_MAX", "COMPUTE_DTYPES", "ConfigError", "DataSpec",
+    "ADDED_TRAIN_KEYS", "AUTO", "AUTO_WARMUP", "AUTO_WARMUP_FRACTION", "AUTO_WARMUP_MAX", "COMPUTE_DTYPES", "ConfigError", "DataSpec",
     "FAMILIES", "FAMILY_TASKS", "LR_ARITHMETIC", "MAX_SKIPPED_FRACTION",
     "MESH_AXES", "MeshSpec", "MissingInputError", "ModelConfig", "NONFINITE_POLICIES", "NORM_POSITIONS",
     "PARAM_DTYPES", "PARAMETRIZATIONS", "REMAT_POLICIES", "RunSpec", "SCHEDULES", "TrainSpec", "VOCAB_MULTIPLE",

@@ -31,6 +31,9 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")
 NONFINITE_POLICIES = ("stop", "skip")
 LR_ARITHMETIC = 2  # 1: the decay one step behind (count, not step); 2: the last step trains at final_lr_fraction
 MAX_SKIPPED_FRACTION = 0.1  # train.max_skipped_fraction's default: a skip run that drops more updates fails
+# train.* keys added after runs were recorded, with the values earlier runs had: a sweep run's id leaves such a key
+# out at this value (design/grid.run_id), so adding a setting does not rename every recorded run
+ADDED_TRAIN_KEYS = {"grad_accum_steps": 1, "max_skipped_fraction": MAX_SKIPPED_FRACTION}
 
 AUTO_WARMUP = -1            # train.warmup_steps default: scales with the run (see warmup_steps)
 AUTO_WARMUP_FRACTION = 0.1  # ... this fraction of train.steps,

@@ -76,7 +76,8 @@ class Loop:
         self.evaluator = Evaluator(self.eval_fn, setup.task, setup.spec, self.batch_s, jax.process_index(),  # one
                                    jax.process_count(), setup.token_bytes_V, setup.data, setup.rows)  # per run
         self.train_fn: Any = None
-        self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose)
+        self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose,
+                                               self.t.steps, self.t.max_skipped_fraction)
         histories = [read_metrics(w) if runs.primary and start_step else [] for w in runs.workdirs]  # to the ckpt
         for r, history in enumerate(histories):
             for row in history:
@@ -120,6 +121,17 @@ class Loop:
                 for p, r in enumerate(self.runs.live):
                     self.runs.last[r].update({k: self.runs.pick(v, p) for k, v in final.items()})
 
+    def judge_end(self) -> None:
+        """At the last step: a run whose final evaluation is not finite fails (its parameters are not a model; under
+        train.nonfinite="skip" every update may have been finite where the evaluation is not)."""
+        if self.step != self.t.steps:
+            return
+        for r in self.runs.live:
+            loss = self.runs.last[r].get("eval_loss")
+            if loss is not None and not np.isfinite(loss):
+                self._fail({r: f"the final evaluation at step {self.step} is not finite (eval_loss={loss}): the "
+                               f"model diverged. Lower train.learning_rate or raise train.warmup_steps"})
+
     def stop(self) -> None:
         """After Preempted: the steps since the last sync are checked (never save a NaN state), then saved."""
         self._fail(self.nonfinite.check(jax.device_get(self.window), self.runs.live, self.runs.part, self.step,
@@ -160,9 +172,18 @@ class Loop:
         """Fetches the window's (loss, finite), runs the non-finite guard (before any checkpoint of a bad
         state) and takes failed runs out of the group: no longer computed (the step is recompiled)."""
         fetched, self.window = jax.device_get(self.window), []
-        self._fail(self.nonfinite.check(fetched, self.runs.live, self.runs.part, self.step))
+        failed = self.nonfinite.check(fetched, self.runs.live, self.runs.part, self.step)
+        counts = nonfinite.skipped_updates(self.state.opt_state) if self.t.nonfinite == "skip" else None
+        if counts is not None:  # train.nonfinite="skip": too many dropped updates fail the run
+            for p, r in enumerate(self.runs.live):
+                self.runs.skipped[r] = self.runs.pick(counts, p)
+            failed.update({r: e for r, e in self.nonfinite.over_limit(
+                {r: self.runs.skipped[r] for r in self.runs.live}, self.step).items() if r not in failed})
+        self._fail(failed)
         keep = [p for p, r in enumerate(self.runs.live) if self.runs.status[r] == "ok"]
-        if len(keep) < len(self.runs.live):
+        if len(keep) < len(self.runs.live) and not self.runs.grouped:  # a run alone failed: the loop ends
+            self.runs.live = []
+        elif len(keep) < len(self.runs.live):
             fetched = [(s, multirun.take(x, keep)) for s, x in fetched]
             m, self.runs.live = multirun.take(m, keep), [self.runs.live[p] for p in keep]
             if self.runs.live:
@@ -185,7 +206,6 @@ class Loop:
         self.timed_tokens += tokens
         self.timed_seconds += elapsed
         tps = tokens / max(elapsed, 1e-9)
-        counts_skipped = nonfinite.skipped_updates(self.state.opt_state)
         evals = self._evaluate() if is_eval else None
         extra = ""
         for p, r in enumerate(runs.live):
@@ -195,8 +215,8 @@ class Loop:
                    "flops": step * self.s.tokens_per_step * self.s.fpt, "tokens_per_second": tps}
             row.update({f"rms/{kind}/{module}": float(v) for kind, per_module in mp["rms"].items()
                         for module, v in per_module.items()})  # per-module RMS (steps.module_rms)
-            if counts_skipped is not None:
-                row["skipped_updates"] = runs.skipped[r] = runs.pick(counts_skipped, p)
+            if self.t.nonfinite == "skip":  # counted at this sync (_sync)
+                row["skipped_updates"] = runs.skipped[r]
             spike = self.spikes.check(r, [(s, runs.part(x, p)) for s, x in fetched], row["train_loss"])
             if spike is not None:
                 row["loss_spike"] = spike[1]
@@ -227,7 +247,8 @@ class Loop:
         return guards.replay_diagnosis(
             bad_step, bad_loss, checkpointer=self.runs.ckpts[0], abstract=s.abstract,
             make_iterator=lambda: s.task.make_iterator(s.spec, **self.runs.data_args[0]),
-            fresh_state=lambda: s.fresh_state(s.spec), train_fn=self.train_fn, grad_fn=grad_fn,
+            fresh_state=lambda: s.fresh_state(s.spec, self.runs.init_sources[0]), train_fn=self.train_fn,
+            grad_fn=grad_fn,
             to_global=lambda b: global_batch(b, self.batch_s, t.batch_size))
 
     def skipped_now(self) -> None:
@@ -281,6 +302,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                    *(ck.close for ck in runs.ckpts), *(w.close for w in runs.writers)]
         if nproc > 1:
             closers.append(lambda: multihost_utils.sync_global_devices("train_done"))
+        closers.append(runs.claims.release)  # the workdirs' claims last: their files are all closed
         _close_all(closers, raise_errors=completed)
     if verbose and runs.primary and all(s["status"] == "ok" for s in summaries):
         losses = ", ".join("-" if s["eval_loss"] is None else f"{s['eval_loss']:.4f}" for s in summaries)
@@ -296,6 +318,7 @@ def _train(loop: Loop, preemption: guards.Preemption) -> BaseException | None:
     try:
         try:
             loop.run()
+            loop.judge_end()
         except Preempted:
             loop.stop()
             if runs.primary:
