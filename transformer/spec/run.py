@@ -38,7 +38,7 @@ def run_task(family: str, task: str) -> str:
     if task not in valid:
         other = [f for f, tasks in FAMILY_TASKS.items() if task in tasks]
         raise ConfigError(f"train.task={task!r} does not fit model.family={family!r}"
-                          + (f" (it trains a {other[0]} model)" if other else "")
+                          + (f" (it is a task of model.family={other[0]!r})" if other else "")
                           + f"; valid for {family}: {', '.join(valid)} (\"\" = {valid[0]})")
     return task
 
@@ -64,12 +64,13 @@ class RunSpec:
             object.__setattr__(self, "data", data)
         if self.data.seq_len != self.seq_len:
             raise ConfigError(f"data.seq_len={self.data.seq_len} of the data spec is not the run's {self.seq_len}")
-        task = run_task(self.model.family, self.train.task)
-        if self.train.loss_chunk_size and (task != "lm" or self.seq_len % self.train.loss_chunk_size):
-            raise ConfigError(f"train.loss_chunk_size={self.train.loss_chunk_size} must divide data.seq_len="
-                              f"{self.seq_len} and is for task lm only (got {task}); valid: 0 (off)"
-                              + (", " + ", ".join(str(k) for k in range(1, self.seq_len + 1) if self.seq_len % k == 0)
-                                 if task == "lm" else ""))
+        task, chunk = run_task(self.model.family, self.train.task), self.train.loss_chunk_size
+        if chunk and task != "lm":
+            raise ConfigError(f"train.loss_chunk_size={chunk} is for task lm only (this run's task is {task}); set "
+                              f"it to 0")
+        if chunk and self.seq_len % chunk:
+            raise ConfigError(f"train.loss_chunk_size={chunk} must divide data.seq_len={self.seq_len}; valid: 0 "
+                              f"(off), {', '.join(str(k) for k in range(1, self.seq_len + 1) if self.seq_len % k == 0)}")
         self.mesh.check_batch(self.train.batch_size, self.process_count)
         k, dp = self.train.grad_accum_steps, self.mesh.ways("batch")
         if k > 1 and (self.train.batch_size // k) % dp:

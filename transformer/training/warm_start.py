@@ -121,8 +121,9 @@ def check_source(init_from: str, params: Any, family: str | None = None) -> Sour
         config = load_config(init_from)  # DIR/config.json: it is a training run
         state_dir = os.path.join(init_from, "checkpoints", str(latest_step(init_from)), "state")
     except MissingInputError as e:
-        raise MissingInputError(f"{where}: {e} (a train workdir with a checkpoint, or a local Hugging Face "
-                                f"model directory)") from None
+        raise MissingInputError(f"{where}: {e}" + ("" if "checkpoint" in str(e) else
+                                                   " (give a train workdir, or a local Hugging Face model "
+                                                   "directory)")) from None
     theirs = (config.get("model") or {}).get("family", "decoder")
     if family is not None and theirs != family:
         raise ConfigError(f"{where} is a run of model.family={theirs!r} (task "
