@@ -188,6 +188,24 @@ def test_the_command_exits_nonzero_with_the_reason(corpus_dir, tmp_path):
     assert "error: " in r.stderr and "train.max_skipped_fraction" in r.stderr
 
 
+# ---------------------------------------------------------------- the learning-rate arithmetic (3.4)
+
+def test_resuming_a_checkpoint_of_the_earlier_lr_arithmetic_says_so(corpus_dir, tmp_path, capsys):
+    """The decay now reaches train.final_lr_fraction at the last trained step (it ran one step behind): a run
+    resumed from a checkpoint written before is told that its remaining steps follow the new schedule."""
+    workdir = str(tmp_path / "run")
+    assert train(tiny_config(corpus_dir), workdir, verbose=False, stop_at=4)["status"] == "preempted"
+    meta_path = os.path.join(workdir, "checkpoints", "4", "meta", "metadata")
+    meta = json.load(open(meta_path))
+    assert meta["lr_arithmetic"] == 2
+    json.dump({k: v for k, v in meta.items() if k != "lr_arithmetic"}, open(meta_path, "w"))
+    capsys.readouterr()
+    assert train(tiny_config(corpus_dir), workdir, verbose=False)["status"] == "ok"
+    out = capsys.readouterr().out
+    assert "warning: checkpoint 4 in" in out and "written under the earlier learning-rate schedule" in out
+    assert "steps 5 to 12 follow today's" in out
+
+
 # ---------------------------------------------------------------- the non-finite diagnosis (2.4)
 
 @pytest.mark.parametrize("checkpoint_every", [30, 1])

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from transformer.spec import ConfigError, DataSpec, RunSpec, flops_per_token, param_counts
+from transformer.spec import LR_ARITHMETIC, ConfigError, DataSpec, RunSpec, flops_per_token, param_counts
 from transformer.data import get_tokenizer, identity, record_tokenizer
 from transformer.data.batches import process_rows
 from transformer.data.span_corruption import span_corruption_lengths
@@ -242,6 +242,9 @@ def restore_or_init(setup: Setup, runs: Runs, verbose: bool) -> tuple[int, Any]:
     """(start step, state): the runs' newest readable checkpoints, or fresh states; a group's stacked."""
     restored = [ck.restore(setup.abstract, it) for ck, it in zip(runs.ckpts, runs.data_its)]
     at = sorted({r[0] if r else 0 for r in restored})
+    for ck, r, spec in zip(runs.ckpts, restored, runs.specs):
+        if r and runs.primary:
+            warn_earlier_lr_arithmetic(ck, r[0], spec)
     if len(at) > 1:
         raise multirun.GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
     run_states = [r[1] if r else setup.fresh_state(s, source, announce=verbose and runs.primary)
@@ -249,6 +252,20 @@ def restore_or_init(setup: Setup, runs: Runs, verbose: bool) -> tuple[int, Any]:
     if not runs.grouped:
         return at[0], run_states[0]  # the iterators are at global batch at[0], under any process count
     return at[0], jax.device_put(multirun.stack(run_states), multirun.with_run_axis(setup.shardings))
+
+
+def warn_earlier_lr_arithmetic(ck: checkpointing.Checkpointer, step: int, spec: RunSpec) -> None:
+    """A warning when checkpoint `step` was written under an earlier learning-rate arithmetic (its meta lacks
+    spec.LR_ARITHMETIC's number) and the run has decaying steps left: those follow today's schedule (the decay one
+    step further along, reaching train.final_lr_fraction at the last step), so the run does not end exactly as
+    an uninterrupted run of the code that started it would have."""
+    meta = ck.meta(step) or {}
+    if meta.get("lr_arithmetic", 1) >= LR_ARITHMETIC or spec.train.schedule == "constant" or step >= spec.train.steps:
+        return
+    print(f"warning: checkpoint {step} in {ck.directory} was written under the earlier learning-rate schedule, whose "
+          f"decay ran one step behind (its last step trained above train.final_lr_fraction); steps {step + 1} to "
+          f"{spec.train.steps} follow today's, so this run differs slightly from one trained start to end with "
+          f"either", flush=True)
 
 
 def announce(setup: Setup, runs: Runs, start_step: int) -> None:
