@@ -88,6 +88,24 @@ def test_a_workdir_another_process_trains_is_refused_and_a_dead_ones_claim_taken
     assert len(glob.glob(os.path.join(workdir, "events.out.tfevents.*"))) == 1
 
 
+def test_a_callers_rule_says_when_a_workdirs_holder_is_gone(tmp_path):
+    """A sweep runner that took over a requeued task's run (its own claim's rule) need not wait for the workdir
+    claim that task left on another host to go stale."""
+    workdir = str(tmp_path / "run")
+    holder = _live_claim(workdir)
+    try:
+        with pytest.raises(ConfigError, match="is being trained by"):
+            run_claim.claim_workdirs([workdir], primary=True, process_count=1)
+        held = run_claim.claim_workdirs([workdir], primary=True, process_count=1,
+                                        dead=lambda info: info.get("pid") == holder.pid)
+        assert json.load(open(os.path.join(workdir, run_claim.CLAIM)))["pid"] == os.getpid()
+        held.release()
+        assert not os.path.exists(os.path.join(workdir, run_claim.CLAIM))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_group_claims_every_run_directory(corpus_dir, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     holder = _live_claim(b)

@@ -29,7 +29,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.tasks import get_task
-from transformer.training import guards, multirun, nonfinite, run_setup, sharding, steps
+from transformer.training import guards, multirun, nonfinite, run_claim, run_setup, sharding, steps
 from transformer.training.evaluation import Evaluator
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.profiler import ProfileWindow
@@ -47,12 +47,14 @@ def compile_step(step_fn: Any, state: Any, batch_spec: dict) -> Any:
     return step_fn.lower(state, batch_spec).compile()
 
 
-def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | None = None) -> dict:
+def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | None = None,
+          claim_dead: run_claim.DeadRule | None = None) -> dict:
     """Runs (or resumes) training in `workdir`; returns the summary also written to summary.json.
 
-    `stop_at`: behave as if preempted right after this step (checkpoint, status "preempted").
+    `stop_at`: behave as if preempted right after this step (checkpoint, status "preempted"). `claim_dead`: a
+    caller's rule for when the holder of the workdir's claim is gone (run_claim.claim_workdirs).
     """
-    return train_runs([config], [workdir], verbose=verbose, stop_at=stop_at)[0]
+    return train_runs([config], [workdir], verbose=verbose, stop_at=stop_at, claim_dead=claim_dead)[0]
 
 
 class Loop:
@@ -263,14 +265,14 @@ class Loop:
 
 
 def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool = True,
-               stop_at: int | None = None) -> list[dict]:
+               stop_at: int | None = None, claim_dead: run_claim.DeadRule | None = None) -> list[dict]:
     """Trains (or resumes) R runs of one shape; returns their summaries (also in each summary.json).
 
     R > 1 raises GroupMismatch, before any training, when the runs' checkpoints are at different steps.
     """
     t_start, nproc, R = time.time(), jax.process_count(), len(configs)
     run_setup.check_group(configs, nproc)
-    setup, runs, previous, _ = run_setup.prepare(configs, workdirs, verbose, get_task)
+    setup, runs, previous, _ = run_setup.prepare(configs, workdirs, verbose, get_task, claim_dead)
     if setup is None:
         return previous
     profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0

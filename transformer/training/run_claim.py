@@ -9,7 +9,10 @@ this host that no longer exists, else once it has not been refreshed for STALE_A
 
 A sweep runner's own run claims (DIR/claims/RUN_ID.claim, sweeps/claims.py) are other files: a runner that holds
 one and then trains the run claims DIR/runs/RUN_ID/run.claim as any train does; a group (sweep.multirun) claims
-every run directory of the group.
+every run directory of the group. A caller whose own claim already decides who trains the run (a sweep runner
+after its SLURM rule took over a requeued task's run) may pass `dead`, its rule for when the holder of the
+workdir's claim is gone (file_claims.DeadRule), so a claim left by a killed task on another host need not wait
+STALE_AFTER_S.
 """
 from __future__ import annotations
 
@@ -22,7 +25,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer import file_claims
+from transformer.file_claims import DeadRule
 from transformer.spec import ConfigError
+
+__all__ = ["CLAIM", "DeadRule", "HEARTBEAT_S", "RunClaims", "STALE_AFTER_S", "claim_workdirs"]
 
 CLAIM = "run.claim"
 STALE_AFTER_S = 300.0  # a holder on another host that stopped refreshing for this long is taken to be dead
@@ -55,16 +61,18 @@ def _holder(path: str) -> str:
     return f"{who}, its claim {path} refreshed {info['age_s']:.0f} s ago"
 
 
-def claim_workdirs(workdirs: Sequence[str], primary: bool, process_count: int, verbose: bool = True) -> RunClaims:
+def claim_workdirs(workdirs: Sequence[str], primary: bool, process_count: int, verbose: bool = True,
+                   dead: DeadRule | None = None) -> RunClaims:
     """Process 0 claims each workdir (creating it); with several processes all learn the outcome. A workdir that
-    another live process holds is a ConfigError naming it and the holder (the claims taken so far released)."""
+    another live process holds is a ConfigError naming it and the holder (the claims taken so far released).
+    `dead`: the caller's rule for a holder that is gone (module docstring), besides file_claims' own."""
     held = RunClaims([], [])
     refused = None
     if primary:
         for workdir in workdirs:
             existed = os.path.isdir(workdir)
             path = os.path.join(workdir, CLAIM)
-            claim = file_claims.try_claim(path, STALE_AFTER_S, HEARTBEAT_S)
+            claim = file_claims.try_claim(path, STALE_AFTER_S, HEARTBEAT_S, dead=dead)
             if not existed and os.path.isdir(workdir):
                 held.created.append(workdir)
             if claim is None:

@@ -138,8 +138,8 @@ def check_group(configs: Sequence[Any], nproc: int) -> None:
                          "(no dropout, no train.init_from)")
 
 
-def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_task: Callable[[Any], Any]
-            ) -> tuple[Setup | None, Runs | None, list, list]:
+def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_task: Callable[[Any], Any],
+            claim_dead: run_claim.DeadRule | None = None) -> tuple[Setup | None, Runs | None, list, list]:
     """Resolves the runs and checks their workdirs; returns (None, None, previous summaries, []) when every run
     has already finished, else the set-up, the runs (data found, config.json written, each workdir claimed:
     Runs.claims, released by the caller) and continue-from steps.
@@ -190,7 +190,7 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                     if s.train.init_from and not has_checkpoint(w) else None for s, w in zip(specs, workdirs)]
     for workdir in workdirs:
         check_workdir_writable(workdir)  # an existing run's (a finished one was only read, above)
-    claims = run_claim.claim_workdirs(workdirs, primary, nproc, verbose)  # another live train: refused here
+    claims = run_claim.claim_workdirs(workdirs, primary, nproc, verbose, claim_dead)  # another live train: refused
     try:
         # this process's rows of a global batch: those its devices hold (a tensor/fsdp axis may span processes)
         rows = process_rows(sharding.batch_sharding(mesh, rules), (t.batch_size, spec.data.seq_len))
