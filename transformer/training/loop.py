@@ -275,11 +275,12 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
     setup, runs, previous, _ = run_setup.prepare(configs, workdirs, verbose, get_task, claim_dead)
     if setup is None:
         return previous
-    profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0
-    preemption = guards.Preemption(stop_at, nproc)
     loop: Loop | None = None
+    profile: ProfileWindow | None = None
     completed = False  # False while an error is on its way out: closing must not replace it
-    try:
+    try:  # from here on the workdirs are claimed (runs.claims): released whatever happens
+        profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0
+        preemption = guards.Preemption(stop_at, nproc)
         with preemption:
             start_step, state = run_setup.restore_or_init(setup, runs, verbose)
             if verbose and runs.primary:
@@ -300,7 +301,8 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 raise error
         completed = True
     finally:
-        closers = [profile.close, *([loop.evaluator.close] if loop is not None else []),
+        closers = [*([profile.close] if profile is not None else []),
+                   *([loop.evaluator.close] if loop is not None else []),
                    *(ck.close for ck in runs.ckpts), *(w.close for w in runs.writers)]
         if nproc > 1:
             closers.append(lambda: multihost_utils.sync_global_devices("train_done"))
