@@ -249,6 +249,7 @@ def restore_or_init(setup: Setup, runs: Runs, verbose: bool) -> tuple[int, Any]:
         raise multirun.GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
     run_states = [r[1] if r else setup.fresh_state(s, source, announce=verbose and runs.primary)
                   for r, s, source in zip(restored, runs.specs, runs.init_sources)]
+    runs.init_sources = [x.light() if x is not None else None for x in runs.init_sources]  # tensors: not held
     if not runs.grouped:
         return at[0], run_states[0]  # the iterators are at global batch at[0], under any process count
     return at[0], jax.device_put(multirun.stack(run_states), multirun.with_run_axis(setup.shardings))

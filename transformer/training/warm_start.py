@@ -96,6 +96,10 @@ class Source:
     state_dir: str | None = None
     tensors: dict[str, np.ndarray] | None = None
 
+    def light(self) -> "Source":
+        """This source without the tensors read (held only until the warm start used them; read again if needed)."""
+        return dataclasses.replace(self, tensors=None)
+
     def report(self) -> dict[str, list[str]]:
         """{"copied": paths, "kept": paths}, a vocabulary padded beyond the checkpoint's named in both."""
         padded = [f"{k} (the entries past the checkpoint's vocabulary)" for k in self.copied
@@ -170,6 +174,8 @@ def warm_start(state: TrainState, init_from: str | Source) -> tuple[TrainState, 
     restored in that leaf's sharding and dtype. Returns the new state and {"copied": [...], "kept": [...]}
     parameter paths."""
     source = init_from if isinstance(init_from, Source) else check_source(init_from, state.params)
+    if source.kind == "huggingface" and source.tensors is None:  # released after the first use (light()): read again
+        source = _hf_source(source.path, source.shapes)
     if source.kind == "huggingface":
         def take(path: Any, leaf: jax.Array) -> jax.Array:
             src = source.tensors.get(jax.tree_util.keystr(path))
