@@ -83,6 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.compute_dtype = "float32"  # float32 | bfloat16 (the one compute-dtype setting); parameters stay float32
     c.train.loss_chunk_size = 0       # >0: cross-entropy in sequence chunks of this size (large vocabularies)
     c.train.nonfinite = "stop"        # stop | skip: what a non-finite loss or gradient does
+    c.train.max_skipped_fraction = 0.1  # skip: a run that drops more than this share of train.steps fails
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1                  # -1: all remaining devices

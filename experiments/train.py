@@ -84,6 +84,8 @@ def main(argv: list[str]) -> None:
     except FloatingPointError as e:  # train.nonfinite="stop": the diagnosis, without a traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1)
+    if summary["status"] == "failed":  # e.g. too many skipped updates, a non-finite final evaluation
+        print(f"error: {summary['error']}", file=sys.stderr, flush=True)
     if summary["status"] != "ok":
         raise SystemExit(3 if summary["status"] == "preempted" else 1)
 

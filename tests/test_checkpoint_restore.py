@@ -48,6 +48,22 @@ def test_an_error_that_is_not_damage_is_raised_and_nothing_moved(error, run_dir,
     _nothing_moved(workdir, before)
 
 
+def test_a_step_saved_with_the_version_1_digest_is_verified_with_it(run_dir, tmp_path):
+    """Steps saved before the digest recorded its version hold version 1's: they restore (not set aside as
+    damaged), and a wrong version-1 digest is still caught."""
+    import json
+    workdir, _ = _copy(run_dir, tmp_path)
+    path = os.path.join(workdir, "checkpoints", "12", "meta", "metadata")
+    meta = json.load(open(path))
+    assert meta["digest_version"] == checkpointing.DIGEST_VERSION and meta["lr_arithmetic"] == 2
+    step, state = _restore(workdir)
+    old = {k: v for k, v in meta.items() if k not in ("digest_version", "lr_arithmetic")}
+    json.dump({**old, "state_sha256": checkpointing.state_digest(state, version=1)}, open(path, "w"))
+    assert _restore(workdir)[0] == 12 and not os.path.exists(os.path.join(workdir, "unreadable_checkpoints"))
+    json.dump({**old, "state_sha256": meta["state_sha256"]}, open(path, "w"))  # a version-2 digest read as 1
+    assert _restore(workdir)[0] == 8  # a mismatch: set aside as damage, the previous step restored
+
+
 def test_a_changed_parameter_tree_names_the_paths_and_moves_nothing(run_dir, tmp_path):
     workdir, before = _copy(run_dir, tmp_path)
     with pytest.raises(checkpointing.CheckpointMismatch) as e:
@@ -107,6 +123,27 @@ def test_digest_changes_with_any_flipped_bit_or_swapped_elements():
     assert checkpointing.state_digest(t) != base
 
 
+def test_digest_changes_when_x_and_minus_x_swap_places():
+    """Version 1 (a linear, position-weighted sum) missed these: bits(−x) = bits(x) + 2^31, and 2^31 times an
+    even difference of weights vanishes mod 2^32. The default version catches them; version 1 is kept only to
+    verify the steps it wrote."""
+    import numpy as np
+    t = _tree()
+    t["w"][0, 0], t["w"][0, 1] = 0.75, -0.75
+    base = checkpointing.state_digest(t)
+    t["w"][0, 0], t["w"][0, 1] = -0.75, 0.75
+    assert checkpointing.state_digest(t) != base
+    for i, j in [(0, 1), (2, 7), (0, 383)]:  # x and −x swapped at other distances, in the flat index
+        t = _tree()
+        flat = t["w"].reshape(-1)
+        flat[i], flat[j] = 1.5, -1.5
+        base, v1 = checkpointing.state_digest(t), checkpointing.state_digest(t, version=1)
+        flat[i], flat[j] = -1.5, 1.5
+        assert checkpointing.state_digest(t) != base
+        assert checkpointing.state_digest(t, version=1) == v1  # what version 1 could not see
+    assert checkpointing.DIGEST_VERSION == 2
+
+
 def test_digest_is_the_same_for_a_state_sharded_over_eight_devices():
     import jax
     import numpy as np
@@ -119,3 +156,4 @@ def test_digest_is_the_same_for_a_state_sharded_over_eight_devices():
                "h": jax.device_put(t["h"], NamedSharding(mesh, P(None, "b"))),
                "step": t["step"], "finite": t["finite"]}
     assert checkpointing.state_digest(sharded) == checkpointing.state_digest(t)
+    assert checkpointing.state_digest(sharded, version=1) == checkpointing.state_digest(t, version=1)

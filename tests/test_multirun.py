@@ -226,6 +226,9 @@ def test_skip_policy_counts_each_runs_skipped_updates(corpus_dir, tmp_path):
         c.train.nonfinite = "skip"
     configs[1].train.learning_rate = 1e30  # every update after the first overflows: skipped
     ok, bad = loop.train_runs(configs, [str(tmp_path / "ok"), str(tmp_path / "skips")], verbose=False)
-    assert ok["status"] == bad["status"] == "ok"
-    assert ok["skipped_updates"] == 0 and 0 < bad["skipped_updates"] < GROUP_STEPS
-    assert [row["skipped_updates"] for row in read_metrics(str(tmp_path / "skips"))][-1] == bad["skipped_updates"]
+    assert ok["status"] == "ok" and ok["skipped_updates"] == 0
+    assert [row["skipped_updates"] for row in read_metrics(str(tmp_path / "ok"))][-1] == 0
+    # more than train.max_skipped_fraction of its steps dropped: the run fails with the reason and leaves the
+    # group, which goes on (it used to end "ok")
+    assert bad["status"] == "failed" and "train.max_skipped_fraction=0.1" in bad["error"]
+    assert 0 < bad["skipped_updates"] < GROUP_STEPS and ok["step"] == GROUP_STEPS

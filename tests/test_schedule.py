@@ -17,8 +17,8 @@ from transformer.training.optimizer import make_optimizer
 from transformer.training.metrics import read_metrics
 
 # linear schedule, peak 1, 4 warm-up steps, 12 steps, decaying to 0: the rate of step k (1-based), typed out
-# (warm-up k/4, then 1 − (k − 5)/8 from step 5 on)
-EXPECTED = [0.25, 0.5, 0.75, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375]
+# (warm-up k/4, then 1 − (k − 4)/8 from step 5 on: the last step, 12, trains at 0, the final fraction)
+EXPECTED = [0.25, 0.5, 0.75, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0]
 
 
 def _sign_descent(nonfinite: str) -> ConfigDict:

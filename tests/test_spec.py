@@ -28,6 +28,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (dict(keep_checkpoints=0), r"train\.keep_checkpoints=0 must be a positive integer"),
     (dict(eval_every=-1), r"train\.eval_every=-1 must be a positive integer"),
     (dict(learning_rate=0.0), r"train\.learning_rate=0\.0 must be positive"),
+    (dict(learning_rate=float("inf")), r"train\.learning_rate=inf must be positive and finite"),
+    (dict(learning_rate=float("nan")), r"train\.learning_rate=nan must be positive and finite"),
+    (dict(learning_rate="3e-4"), r"train\.learning_rate='3e-4' must be positive and finite"),
+    (dict(b1=-0.1), r"train\.b1=-0\.1 must be in \[0, 1\) \(Adam's first-moment decay\)"),
+    (dict(b2=1.5), r"train\.b2=1\.5 must be in \[0, 1\)"),
+    (dict(b2=1.0), r"train\.b2=1\.0 must be in \[0, 1\)"),
+    (dict(eps=0.0), r"train\.eps=0\.0 must be positive and finite"),
+    (dict(weight_decay=-0.1), r"train\.weight_decay=-0\.1 must be >= 0 and finite"),
+    (dict(grad_clip=float("inf")), r"train\.grad_clip=inf must be >= 0 and finite"),
+    (dict(decay_fraction=1.5), r"train\.decay_fraction=1\.5 must be in \(0, 1\]"),
+    (dict(max_skipped_fraction=-0.5), r"train\.max_skipped_fraction=-0\.5 must be in \[0, 1\]"),
+    (dict(seed=-1), r"train\.seed=-1 must be an integer >= 0"),
+    (dict(loss_chunk_size=-8), r"train\.loss_chunk_size=-8 must be an integer >= 0 \(0: off\)"),
+    (dict(warmup_steps=-2), r"train\.warmup_steps=-2 must be an integer between 0 and train\.steps, or -1"),
+    (dict(init_from=3), r"train\.init_from=3 must be a string"),
     (dict(schedule="cos"), r"train\.schedule='cos' is not valid; choose one of cosine, linear, constant, wsd"),
     (dict(warmup_steps=2000), r"train\.warmup_steps=2000 must be between 0 and train\.steps=1000"),
     (dict(final_lr_fraction=1.5), r"train\.final_lr_fraction=1\.5 must be in \[0, 1\]"),
@@ -38,10 +53,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (dict(schedule="wsd", warmup_steps=900), r"the warm-up \(900 steps\) overlaps the decay, which starts at step 800"),
 ])
 def test_train_spec_refuses_a_bad_setting_by_name(changes, message):
-    train = lm.get_config("gpt2_tiny").train
-    train.update(changes)
+    train = {**lm.get_config("gpt2_tiny").train.to_dict(), **changes}  # a plain dict: any type (sweep.json's)
     with pytest.raises(ConfigError, match=message):
         TrainSpec.from_config(train)
+
+
+def test_train_spec_accepts_the_edges_of_each_range():
+    spec = TrainSpec(b1=0.0, b2=0.0, weight_decay=0, grad_clip=0.0, final_lr_fraction=1.0, decay_fraction=1.0,
+                     max_skipped_fraction=0.0, eps=1e-30, learning_rate=1000, seed=0)
+    assert spec.b2 == 0.0 and spec.learning_rate == 1000
 
 
 def test_train_spec_takes_the_config_files_train_block_whole():
@@ -67,12 +87,14 @@ def test_the_learning_rate_is_one_computation_in_numpy_and_in_jax(schedule):
 
 
 def test_the_cosine_ends_at_its_final_fraction_and_wsd_cools_down_from_its_decay_start():
+    """At trained counts: count c is step c + 1, and the last step (count steps − 1) trains at the final fraction."""
     cosine = TrainSpec(steps=100, warmup_steps=10, learning_rate=1.0, final_lr_fraction=0.1)
-    assert float(cosine.lr_at(100)) == pytest.approx(0.1) and float(cosine.lr_at(55)) == pytest.approx(0.55)
+    assert float(cosine.lr_at(99)) == pytest.approx(0.1) and float(cosine.lr_at(54)) == pytest.approx(0.55)
+    assert float(cosine.lr_at(9)) == pytest.approx(1.0) and float(cosine.lr_at(10)) < 1.0  # the peak once, at step 10
     wsd = TrainSpec(steps=100, warmup_steps=10, learning_rate=2.0, schedule="wsd", final_lr_fraction=0.0,
                     decay_fraction=0.2)
-    assert wsd.decay_start == 80 and float(wsd.lr_at(80)) == pytest.approx(2.0)
-    assert float(wsd.lr_at(85)) == pytest.approx(1.0) and float(wsd.lr_at(100)) == pytest.approx(0.0, abs=1e-7)
+    assert wsd.decay_start == 80 and float(wsd.lr_at(79)) == pytest.approx(2.0)  # step 80: the last stable step
+    assert float(wsd.lr_at(84)) == pytest.approx(1.0) and float(wsd.lr_at(99)) == pytest.approx(0.0, abs=1e-7)
     assert float(lr_at(0, peak=1.0, steps=10, warmup=0, schedule="constant", final_lr_fraction=0.0)) == 1.0
 
 
@@ -114,6 +136,43 @@ def test_run_spec_refuses_a_sequence_longer_than_the_position_table():
     c.data.seq_len = c.model.max_len * 2
     with pytest.raises(ConfigError, match=r"data\.seq_len=\d+ exceeds model\.max_len"):
         RunSpec.from_dict(c.to_dict() | {"model": {**c.model.to_dict(), "vocab_size": 384}})
+
+
+@pytest.mark.parametrize("family, task, message", [
+    ("encoder", "lm", r"train\.task='lm' does not fit model\.family='encoder' \(it is a task of "
+                      r"model\.family='decoder'\); "
+                      r"valid for encoder: mlm, classify \(\"\" = mlm\)"),
+    ("decoder", "mlm", r"train\.task='mlm' does not fit model\.family='decoder' .*valid for decoder: lm"),
+    ("decoder", "span_corruption", r"train\.task='span_corruption' does not fit model\.family='decoder'"),
+    ("encoder_decoder", "lm", r"valid for encoder_decoder: span_corruption"),
+    ("decoder", "translate", r"train\.task='translate' does not fit model\.family='decoder'; valid for decoder: lm"),
+])
+def test_a_task_its_family_does_not_support_is_refused_naming_both(family, task, message):
+    with pytest.raises(ConfigError, match=message):
+        RunSpec(model=ModelConfig(family=family), train=TrainSpec(task=task), mesh=MeshSpec.from_config(_mesh(), 1),
+                seq_len=64)
+
+
+def test_each_family_trains_its_own_tasks_and_defaults_to_the_first():
+    from transformer.spec import FAMILIES, FAMILY_TASKS, run_task
+    from transformer.tasks import TASKS, get_task
+    assert set(FAMILY_TASKS) == set(FAMILIES) and set(TASKS) == {t for v in FAMILY_TASKS.values() for t in v}
+    assert [run_task(f, "") for f in FAMILIES] == ["lm", "mlm", "span_corruption"]
+    spec = RunSpec(model=ModelConfig(family="encoder", num_classes=0), train=TrainSpec(task="classify"),
+                   mesh=MeshSpec.from_config(_mesh(), 1), seq_len=64)
+    assert get_task(spec).name == "classify"
+
+
+@pytest.mark.parametrize("chunk, task, family, message", [
+    (7, "", "decoder", r"train\.loss_chunk_size=7 must divide data\.seq_len=64; valid: 0 \(off\), 1, 2, 4, 8, 16"),
+    (16, "", "encoder", r"train\.loss_chunk_size=16 is for task lm only \(this run's task is mlm\); set it to 0$"),
+])
+def test_a_loss_chunk_size_is_checked_against_the_sequence_and_the_task(chunk, task, family, message):
+    with pytest.raises(ConfigError, match=message):
+        RunSpec(model=ModelConfig(family=family), train=TrainSpec(loss_chunk_size=chunk, task=task),
+                mesh=MeshSpec.from_config(_mesh(), 1), seq_len=64)
+    assert RunSpec(model=ModelConfig(), train=TrainSpec(loss_chunk_size=16), mesh=MeshSpec.from_config(_mesh(), 1),
+                   seq_len=64).train.loss_chunk_size == 16
 
 
 def test_a_run_spec_reads_back_from_the_config_json_it_writes(tmp_path):

@@ -73,6 +73,19 @@ def test_a_new_model_option_at_its_default_keeps_the_run_ids():
     assert grid.run_id("x", other) != grid.run_id("x", run.config)
 
 
+def test_a_train_key_added_later_at_its_earlier_value_keeps_the_run_ids():
+    """train.max_skipped_fraction (and grad_accum_steps) came after runs were recorded: absent or at the value
+    earlier runs had, the id is the same; another value is another run."""
+    run = plan.design(quick.get_config()).runs[0]
+    assert run.config["train"]["max_skipped_fraction"] == 0.1
+    older = copy.deepcopy(run.config)
+    del older["train"]["max_skipped_fraction"], older["train"]["grad_accum_steps"]
+    assert grid.run_id("x", older) == grid.run_id("x", run.config)
+    other = copy.deepcopy(run.config)
+    other["train"]["max_skipped_fraction"] = 0.5
+    assert grid.run_id("x", other) != grid.run_id("x", run.config)
+
+
 @pytest.mark.parametrize("dense", [False, True])
 def test_grid_straddles_prior_with_equal_flops(dense):
     c = quick.get_config()

@@ -97,13 +97,14 @@ def test_schedule_warmup_then_cosine_to_fraction():
     c = lm.get_config().train
     c.update(dict(steps=100, warmup_steps=10, learning_rate=1.0, final_lr_fraction=0.1))
     s = make_schedule(c)
-    warm = [float(s(t)) for t in range(11)]  # rising to the peak (where it starts: the warm-up's own tests)
+    warm = [float(s(t)) for t in range(10)]  # rising to the peak (where it starts: the warm-up's own tests)
     assert all(a <= b for a, b in zip(warm, warm[1:])) and 0 < warm[5] < 1.0
-    assert math.isclose(float(s(10)), 1.0, rel_tol=1e-6)
-    assert math.isclose(float(s(100)), 0.1, rel_tol=1e-5)
-    assert float(s(55)) == pytest.approx(0.1 + 0.9 * 0.5, rel=1e-4)  # half-way down the cosine
+    assert math.isclose(float(s(9)), 1.0, rel_tol=1e-6)  # count 9: step 10, the warm-up's last
+    assert math.isclose(float(s(99)), 0.1, rel_tol=1e-5)  # count 99: step 100, the last trained step
+    assert float(s(54)) == pytest.approx(0.1 + 0.9 * 0.5, rel=1e-4)  # step 55: half-way down the cosine
     c.schedule = "linear"
-    assert float(make_schedule(c)(55)) == pytest.approx(0.55, rel=1e-4)
+    assert float(make_schedule(c)(54)) == pytest.approx(0.55, rel=1e-4)
+    assert float(make_schedule(c)(99)) == pytest.approx(0.1, rel=1e-5)
 
 
 @pytest.mark.slow

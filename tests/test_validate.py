@@ -59,7 +59,8 @@ def test_a_shortened_run_warms_up_for_a_fraction_of_it():
     schedule = optimizer.make_schedule(c.train)
     peak = float(c.train.learning_rate)
     assert float(schedule(0)) == pytest.approx(0.2 * peak)  # step 1 (count 0) trains at peak/5, not 0
-    assert float(schedule(5)) == pytest.approx(peak)  # warm-up over, decay starts
+    assert float(schedule(4)) == pytest.approx(peak)  # step 5 (count 4): the warm-up's last, at the peak
+    assert float(schedule(5)) < peak  # step 6: the decay has begun
     assert float(schedule(2)) == pytest.approx(0.6 * peak)
     c.train.steps = 10_000
     assert optimizer.warmup_steps(c.train) == 100  # long runs keep the usual 100

@@ -26,17 +26,19 @@ def test_wsd_is_flat_until_the_decay_and_a_longer_run_shares_it():
     short, long = _train_cfg(final_lr_fraction=0.1), _train_cfg(steps=250, final_lr_fraction=0.1)
     assert decay_start(short) == 80 and decay_start(long) == 200  # the last decay_fraction = 20% of the steps
     f, g = make_schedule(short), make_schedule(long)
-    lr_f, lr_g = np.array([f(t) for t in range(101)]), np.array([g(t) for t in range(251)])
-    np.testing.assert_allclose(lr_f[:81], lr_g[:81], rtol=0, atol=0)   # one run until the short one decays
-    np.testing.assert_allclose(lr_f[10:81], 2.0, rtol=1e-6)             # stable at the peak, up to the decay start
-    assert np.all(np.diff(lr_f[:11]) >= 0) and 0 < lr_f[5] < 2.0        # a warm-up rising to the peak
+    # the rates of the trained steps: lr_f[s] is step s's (update count s - 1), s = 1 .. 100; lr_f[0] unused
+    lr_f = np.array([np.nan] + [f(s - 1) for s in range(1, 101)])
+    lr_g = np.array([np.nan] + [g(s - 1) for s in range(1, 251)])
+    np.testing.assert_allclose(lr_f[1:81], lr_g[1:81], rtol=0, atol=0)  # one run through the short one's decay start
+    np.testing.assert_allclose(lr_f[10:81], 2.0, rtol=1e-6)             # the peak from the warm-up's end (step 10)
+    assert np.all(np.diff(lr_f[1:11]) > 0) and 0 < lr_f[5] < 2.0       # a warm-up rising to the peak
     cooldown = lr_f[80:]                                                # steps 80 (decay start) .. 100 (last)
     assert np.all(np.diff(cooldown) < 0)                                # strictly falling through the cooldown
-    assert cooldown[-1] == pytest.approx(0.1 * 2.0, rel=1e-5)           # final_lr_fraction of the peak at the end
+    assert cooldown[-1] == pytest.approx(0.1 * 2.0, rel=1e-5)           # final_lr_fraction·peak at step 100
     # Hägele et al. 2024, "1 - sqrt" cooldown over its T steps, from the peak η to the final rate η_end:
-    # η(τ) = η_end + (η - η_end)·(1 - sqrt(τ/T)). A quarter of the way in, sqrt(1/4) = 1/2: half-way between.
-    quarter = 80 + (100 - 80) // 4
-    assert lr_f[quarter] == pytest.approx(0.5 * (2.0 + 0.2), rel=1e-5)  # (a linear decay: 1.55; cosine: 1.83)
+    # η(τ) = η_end + (η - η_end)·(1 - sqrt(τ/T)), τ = 1 .. T the cooldown's steps. A quarter of the way in
+    # (τ = 5 of T = 20: step 85), sqrt(1/4) = 1/2: half-way between.
+    assert lr_f[85] == pytest.approx(0.5 * (2.0 + 0.2), rel=1e-5)      # (a linear decay: 1.55; cosine: 1.83)
 
 
 def test_wsd_refuses_a_warm_up_that_reaches_into_the_decay():

@@ -20,7 +20,8 @@ from typing import Any, Callable
 import numpy as np
 
 from transformer.design.spec import SweepSpec, plain
-from transformer.spec import ConfigError, DataSpec, MissingInputError, flops_per_token, model_defaults, model_spec, param_counts
+from transformer.spec import (ADDED_TRAIN_KEYS, ConfigError, DataSpec, MissingInputError, flops_per_token,
+                              model_defaults, model_spec, param_counts)
 
 # Settings that say where or how a run executes, not what it computes: left out of the run id.
 _ENVIRONMENT_KEYS = ("data.data_dir", "data.cache_dir", "data.worker_count", "distributed", "logging")
@@ -96,8 +97,9 @@ def run_id(label: str, config: Any) -> str:
     d = plain(config)
     defaults = json.loads(json.dumps(model_defaults()))
     d["model"] = {k: v for k, v in d.get("model", {}).items() if k not in defaults or v != defaults[k]}
-    if d.get("train", {}).get("grad_accum_steps") == 1:  # the default (no accumulation) keeps the earlier ids
-        d["train"].pop("grad_accum_steps")
+    for key, earlier in ADDED_TRAIN_KEYS.items():  # a train key added later, at its earlier value: the earlier ids
+        if key in d.get("train", {}) and d["train"][key] == earlier:
+            d["train"].pop(key)
     for key in _ENVIRONMENT_KEYS:
         *parents, last = key.split(".")
         holder = d

@@ -16,8 +16,31 @@ from transformer.spec.errors import ConfigError, MissingInputError, check_positi
 from transformer.spec.accounting import padded_vocab_size
 from transformer.spec.data import DataSpec
 from transformer.spec.mesh import MeshSpec
-from transformer.spec.model import ModelConfig
+from transformer.spec.model import FAMILIES, ModelConfig
 from transformer.spec.schedule import TrainSpec
+
+# The training tasks each model family supports (transformer/tasks implements them); the first is the family's
+# default (train.task=""). A task of another family would train something else than it says (a bidirectional
+# encoder on next-token targets it can see) or fail deep in the model: run_task refuses it.
+FAMILY_TASKS: dict[str, tuple[str, ...]] = {"decoder": ("lm",), "encoder": ("mlm", "classify"),
+                                            "encoder_decoder": ("span_corruption",)}
+assert set(FAMILY_TASKS) == set(FAMILIES)
+
+
+def run_task(family: str, task: str) -> str:
+    """The task a run of `family` trains: train.task, or "" for the family's default (FAMILY_TASKS). A task
+    the family does not support is one ConfigError naming model.family, train.task and the valid tasks."""
+    valid = FAMILY_TASKS.get(family)
+    if valid is None:
+        raise ConfigError(f"model.family={family!r} is not valid; choose one of {', '.join(FAMILY_TASKS)}")
+    if not task:
+        return valid[0]
+    if task not in valid:
+        other = [f for f, tasks in FAMILY_TASKS.items() if task in tasks]
+        raise ConfigError(f"train.task={task!r} does not fit model.family={family!r}"
+                          + (f" (it is a task of model.family={other[0]!r})" if other else "")
+                          + f"; valid for {family}: {', '.join(valid)} (\"\" = {valid[0]})")
+    return task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +64,13 @@ class RunSpec:
             object.__setattr__(self, "data", data)
         if self.data.seq_len != self.seq_len:
             raise ConfigError(f"data.seq_len={self.data.seq_len} of the data spec is not the run's {self.seq_len}")
+        task, chunk = run_task(self.model.family, self.train.task), self.train.loss_chunk_size
+        if chunk and task != "lm":
+            raise ConfigError(f"train.loss_chunk_size={chunk} is for task lm only (this run's task is {task}); set "
+                              f"it to 0")
+        if chunk and self.seq_len % chunk:
+            raise ConfigError(f"train.loss_chunk_size={chunk} must divide data.seq_len={self.seq_len}; valid: 0 "
+                              f"(off), {', '.join(str(k) for k in range(1, self.seq_len + 1) if self.seq_len % k == 0)}")
         self.mesh.check_batch(self.train.batch_size, self.process_count)
         k, dp = self.train.grad_accum_steps, self.mesh.ways("batch")
         if k > 1 and (self.train.batch_size // k) % dp:

@@ -9,7 +9,9 @@ the same in every process, so a step written by N processes restores under any o
 
 `meta` holds a digest of the whole state (state_digest: a checksum per array computed on its devices, hashed),
 verified after every restore: orbax/TensorStore catch missing and truncated files but not flipped bytes
-inside an array chunk, which would otherwise restore silently wrong.
+inside an array chunk, which would otherwise restore silently wrong. It also records `digest_version` (the
+checksum that wrote it; steps saved before the version was recorded are verified with version 1) and
+`lr_arithmetic` (spec.LR_ARITHMETIC: how the learning rate of a step was computed; `arithmetic_of`).
 
 Restoring takes the newest readable step. Only PROVEN damage makes a step unreadable: no commit marker,
 no data-iterator state, a checksum mismatch, or TensorStore reporting a missing, truncated or undecodable
@@ -37,20 +39,33 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 from etils import epath
 
-from transformer.spec import ConfigError
+from transformer.spec import LR_ARITHMETIC, ConfigError
 
 log = logging.getLogger(__name__)
 
 COMMIT_MARKER = "commit_success.txt"
-_GOLDEN = 0x9E3779B1  # an odd multiplier (2^32 / golden ratio): position weights are odd, hence invertible mod 2^32
+_GOLDEN = 0x9E3779B1  # an odd multiplier (2^32 / golden ratio)
+DIGEST_VERSION = 2  # the checksum new steps record; restore verifies a step with the one it recorded
 
 
-def _leaf_checksum(x: jax.Array) -> jax.Array:
-    """uint32: the sum over elements of bits(x_i) * (2·i·GOLDEN + 1) mod 2^32, i the flat index.
+def _fmix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser: a bijection of uint32 that mixes every input bit into every output bit."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
 
-    Integer sums mod 2^32 do not depend on the order of the reduction, so the value is the same on any
-    mesh or process count; a changed element changes it (its weight is odd, so no nonzero change of the
-    element's bits can vanish), and so do two swapped elements (their weights differ)."""
+
+def _leaf_checksum(x: jax.Array, version: int = DIGEST_VERSION) -> jax.Array:
+    """uint32: a sum over elements mod 2^32 of a function of each element's bits and its flat index i.
+
+    Version 2: fmix32(bits(x_i) + i·GOLDEN). For each i that is a bijection of the element's bits, so a changed
+    element always changes the sum; and it is not linear, so moving values between positions (two elements
+    swapped, x and −x swapped, a row shifted) changes it too, but for a chance of about 2^-32. Version 1 (steps
+    saved before: verified as they were written): bits(x_i)·(2·i·GOLDEN + 1), linear, so a swap of values whose
+    bits differ by 2^31 — x and −x — cancelled out. Integer sums mod 2^32 do not depend on the order of the
+    reduction, so either value is the same on any mesh or process count."""
     if x.dtype == jnp.bool_:  # e.g. optax.apply_if_finite's last_finite
         u = x.astype(jnp.uint32)
     else:
@@ -59,20 +74,22 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
     index = jax.lax.broadcasted_iota(jnp.uint32, x.shape, 0) if x.ndim else jnp.zeros((), jnp.uint32)
     for axis in range(1, x.ndim):  # the row-major flat index, built without a reshape of the sharded array
         index = index * jnp.uint32(x.shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
-    return jnp.sum(u * (index * jnp.uint32((2 * _GOLDEN) & 0xFFFFFFFF) + jnp.uint32(1)), dtype=jnp.uint32)
+    if version == 1:
+        return jnp.sum(u * (index * jnp.uint32((2 * _GOLDEN) & 0xFFFFFFFF) + jnp.uint32(1)), dtype=jnp.uint32)
+    return jnp.sum(_fmix32(u + index * jnp.uint32(_GOLDEN)), dtype=jnp.uint32)
 
 
-_checksums = jax.jit(lambda leaves: [_leaf_checksum(x) for x in leaves])
+_checksums = {v: jax.jit(lambda leaves, v=v: [_leaf_checksum(x, v) for x in leaves]) for v in (1, 2)}
 
 
-def state_digest(state: Any) -> str:
-    """SHA-256 over every leaf's path, dtype, shape and device-side checksum (_leaf_checksum).
+def state_digest(state: Any, version: int = DIGEST_VERSION) -> str:
+    """SHA-256 over every leaf's path, dtype, shape and device-side checksum (_leaf_checksum of `version`).
 
     Computed where the arrays live (one jitted pass, sharded like the state); only one uint32 per leaf
     reaches the host, so no process gathers another's shards and the cost does not grow with the model
     the way hashing its bytes on one host did. The same for any mesh or process count."""
     paths_leaves = jax.tree_util.tree_leaves_with_path(state)
-    sums = jax.device_get(_checksums([x for _, x in paths_leaves]))
+    sums = jax.device_get(_checksums[version]([x for _, x in paths_leaves]))
     h = hashlib.sha256()
     for (path, x), c in zip(paths_leaves, sums):
         h.update(f"{jax.tree_util.keystr(path)}{x.dtype}{tuple(x.shape)}{int(c)}".encode())
@@ -142,8 +159,8 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any, data_iterator: Any, config: dict, *, force: bool = False) -> bool:
-        meta = {"step": int(step), "process_count": jax.process_count(),
-                "state_sha256": state_digest(state)}
+        meta = {"step": int(step), "process_count": jax.process_count(), "state_sha256": state_digest(state),
+                "digest_version": DIGEST_VERSION, "lr_arithmetic": LR_ARITHMETIC}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   data=grain.checkpoint.CheckpointSave(data_iterator),
                                   config=ocp.args.JsonSave(config), meta=ocp.args.JsonSave(meta))
@@ -151,6 +168,19 @@ class Checkpointer:
 
     def _step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
+
+    def meta(self, step: int) -> dict | None:
+        """The `meta` item of `step` (step, process_count, state_sha256, digest_version, lr_arithmetic; older
+        steps lack the last two), or None when it has none."""
+        path = os.path.join(self._step_dir(step), "meta", "metadata")
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path) as f:
+                meta = json.load(f)
+        except ValueError as e:
+            raise UnreadableCheckpoint(f"its meta item is not JSON ({e})") from e
+        return meta if isinstance(meta, dict) else None
 
     def _data_state(self, step: int) -> str | None:
         """The saved data-iterator state: this process's file, else (another process count wrote the step)
@@ -184,12 +214,11 @@ class Checkpointer:
                 f"{'; '.join(diffs)}. Restore it with the code and config that wrote it, or train in a new "
                 f"workdir (nothing was moved or deleted)")
         restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-        meta_path = os.path.join(step_dir, "meta", "metadata")
-        if os.path.exists(meta_path):
-            with open(meta_path) as f:
-                expected = json.load(f).get("state_sha256")
+        meta = self.meta(step)
+        if meta:
+            expected = meta.get("state_sha256")
             if expected is not None:
-                got = state_digest(restored["state"])
+                got = state_digest(restored["state"], int(meta.get("digest_version", 1)))
                 if got != expected:
                     raise UnreadableCheckpoint(f"state checksum mismatch ({got[:12]} != saved {expected[:12]}): "
                                                f"the array files were altered after the save")

@@ -115,12 +115,23 @@ class Preemption:
 class NonFiniteGuard:
     """train.nonfinite over the steps since the last sync: under "stop" a run alone raises NonFiniteError
     with `diagnose`'s report (replayed from its checkpoint) and a group's run fails and leaves the group;
-    under "skip" (optax.apply_if_finite dropped the update), a warning."""
+    under "skip" (optax.apply_if_finite dropped the update), a warning, and the run fails once it has dropped
+    more than `max_skipped_fraction` of its `steps` updates (over_limit)."""
 
     def __init__(self, policy: str, workdirs: Sequence[str], grouped: bool, primary: bool,
-                 diagnose: Callable[[int, float], str]):
+                 diagnose: Callable[[int, float], str], steps: int = 0, max_skipped_fraction: float = 1.0):
         self.policy, self.workdirs, self.grouped, self.primary = policy, list(workdirs), grouped, primary
         self.diagnose = diagnose
+        self.steps, self.max_skipped_fraction = steps, max_skipped_fraction
+
+    def over_limit(self, skipped: dict[int, int], step: int) -> dict[int, str]:
+        """{r: error} for the runs (r: updates dropped so far, at `step`) past the limit. The count only grows,
+        so such a run could no longer end as the run its settings describe: it fails now, not at its end."""
+        limit = self.max_skipped_fraction * self.steps
+        return {r: f"{n} of the {step} updates so far were skipped as non-finite (train.nonfinite='skip'), more "
+                   f"than train.max_skipped_fraction={self.max_skipped_fraction} of train.steps={self.steps} allows "
+                   f"({int(limit)}). Lower train.learning_rate or raise train.warmup_steps"
+                for r, n in skipped.items() if n is not None and n > limit}
 
     def check(self, fetched: list[tuple[int, dict]], live: Sequence[int], per_run: Callable[[Any, int], Any],
               step: int, replay: bool = True) -> dict[int, str]:
@@ -133,8 +144,8 @@ class NonFiniteGuard:
             if self.policy == "stop" and not self.grouped and replay:
                 raise nonfinite.NonFiniteError(self.diagnose(*bad))
             if self.policy == "stop":
-                failed[r] = nonfinite.describe(*bad, None, None) + (
-                    " (trained in a group; train it alone for the name of the first non-finite gradient)"
+                failed[r] = nonfinite.describe(*bad, None, None, replayed=False) + (
+                    " (trained in a group; train it alone for the name of the first non-finite tensor)"
                     if self.grouped else "")
                 if self.grouped:
                     print(f"run {os.path.basename(self.workdirs[r])}: {failed[r]}; the group goes on without it",
@@ -169,17 +180,19 @@ class SpikeGuard:
 def replay_diagnosis(bad_step: int, bad_loss: float, *, checkpointer: Any, make_iterator: Callable[[], Any],
                      abstract: Any, fresh_state: Callable[[], Any], train_fn: Callable, grad_fn: Callable,
                      to_global: Callable[[dict], dict]) -> str:
-    """A run alone: replays from the newest checkpoint (all are older than bad_step) to the state before it and
-    recomputes that batch's gradients, to name the first non-finite one (nonfinite.describe)."""
+    """A run alone: replays from the newest checkpoint (all are older than bad_step; none: from the initial
+    state) to the state before it and recomputes that batch's loss and gradients, to name the first non-finite
+    tensor (nonfinite.finding, nonfinite.describe)."""
+    from_step = None
     try:
         checkpointer.wait()
         it = make_iterator()
         found = checkpointer.restore(abstract, it)
-        from_step, st = found if found is not None else (0, fresh_state())
-        for _ in range(from_step, bad_step - 1):
+        from_step, st = found if found is not None else (None, fresh_state())
+        for _ in range(from_step or 0, bad_step - 1):
             st, _ = train_fn(st, to_global(next(it)))
-        _, grads = grad_fn(st.params, to_global(next(it)), st.step)
-        return nonfinite.describe(bad_step, bad_loss, nonfinite.nonfinite_leaves(grads),
-                                  from_step if found is not None else None)
+        loss, grads = grad_fn(st.params, to_global(next(it)), st.step)
+        return nonfinite.describe(bad_step, bad_loss, nonfinite.finding(st.params, loss, grads), from_step)
     except Exception as e:  # noqa: BLE001 - the diagnosis must not hide the fault itself
-        return nonfinite.describe(bad_step, bad_loss, None, None) + f" ({type(e).__name__}: {e})"
+        return nonfinite.describe(bad_step, bad_loss, None, from_step, replayed=False) + \
+            f" (the replay failed: {type(e).__name__}: {e})"

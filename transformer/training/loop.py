@@ -29,7 +29,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.tasks import get_task
-from transformer.training import guards, multirun, nonfinite, run_setup, sharding, steps
+from transformer.training import guards, multirun, nonfinite, run_claim, run_setup, sharding, steps
 from transformer.training.evaluation import Evaluator
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.profiler import ProfileWindow
@@ -47,12 +47,14 @@ def compile_step(step_fn: Any, state: Any, batch_spec: dict) -> Any:
     return step_fn.lower(state, batch_spec).compile()
 
 
-def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | None = None) -> dict:
+def train(config: Any, workdir: str, *, verbose: bool = True, stop_at: int | None = None,
+          claim_dead: run_claim.DeadRule | None = None) -> dict:
     """Runs (or resumes) training in `workdir`; returns the summary also written to summary.json.
 
-    `stop_at`: behave as if preempted right after this step (checkpoint, status "preempted").
+    `stop_at`: behave as if preempted right after this step (checkpoint, status "preempted"). `claim_dead`: a
+    caller's rule for when the holder of the workdir's claim is gone (run_claim.claim_workdirs).
     """
-    return train_runs([config], [workdir], verbose=verbose, stop_at=stop_at)[0]
+    return train_runs([config], [workdir], verbose=verbose, stop_at=stop_at, claim_dead=claim_dead)[0]
 
 
 class Loop:
@@ -76,7 +78,8 @@ class Loop:
         self.evaluator = Evaluator(self.eval_fn, setup.task, setup.spec, self.batch_s, jax.process_index(),  # one
                                    jax.process_count(), setup.token_bytes_V, setup.data, setup.rows)  # per run
         self.train_fn: Any = None
-        self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose)
+        self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose,
+                                               self.t.steps, self.t.max_skipped_fraction)
         histories = [read_metrics(w) if runs.primary and start_step else [] for w in runs.workdirs]  # to the ckpt
         for r, history in enumerate(histories):
             for row in history:
@@ -120,6 +123,17 @@ class Loop:
                 for p, r in enumerate(self.runs.live):
                     self.runs.last[r].update({k: self.runs.pick(v, p) for k, v in final.items()})
 
+    def judge_end(self) -> None:
+        """At the last step: a run whose final evaluation is not finite fails (its parameters are not a model; under
+        train.nonfinite="skip" every update may have been finite where the evaluation is not)."""
+        if self.step != self.t.steps:
+            return
+        for r in self.runs.live:
+            loss = self.runs.last[r].get("eval_loss")
+            if loss is not None and not np.isfinite(loss):
+                self._fail({r: f"the final evaluation at step {self.step} is not finite (eval_loss={loss}): the "
+                               f"model diverged. Lower train.learning_rate or raise train.warmup_steps"})
+
     def stop(self) -> None:
         """After Preempted: the steps since the last sync are checked (never save a NaN state), then saved."""
         self._fail(self.nonfinite.check(jax.device_get(self.window), self.runs.live, self.runs.part, self.step,
@@ -160,9 +174,18 @@ class Loop:
         """Fetches the window's (loss, finite), runs the non-finite guard (before any checkpoint of a bad
         state) and takes failed runs out of the group: no longer computed (the step is recompiled)."""
         fetched, self.window = jax.device_get(self.window), []
-        self._fail(self.nonfinite.check(fetched, self.runs.live, self.runs.part, self.step))
+        failed = self.nonfinite.check(fetched, self.runs.live, self.runs.part, self.step)
+        counts = nonfinite.skipped_updates(self.state.opt_state) if self.t.nonfinite == "skip" else None
+        if counts is not None:  # train.nonfinite="skip": too many dropped updates fail the run
+            for p, r in enumerate(self.runs.live):
+                self.runs.skipped[r] = self.runs.pick(counts, p)
+            failed.update({r: e for r, e in self.nonfinite.over_limit(
+                {r: self.runs.skipped[r] for r in self.runs.live}, self.step).items() if r not in failed})
+        self._fail(failed)
         keep = [p for p, r in enumerate(self.runs.live) if self.runs.status[r] == "ok"]
-        if len(keep) < len(self.runs.live):
+        if len(keep) < len(self.runs.live) and not self.runs.grouped:  # a run alone failed: the loop ends
+            self.runs.live = []
+        elif len(keep) < len(self.runs.live):
             fetched = [(s, multirun.take(x, keep)) for s, x in fetched]
             m, self.runs.live = multirun.take(m, keep), [self.runs.live[p] for p in keep]
             if self.runs.live:
@@ -185,7 +208,6 @@ class Loop:
         self.timed_tokens += tokens
         self.timed_seconds += elapsed
         tps = tokens / max(elapsed, 1e-9)
-        counts_skipped = nonfinite.skipped_updates(self.state.opt_state)
         evals = self._evaluate() if is_eval else None
         extra = ""
         for p, r in enumerate(runs.live):
@@ -195,8 +217,8 @@ class Loop:
                    "flops": step * self.s.tokens_per_step * self.s.fpt, "tokens_per_second": tps}
             row.update({f"rms/{kind}/{module}": float(v) for kind, per_module in mp["rms"].items()
                         for module, v in per_module.items()})  # per-module RMS (steps.module_rms)
-            if counts_skipped is not None:
-                row["skipped_updates"] = runs.skipped[r] = runs.pick(counts_skipped, p)
+            if self.t.nonfinite == "skip":  # counted at this sync (_sync)
+                row["skipped_updates"] = runs.skipped[r]
             spike = self.spikes.check(r, [(s, runs.part(x, p)) for s, x in fetched], row["train_loss"])
             if spike is not None:
                 row["loss_spike"] = spike[1]
@@ -227,7 +249,8 @@ class Loop:
         return guards.replay_diagnosis(
             bad_step, bad_loss, checkpointer=self.runs.ckpts[0], abstract=s.abstract,
             make_iterator=lambda: s.task.make_iterator(s.spec, **self.runs.data_args[0]),
-            fresh_state=lambda: s.fresh_state(s.spec), train_fn=self.train_fn, grad_fn=grad_fn,
+            fresh_state=lambda: s.fresh_state(s.spec, self.runs.init_sources[0]), train_fn=self.train_fn,
+            grad_fn=grad_fn,
             to_global=lambda b: global_batch(b, self.batch_s, t.batch_size))
 
     def skipped_now(self) -> None:
@@ -242,21 +265,22 @@ class Loop:
 
 
 def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool = True,
-               stop_at: int | None = None) -> list[dict]:
+               stop_at: int | None = None, claim_dead: run_claim.DeadRule | None = None) -> list[dict]:
     """Trains (or resumes) R runs of one shape; returns their summaries (also in each summary.json).
 
     R > 1 raises GroupMismatch, before any training, when the runs' checkpoints are at different steps.
     """
     t_start, nproc, R = time.time(), jax.process_count(), len(configs)
     run_setup.check_group(configs, nproc)
-    setup, runs, previous, _ = run_setup.prepare(configs, workdirs, verbose, get_task)
+    setup, runs, previous, _ = run_setup.prepare(configs, workdirs, verbose, get_task, claim_dead)
     if setup is None:
         return previous
-    profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0
-    preemption = guards.Preemption(stop_at, nproc)
     loop: Loop | None = None
+    profile: ProfileWindow | None = None
     completed = False  # False while an error is on its way out: closing must not replace it
-    try:
+    try:  # from here on the workdirs are claimed (runs.claims): released whatever happens
+        profile = ProfileWindow(setup.config, workdirs[0], enabled=runs.primary)  # a group's trace is in run 0
+        preemption = guards.Preemption(stop_at, nproc)
         with preemption:
             start_step, state = run_setup.restore_or_init(setup, runs, verbose)
             if verbose and runs.primary:
@@ -277,10 +301,12 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
                 raise error
         completed = True
     finally:
-        closers = [profile.close, *([loop.evaluator.close] if loop is not None else []),
+        closers = [*([profile.close] if profile is not None else []),
+                   *([loop.evaluator.close] if loop is not None else []),
                    *(ck.close for ck in runs.ckpts), *(w.close for w in runs.writers)]
         if nproc > 1:
             closers.append(lambda: multihost_utils.sync_global_devices("train_done"))
+        closers.append(runs.claims.release)  # the workdirs' claims last: their files are all closed
         _close_all(closers, raise_errors=completed)
     if verbose and runs.primary and all(s["status"] == "ok" for s in summaries):
         losses = ", ".join("-" if s["eval_loss"] is None else f"{s['eval_loss']:.4f}" for s in summaries)
@@ -296,6 +322,7 @@ def _train(loop: Loop, preemption: guards.Preemption) -> BaseException | None:
     try:
         try:
             loop.run()
+            loop.judge_end()
         except Preempted:
             loop.stop()
             if runs.primary:

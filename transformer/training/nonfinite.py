@@ -3,8 +3,11 @@
 The loop keeps each step's (loss, finite) device scalars since the last host sync and fetches them
 together at the next log or checkpoint step, so detection is exact to the step at no per-step cost.
 Under `train.nonfinite="stop"` the run then stops with `diagnose`'s report: it replays from the last
-checkpoint to the state before the bad step and recomputes that batch's gradients (not donated), naming
-the first parameter whose gradient holds NaN/Inf (in tree order) and how many do.
+checkpoint (or from the initial state, before the first checkpoint) to the state before the bad step and
+recomputes that batch's loss and gradients (not donated), naming the first non-finite tensor (`finding`): a
+parameter already non-finite before the step, a gradient holding NaN/Inf (the first in tree order, and how many
+do), or — every gradient finite — the global gradient norm overflowing float32 (the step's own test), with the
+largest gradient's parameter. A replay that comes out finite says so plainly: the tensor could not be named.
 """
 from __future__ import annotations
 
@@ -51,8 +54,38 @@ def nonfinite_leaves(tree: Any) -> list[str]:
     bad = []
     for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(tree)):
         if not np.all(np.isfinite(np.asarray(leaf))):
-            bad.append("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path))
+            bad.append(_name(path))
     return bad
+
+
+def _name(path: Any) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def _listed(names: list[str]) -> str:
+    more = f" (and {len(names) - 1} more: {', '.join(names[1:4])}{', …' if len(names) > 4 else ''})"
+    return names[0] + (more if len(names) > 1 else "")
+
+
+def finding(params: Any, loss: Any, grads: Any) -> str | None:
+    """The first non-finite tensor of a replayed step, in words, from the state's parameters before it and the
+    recomputed loss and gradients (host or device arrays); None when everything is finite (not reproduced)."""
+    bad = nonfinite_leaves(params)
+    if bad:
+        return f"the parameters were already non-finite before it: {_listed(bad)}"
+    bad = nonfinite_leaves(grads)
+    if bad:
+        return f"first non-finite gradient: {_listed(bad)}"
+    sq = {_name(p): float(np.sum(np.square(np.asarray(g, np.float64))))
+          for p, g in jax.tree_util.tree_leaves_with_path(jax.device_get(grads))}
+    norm = float(optax.tree.norm(grads))  # as the train step computes it (float32)
+    if not np.isfinite(norm):
+        worst = max(sq, key=sq.get)
+        return (f"every gradient is finite, but their global norm overflows float32 (it is {np.sqrt(sum(sq.values())):.3g}"
+                f"; the largest gradient, {worst}, has norm {np.sqrt(sq[worst]):.3g})")
+    if not np.isfinite(float(loss)):
+        return "the loss itself is non-finite, though every gradient is finite"
+    return None
 
 
 def make_grad_fn(model: nn.Module, task: Any, *, seed: int, use_dropout: bool, loss_chunk_size: int = 0,
@@ -69,19 +102,18 @@ def make_grad_fn(model: nn.Module, task: Any, *, seed: int, use_dropout: bool, l
     return jax.jit(grad_fn)
 
 
-def describe(step: int, loss: float, bad_leaves: list[str] | None, replayed_from: int | None) -> str:
-    """The one-paragraph diagnosis of a non-finite step."""
+def describe(step: int, loss: float, found: str | None, replayed_from: int | None, replayed: bool = True) -> str:
+    """The one-paragraph diagnosis of a non-finite step: `found` (finding()'s words), from a replay of the step
+    from checkpoint `replayed_from` (None: from the initial state); `replayed` False: no replay was made."""
     msg = f"non-finite loss or gradient at step {step} (loss={loss})"
-    if bad_leaves is None:
-        msg += "; the gradients could not be recomputed"
-    elif bad_leaves:
-        more = f" (and {len(bad_leaves) - 1} more: {', '.join(bad_leaves[1:4])}{', …' if len(bad_leaves) > 4 else ''})"
-        msg += f"; first non-finite gradient: {bad_leaves[0]}{more if len(bad_leaves) > 1 else ''}"
+    origin = f"checkpoint {replayed_from}" if replayed_from is not None else "the initial state"
+    if not replayed:
+        msg += "; the step was not replayed, so the first non-finite tensor is not named"
+    elif found is not None:
+        msg += f"; {found} [replayed from {origin}]"
     else:
-        msg += "; recomputing that batch's gradients gave finite values (not reproducible: a hardware or " \
-               "non-deterministic fault?)"
-    if replayed_from is not None:
-        msg += f" [replayed from checkpoint {replayed_from}]"
+        msg += (f"; could not name the first non-finite tensor: replaying the step from {origin} gave a finite "
+                f"loss and gradients")
     return msg + ". Lower train.learning_rate or raise train.warmup_steps, or set train.nonfinite='skip' " \
                  "to drop such updates"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import copy
-import json
 import os
 import types
 from typing import Any, Mapping
@@ -19,9 +18,11 @@ from typing import Any, Mapping
 from transformer.data import get_tokenizer
 from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models import resolve as resolve_names
-from transformer.spec import AUTO_WARMUP, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec, warmup_steps
+from transformer.spec import (AUTO_WARMUP, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec, run_task,
+                              warmup_steps)
 from transformer.tasks import model_vocab_size
 from transformer.training import profiler, wandb_run
+from transformer.training.run_io import read_run_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +74,7 @@ def recorded_warmup(workdir: str) -> int | None:
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        train = json.load(f).get("train", {})
+    train = read_run_json(path).get("train", {})
     if "warmup_steps" not in train or "steps" not in train:
         return None
     return warmup_steps(types.SimpleNamespace(warmup_steps=train["warmup_steps"], steps=train["steps"]))
@@ -97,12 +97,22 @@ def keep_recorded_warmup(config: Any, workdir: str) -> tuple[Any, int | None]:
     return config, warmup
 
 
+def check_plain(config: Any) -> None:
+    """The checks that need nothing built or read (DataSpec, TrainSpec, the family's tasks): run first, so a
+    mistake there is reported before a dataset is prepared or a tokenizer trained."""
+    d = plain_config(config)
+    DataSpec.of(d["data"])
+    TrainSpec.from_config(d["train"])
+    run_task(d["model"].get("family", "decoder"), d["train"].get("task", ""))
+
+
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:
     """Validates `config` (a ConfigDict or a plain nested mapping) for this many devices and processes
     (ConfigError naming the setting on a mistake). `tokenizer`: anything with `vocab_size`; default: the one
     `data.tokenizer` names."""
+    check_plain(config)  # before any tokenizer is trained or file read
     resolved = plain_config(config)
-    data_spec = DataSpec.of(resolved["data"])  # the plain data.* checks, before any tokenizer is trained or file read
+    data_spec = DataSpec.of(resolved["data"])
     tokenizer = tokenizer if tokenizer is not None else get_tokenizer(data_spec)
     task_of = types.SimpleNamespace(train=TrainSpec.from_config(resolved["train"]), data=data_spec,
                                     model=types.SimpleNamespace(family=resolved["model"].get("family", "decoder")))

@@ -9,7 +9,6 @@ loaded; the parameters land on one device. The recorded config is read as a plai
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any
@@ -24,6 +23,7 @@ from transformer.spec import MissingInputError, ModelConfig, RunSpec
 
 from transformer.tasks import get_task
 from transformer.training.resolve import model_config
+from transformer.training.run_io import read_run_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +46,7 @@ def load_config(workdir: str) -> dict:
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise MissingInputError(f"{path} not found: {workdir} is not a training run directory")
-    with open(path) as f:
-        return json.load(f)
+    return read_run_json(path)
 
 
 def recorded_spec(config: dict) -> RunSpec:

@@ -25,8 +25,40 @@ LAUNCH_SECTIONS = ("distributed", "logging")
 
 
 # Settings a run may resume with changed: same updates, same checkpoint layout (a run out of memory resumes with
-# a larger train.grad_accum_steps); a run recorded before the key existed had 1.
-RESUMABLE_TRAIN_KEYS = ("grad_accum_steps",)
+# a larger train.grad_accum_steps; train.max_skipped_fraction only judges the outcome); a run recorded before
+# such a key existed is compared without it.
+RESUMABLE_TRAIN_KEYS = ("grad_accum_steps", "max_skipped_fraction")
+
+
+def read_run_json(path: str) -> Any:
+    """A run's JSON file (config.json, summary.json) as written; a damaged one (cut short, not JSON) is one
+    ConfigError naming the file and what to do, never a traceback."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        workdir, name = os.path.split(path)
+        fix = (f"each checkpoint holds a copy (e.g. {workdir}/checkpoints/STEP/config/metadata): copy the latest "
+               f"over it to resume, or train in a new --workdir" if name == "config.json" else
+               f"delete it (the run is then judged again from its checkpoints), or train in a new --workdir")
+        raise ConfigError(f"{path} is damaged, not JSON ({e}); {fix}") from None
+
+
+def check_workdir_writable(workdir: str) -> None:
+    """ConfigError (naming the path) unless `workdir` can be written, or created: its nearest existing parent
+    must be a writable directory. Checked before anything is built or written."""
+    path = os.path.abspath(workdir)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        raise ConfigError(f"--workdir={workdir}: {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        what = "the workdir" if path == os.path.abspath(workdir) else f"its parent {path}, where it would be created,"
+        raise ConfigError(f"--workdir={workdir}: {what} is not writable (permission denied); choose a writable "
+                          f"--workdir")
 # A wsd run continued to more steps on its workdir differs from the run it continues only in these.
 CONTINUABLE_KEYS = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every")
 
@@ -38,8 +70,7 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        existing = json.load(f)
+    existing = read_run_json(path)
     identity.check_same(f"workdir {workdir}", existing.get("data", {}).get(identity.IDENTITY_KEY),
                         resolved.get("data", {}).get(identity.IDENTITY_KEY))  # names the files or the tokenizer
     existing, resolved = ({k: ({**v, identity.IDENTITY_KEY: None} if k == "data" else v) for k, v in d.items()

@@ -14,19 +14,19 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from transformer.spec import ConfigError, DataSpec, RunSpec, flops_per_token, param_counts
+from transformer.spec import LR_ARITHMETIC, ConfigError, DataSpec, RunSpec, flops_per_token, param_counts
 from transformer.data import get_tokenizer, identity, record_tokenizer
 from transformer.data.batches import process_rows
 from transformer.data.span_corruption import span_corruption_lengths
 from transformer.models import build_model
 from transformer.tasks import model_vocab_size
-from transformer.training import checkpointing, multirun, optimizer, sharding
+from transformer.training import checkpointing, multirun, optimizer, run_claim, sharding
 from transformer.training.optimizer import make_schedule
-from transformer.training.resolve import keep_recorded_warmup, resolve
-from transformer.training.run_io import check_workdir_config, write_json
+from transformer.training.resolve import check_plain, keep_recorded_warmup, resolve
+from transformer.training.run_io import check_workdir_config, check_workdir_writable, read_run_json, write_json
 from transformer.training.state import abstract_state, fresh_state, model_optimizer
 from transformer.training.steps import global_batch
-from transformer.training.warm_start import warm_start
+from transformer.training.warm_start import Source, check_source, warm_start
 
 
 @dataclasses.dataclass
@@ -42,10 +42,13 @@ class Runs:
     ckpts: list
     grouped: bool
     primary: bool
+    claims: run_claim.RunClaims | None = None  # the workdirs' claims (run_claim.py), released when the runs end
+    init_sources: list = dataclasses.field(default_factory=list)  # train.init_from checked (warm_start.Source)
     writers: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         R = len(self.configs)
+        self.init_sources = self.init_sources or [None] * R
         self.live = list(range(R))
         self.status, self.errors = ["ok"] * R, [None] * R
         self.skipped: list = [None] * R
@@ -106,11 +109,12 @@ class Setup:
     vocab_size_unpadded: int  # the ids a token can have, before padding (summary.json)
     eval_train_overlap_documents: int | None  # eval documents that are also train documents (packed text)
 
-    def fresh_state(self, spec: RunSpec, announce: bool = False) -> Any:
-        """Step 0: initialised from the run's seed with its peak learning rate, warm-started when asked."""
+    def fresh_state(self, spec: RunSpec, source: Source | None = None, announce: bool = False) -> Any:
+        """Step 0: initialised from the run's seed with its peak learning rate, warm-started when asked (from
+        `source`, train.init_from checked by prepare; None: checked here)."""
         state = fresh_state(self.model, self.tx, spec.train, self.task.init_inputs(spec), self.mesh, self.rules)
         if spec.train.init_from:
-            state, copied = warm_start(state, spec.train.init_from)
+            state, copied = warm_start(state, source or spec.train.init_from)
             if announce:
                 print(f"warm start from {spec.train.init_from}: {len(copied['copied'])} parameters copied, "
                       f"{len(copied['kept'])} freshly initialised ({', '.join(copied['kept'][:4])}"
@@ -134,15 +138,26 @@ def check_group(configs: Sequence[Any], nproc: int) -> None:
                          "(no dropout, no train.init_from)")
 
 
-def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_task: Callable[[Any], Any]
-            ) -> tuple[Setup | None, Runs | None, list, list]:
+def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_task: Callable[[Any], Any],
+            claim_dead: run_claim.DeadRule | None = None) -> tuple[Setup | None, Runs | None, list, list]:
     """Resolves the runs and checks their workdirs; returns (None, None, previous summaries, []) when every run
-    has already finished, else the set-up, the runs (data found, config.json written) and continue-from steps."""
+    has already finished, else the set-up, the runs (data found, config.json written, each workdir claimed:
+    Runs.claims, released by the caller) and continue-from steps.
+
+    The order is the contract "nothing is written before every check": a new workdir's writability, the spec
+    (resolve), the workdirs' recorded configs, the model's shapes (abstract state) and train.init_from; then the
+    claims (refusing a workdir another process trains); then the data (a data mistake releases the claims and
+    leaves no new directory); only then the first write (the tokenizer's copy, config.json, the checkpoints)."""
     nproc, grouped = jax.process_count(), len(configs) > 1
     primary = jax.process_index() == 0
+    for workdir in workdirs:
+        if not os.path.exists(workdir):
+            check_workdir_writable(workdir)  # a new run in a read-only place: one error, before anything else
     devices = jax.devices()[:1] if grouped else jax.devices()
     kept = [keep_recorded_warmup(c, w) for c, w in zip(configs, workdirs)]  # warm-up -1 on a recorded run: its own
     configs = [c for c, _ in kept]
+    for c in configs:
+        check_plain(c)  # the plain settings, before a dataset is prepared or a tokenizer trained
     if verbose and primary:
         for w, (_, warmup) in zip(workdirs, kept):
             if warmup is not None:
@@ -160,11 +175,7 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     for workdir, d in zip(workdirs, resolved):
         continue_from.append(check_workdir_config(workdir, json.loads(json.dumps(d))))  # a wsd run made longer
         path = os.path.join(workdir, "summary.json")
-        if os.path.exists(path) and continue_from[-1] is None:
-            with open(path) as f:
-                previous.append(json.load(f))
-        else:
-            previous.append(None)
+        previous.append(read_run_json(path) if os.path.exists(path) and continue_from[-1] is None else None)
     if all(p is not None and p.get("status") == "ok" for p in previous):
         if verbose and primary:
             print(f"{', '.join(workdirs)} already finished (status ok); nothing to do", flush=True)
@@ -174,25 +185,37 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     task, model = get_task(spec), build_model(model_cfg)
     tx = model_optimizer(model, t, task.init_inputs(spec))  # with μP's per-parameter LRs (SP: none)
     mesh, rules = sharding.make_mesh(spec.mesh, devices), sharding.rules(spec.mesh)
-    # this process's rows of a global batch: those its devices hold (a tensor/fsdp axis may span processes)
-    rows = process_rows(sharding.batch_sharding(mesh, rules), (t.batch_size, spec.data.seq_len))
-    # the data order: (data.shuffle_seed, train.seed) mixed by the pipeline (pipeline.shuffle_seed), never summed
-    data_args = [dict(split=s.data.train_split, global_batch_size=t.batch_size, seed=s.train.seed, data=r.data,
-                      rows=rows, process_index=jax.process_index(), process_count=nproc, shuffle=True, repeat=True)
-                 for s, r in zip(specs, resolved_runs)]
-    data_its = [task.make_iterator(s, **a) for s, a in zip(specs, data_args)]
-    if primary:  # only once the data is found: a data mistake leaves no workdir (nor a half-made run) behind
-        for workdir, d in zip(workdirs, resolved):
-            os.makedirs(workdir, exist_ok=True)
-            record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
-            write_json(os.path.join(workdir, "config.json"), d)
-    decay_start = optimizer.decay_start(t)  # wsd: checkpointed and kept, a longer run continues from it
-    ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints,
-                                        preserve=[decay_start] if decay_start else []) for w in workdirs]
-    for ck, step_from in zip(ckpts, continue_from):
-        if step_from is not None:
-            ck.set_aside_after(step_from, f"continuing to {t.steps} steps from the decay start {step_from}")
     abstract, shardings = abstract_state(model, tx, task.init_inputs(spec), mesh, rules)
+    init_sources = [check_source(s.train.init_from, abstract.params, model_cfg.family)
+                    if s.train.init_from and not has_checkpoint(w) else None for s, w in zip(specs, workdirs)]
+    for workdir in workdirs:
+        check_workdir_writable(workdir)  # an existing run's (a finished one was only read, above)
+    claims = run_claim.claim_workdirs(workdirs, primary, nproc, verbose, claim_dead)  # another live train: refused
+    try:
+        # this process's rows of a global batch: those its devices hold (a tensor/fsdp axis may span processes)
+        rows = process_rows(sharding.batch_sharding(mesh, rules), (t.batch_size, spec.data.seq_len))
+        # the data order: (data.shuffle_seed, train.seed) mixed by the pipeline (pipeline.shuffle_seed), never summed
+        data_args = [dict(split=s.data.train_split, global_batch_size=t.batch_size, seed=s.train.seed, data=r.data,
+                          rows=rows, process_index=jax.process_index(), process_count=nproc, shuffle=True,
+                          repeat=True) for s, r in zip(specs, resolved_runs)]
+        data_its = [task.make_iterator(s, **a) for s, a in zip(specs, data_args)]
+    except BaseException:
+        claims.release(remove_created=True)  # a data mistake leaves no workdir (nor a half-made run) behind
+        raise
+    try:
+        if primary:  # the first write
+            for workdir, d in zip(workdirs, resolved):
+                record_tokenizer(tokenizer, workdir)  # sampling and resuming need nothing outside the workdir
+                write_json(os.path.join(workdir, "config.json"), d)
+        decay_start = optimizer.decay_start(t)  # wsd: checkpointed and kept, a longer run continues from it
+        ckpts = [checkpointing.Checkpointer(os.path.join(w, "checkpoints"), keep=t.keep_checkpoints,
+                                            preserve=[decay_start] if decay_start else []) for w in workdirs]
+        for ck, step_from in zip(ckpts, continue_from):
+            if step_from is not None:
+                ck.set_aside_after(step_from, f"continuing to {t.steps} steps from the decay start {step_from}")
+    except BaseException:
+        claims.release()
+        raise
     setup = Setup(spec=spec, config=config, task=task, model=model, model_cfg=model_cfg, tx=tx, mesh=mesh, rules=rules,
                   mesh_shape=mesh_shape, devices=devices, abstract=abstract, shardings=shardings,
                   counts=param_counts(model_cfg), fpt=flops_per_token(model_cfg, spec.data.seq_len)["with_attention"],
@@ -204,21 +227,46 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                   vocab_size_unpadded=model_vocab_size(spec, tokenizer),
                   eval_train_overlap_documents=getattr(data_its[0], "eval_train_overlap_documents", None))
     runs = Runs(configs=list(configs), specs=specs, workdirs=list(workdirs), resolved=resolved, data_args=data_args,
-                data_its=data_its, ckpts=ckpts, grouped=grouped, primary=primary)
+                data_its=data_its, ckpts=ckpts, grouped=grouped, primary=primary, claims=claims,
+                init_sources=init_sources)
     return setup, runs, previous, continue_from
+
+
+def has_checkpoint(workdir: str) -> bool:
+    """Whether `workdir` holds a checkpoint step (a run that resumes: train.init_from is not read)."""
+    directory = os.path.join(workdir, "checkpoints")
+    return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
 
 
 def restore_or_init(setup: Setup, runs: Runs, verbose: bool) -> tuple[int, Any]:
     """(start step, state): the runs' newest readable checkpoints, or fresh states; a group's stacked."""
     restored = [ck.restore(setup.abstract, it) for ck, it in zip(runs.ckpts, runs.data_its)]
     at = sorted({r[0] if r else 0 for r in restored})
+    for ck, r, spec in zip(runs.ckpts, restored, runs.specs):
+        if r and runs.primary:
+            warn_earlier_lr_arithmetic(ck, r[0], spec)
     if len(at) > 1:
         raise multirun.GroupMismatch(f"the runs' checkpoints are at steps {at}; they continue one by one")
-    run_states = [r[1] if r else setup.fresh_state(s, announce=verbose and runs.primary)
-                  for r, s in zip(restored, runs.specs)]
+    run_states = [r[1] if r else setup.fresh_state(s, source, announce=verbose and runs.primary)
+                  for r, s, source in zip(restored, runs.specs, runs.init_sources)]
+    runs.init_sources = [x.light() if x is not None else None for x in runs.init_sources]  # tensors: not held
     if not runs.grouped:
         return at[0], run_states[0]  # the iterators are at global batch at[0], under any process count
     return at[0], jax.device_put(multirun.stack(run_states), multirun.with_run_axis(setup.shardings))
+
+
+def warn_earlier_lr_arithmetic(ck: checkpointing.Checkpointer, step: int, spec: RunSpec) -> None:
+    """A warning when checkpoint `step` was written under an earlier learning-rate arithmetic (its meta lacks
+    spec.LR_ARITHMETIC's number) and the run has decaying steps left: those follow today's schedule (the decay one
+    step further along, reaching train.final_lr_fraction at the last step), so the run does not end exactly as
+    an uninterrupted run of the code that started it would have."""
+    meta = ck.meta(step) or {}
+    if meta.get("lr_arithmetic", 1) >= LR_ARITHMETIC or spec.train.schedule == "constant" or step >= spec.train.steps:
+        return
+    print(f"warning: checkpoint {step} in {ck.directory} was written under the earlier learning-rate schedule, whose "
+          f"decay ran one step behind (its last step trained above train.final_lr_fraction); steps {step + 1} to "
+          f"{spec.train.steps} follow today's, so this run differs slightly from one trained start to end with "
+          f"either", flush=True)
 
 
 def announce(setup: Setup, runs: Runs, start_step: int) -> None:

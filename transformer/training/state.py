@@ -56,11 +56,13 @@ def abstract_state(model: nn.Module, tx: optax.GradientTransformation, init_inpu
                    mesh_rules: Any) -> tuple[TrainState, TrainState]:
     """(abstract unboxed state with shardings attached, the shardings) — no arrays allocated.
 
-    `init_inputs`: the example arguments of `model.init` (a task's `init_inputs(spec)`).
+    `init_inputs`: the example arguments of `model.init` (a task's `init_inputs(spec)`). Callable inside the
+    loop's mesh and rules context too (the non-finite replay): the rules are given explicitly, never taken from it.
     """
-    boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, r, init_inputs), jax.random.PRNGKey(0))
+    with nn.logical_axis_rules(()):  # unboxing adds no constraints of an enclosing context's rules
+        boxed = jax.eval_shape(lambda r: _init_boxed(model, tx, r, init_inputs), jax.random.PRNGKey(0))
+        unboxed = nn.unbox(boxed)
     shardings = sharding.logical_shardings(boxed, mesh, mesh_rules)
-    unboxed = nn.unbox(boxed)
     sharding.check_divisible(unboxed, shardings)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), unboxed, shardings)
     return abstract, shardings
@@ -70,10 +72,12 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, in
                mesh_rules: Any) -> tuple[TrainState, TrainState]:
     """A freshly initialised state, sharded on `mesh`; returns (state, shardings)."""
     _, shardings = abstract_state(model, tx, init_inputs, mesh, mesh_rules)
-    # Traced outside any mesh/rules context: the out_shardings alone place every array, and flax's
-    # unboxing then adds no sharding constraints of its own to the (reshaped) initialisers.
+    # Traced without logical-axis rules (also inside the loop's context: the non-finite replay): the out_shardings
+    # alone place every array, and flax's unboxing then adds no sharding constraints of its own to the (reshaped)
+    # initialisers.
     init = jax.jit(lambda r: nn.unbox(_init_boxed(model, tx, r, init_inputs)), out_shardings=shardings)
-    return init(jax.random.PRNGKey(seed)), shardings
+    with nn.logical_axis_rules(()):
+        return init(jax.random.PRNGKey(seed)), shardings
 
 
 def fresh_state(model: nn.Module, tx: optax.GradientTransformation, train_cfg: TrainSpec | Any, init_inputs: tuple, mesh: Mesh,

@@ -17,9 +17,14 @@ token table and output head of a vocabulary padded to a multiple of 128 beyond t
 copied, the padding rows keep their initialisation). Reading that format is interop's (transformer/interop/
 hf_warm_start.py), a layer above training: it registers its reader here (`register_reader`), and
 experiments.train and experiments.sweep import it.
+
+`check_source` does every check (the path exists; a train workdir with a checkpoint, of the model's family, or a
+Hugging Face directory whose tensors fit; some parameter matches) before the run writes anything
+(run_setup.prepare), and `warm_start` then copies from the checked Source (a Hugging Face checkpoint is read once).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -30,7 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, MissingInputError
 from transformer.training.restore import latest_step, load_config
 from transformer.training.state import TrainState
 
@@ -77,78 +82,121 @@ def _vocab_padding(saved: tuple[int, ...], model: tuple[int, ...]) -> bool:
     return a < b and b % 128 == 0 and b - a < 128
 
 
-def _hf_warm_start(state: TrainState, init_from: str) -> tuple[TrainState, dict[str, list[str]]]:
-    """The matching tensors of a Hugging Face checkpoint (READERS["huggingface"]) put into `state`'s shardings."""
+@dataclasses.dataclass
+class Source:
+    """train.init_from, checked against a model before anything is written (check_source): `kind` "run" (a train
+    workdir: `state_dir`, its latest checkpoint's state) or "huggingface" (`tensors`: the converted parameters,
+    read once); `copied`/`kept`: the model's parameter paths (keystr) taken from it / left at their init;
+    `shapes`: the model's parameter shapes by path."""
+    path: str
+    kind: str
+    copied: list[str]
+    kept: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    state_dir: str | None = None
+    tensors: dict[str, np.ndarray] | None = None
+
+    def light(self) -> "Source":
+        """This source without the tensors read (held only until the warm start used them; read again if needed)."""
+        return dataclasses.replace(self, tensors=None)
+
+    def report(self) -> dict[str, list[str]]:
+        """{"copied": paths, "kept": paths}, a vocabulary padded beyond the checkpoint's named in both."""
+        padded = [f"{k} (the entries past the checkpoint's vocabulary)" for k in self.copied
+                  if self.tensors is not None and tuple(self.tensors[k].shape) != self.shapes[k]]
+        return {"copied": list(self.copied), "kept": self.kept + padded}
+
+
+def check_source(init_from: str, params: Any, family: str | None = None) -> Source:
+    """Checks that `init_from` can warm-start a model whose parameters are `params` (arrays or abstract
+    ShapeDtypeStructs): it exists, is a train workdir with a checkpoint (of the same model.family, when `family`
+    is given) or a Hugging Face checkpoint directory whose tensors fit, and at least one parameter matches by
+    path and shape. Each failure is one ConfigError naming train.init_from; nothing is restored yet."""
+    where = f"train.init_from={init_from!r}"
+    if not os.path.isdir(init_from):
+        raise MissingInputError(f"{where} does not exist (a train workdir, or a local Hugging Face model "
+                                f"directory)" if not os.path.exists(init_from) else
+                                f"{where} is not a directory (a train workdir, or a local Hugging Face model "
+                                f"directory)")
+    shapes = {k: tuple(x.shape) for k, x in _leaves(params).items()}
+    if is_hf_checkpoint(init_from):
+        return _hf_source(init_from, shapes)
+    try:
+        config = load_config(init_from)  # DIR/config.json: it is a training run
+        state_dir = os.path.join(init_from, "checkpoints", str(latest_step(init_from)), "state")
+    except MissingInputError as e:
+        raise MissingInputError(f"{where}: {e}" + ("" if "checkpoint" in str(e) else
+                                                   " (give a train workdir, or a local Hugging Face model "
+                                                   "directory)")) from None
+    theirs = (config.get("model") or {}).get("family", "decoder")
+    if family is not None and theirs != family:
+        raise ConfigError(f"{where} is a run of model.family={theirs!r} (task "
+                          f"{(config.get('train') or {}).get('task') or 'its default'}); this model is {family!r}: "
+                          f"warm-start from a run of the same family")
+    saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir))
+    saved_params = _leaves(saved["params"] if isinstance(saved, dict) else saved.tree["params"])
+    copied = [k for k, shape in shapes.items() if k in saved_params and tuple(saved_params[k].shape) == shape]
+    if not copied:
+        raise ConfigError(f"{where}: no parameter of this model matches that run's (path and shape); is it a run "
+                          f"of the same family and width?")
+    return Source(init_from, "run", copied, [k for k in shapes if k not in copied], shapes, state_dir=state_dir)
+
+
+def _hf_source(init_from: str, shapes: dict[str, tuple[int, ...]]) -> Source:
+    """A Hugging Face checkpoint's converted tensors (READERS["huggingface"]) matched to the model's shapes."""
     if "huggingface" not in READERS:
         raise ConfigError(f"train.init_from={init_from!r} is a Hugging Face checkpoint; reading it needs "
                           f"`import transformer.interop.hf_warm_start` (experiments.train and experiments.sweep "
                           f"import it)")
-    saved = _leaves(READERS["huggingface"](init_from))
-    report: dict[str, list[str]] = {"copied": [], "kept": []}
-    wrong: list[str] = []
-
-    def take(path: Any, leaf: jax.Array) -> jax.Array:
-        key = jax.tree_util.keystr(path)
+    saved = {k: np.asarray(v) for k, v in _leaves(READERS["huggingface"](init_from)).items()}
+    copied, kept, wrong = [], [], []
+    for key, shape in shapes.items():
         src = saved.get(key)
         if src is None:
-            report["kept"].append(key)
-            return leaf
-        src = np.asarray(src)
-        if src.shape != tuple(leaf.shape):
-            if not _vocab_padding(src.shape, tuple(leaf.shape)):
-                wrong.append(f"{key}: model {tuple(leaf.shape)}, checkpoint {src.shape}")
-                return leaf
-            padded = np.array(jax.device_get(leaf), dtype=leaf.dtype)  # the padding rows keep their init
-            padded[tuple(slice(0, n) for n in src.shape)] = src
-            src = padded
-            report["kept"].append(f"{key} (the entries past the checkpoint's vocabulary)")
-        report["copied"].append(key)
-        return jax.device_put(src.astype(leaf.dtype), leaf.sharding)
-
-    params = jax.tree_util.tree_map_with_path(take, state.params)
+            kept.append(key)
+        elif src.shape == shape or _vocab_padding(src.shape, shape):
+            copied.append(key)
+        else:
+            wrong.append(f"{key}: model {shape}, checkpoint {src.shape}")
     if wrong:
         raise ConfigError(f"train.init_from={init_from!r}: the model settings do not describe this checkpoint's "
                           f"model ({'; '.join(wrong[:4])}{'; ...' if len(wrong) > 4 else ''}); set model.* as its "
                           f"config.json says (python -c 'from transformer.interop.hf import config_from_pretrained; "
                           f"print(config_from_pretrained(DIR))')")
-    if not report["copied"]:
+    if not copied:
         raise ConfigError(f"train.init_from={init_from!r}: no parameter of this model matches that checkpoint's "
                           f"(path and shape); is it a checkpoint of the same family?")
-    return state.replace(params=params), report
+    return Source(init_from, "huggingface", copied, kept, shapes, tensors={k: saved[k] for k in copied})
 
 
-def warm_start(state: TrainState, init_from: str) -> tuple[TrainState, dict[str, list[str]]]:
-    """Copies matching parameters from `init_from` (a train workdir or a Hugging Face checkpoint directory) into
-    `state`, each restored in that leaf's sharding and dtype. Returns the new state and {"copied": [...],
-    "kept": [...]} parameter paths.
-    """
-    if is_hf_checkpoint(init_from):
-        return _hf_warm_start(state, init_from)
-    try:
-        load_config(init_from)  # DIR/config.json: it is a training run
-        state_dir = os.path.join(init_from, "checkpoints", str(latest_step(init_from)), "state")
-    except FileNotFoundError as e:
-        raise ConfigError(f"train.init_from={init_from!r}: {e}") from None
-    saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir))
-    saved_params = _leaves(saved["params"] if isinstance(saved, dict) else saved.tree["params"])
-    report: dict[str, list[str]] = {"copied": [], "kept": []}
+def warm_start(state: TrainState, init_from: str | Source) -> tuple[TrainState, dict[str, list[str]]]:
+    """Copies matching parameters from `init_from` (a checked Source, or a path: checked here) into `state`, each
+    restored in that leaf's sharding and dtype. Returns the new state and {"copied": [...], "kept": [...]}
+    parameter paths."""
+    source = init_from if isinstance(init_from, Source) else check_source(init_from, state.params)
+    if source.kind == "huggingface" and source.tensors is None:  # released after the first use (light()): read again
+        source = _hf_source(source.path, source.shapes)
+    if source.kind == "huggingface":
+        def take(path: Any, leaf: jax.Array) -> jax.Array:
+            src = source.tensors.get(jax.tree_util.keystr(path))
+            if src is None:
+                return leaf
+            if src.shape != tuple(leaf.shape):  # a vocabulary padded beyond the checkpoint's
+                padded = np.array(jax.device_get(leaf), dtype=leaf.dtype)  # the padding rows keep their init
+                padded[tuple(slice(0, n) for n in src.shape)] = src
+                src = padded
+            return jax.device_put(src.astype(leaf.dtype), leaf.sharding)
+
+        return state.replace(params=jax.tree_util.tree_map_with_path(take, state.params)), source.report()
+    copy = set(source.copied)
 
     def wanted(path: Any, leaf: jax.Array) -> jax.ShapeDtypeStruct | None:
         key = jax.tree_util.keystr(path)
-        src = saved_params.get(key)
-        if src is None or tuple(src.shape) != tuple(leaf.shape):
-            report["kept"].append(key)
-            return None
-        report["copied"].append(key)
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding) if key in copy else None
 
-    item = _pruned(jax.tree_util.tree_map_with_path(wanted, state.params))  # only the leaves to copy
-    if not report["copied"]:
-        raise ConfigError(f"train.init_from={init_from!r}: no parameter of this model matches that run's "
-                          f"(path and shape); is it a run of the same family and width?")
-    item = {"params": item}
-    restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
+    item = {"params": _pruned(jax.tree_util.tree_map_with_path(wanted, state.params))}  # only the leaves to copy
+    restored = ocp.PyTreeCheckpointer().restore(source.state_dir, args=ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
     copied = _leaves(restored["params"])
     params = jax.tree_util.tree_map_with_path(lambda p, x: copied.get(jax.tree_util.keystr(p), x), state.params)
-    return state.replace(params=params), report
+    return state.replace(params=params), source.report()
