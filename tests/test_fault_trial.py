@@ -7,8 +7,8 @@ test_data_mistakes.py, test_export.py, test_compare.py, test_sweep.py hold the o
 exactly one `error:` line naming the setting or the path, no traceback, and writes nothing: no file or directory
 appears, changes or goes under the trial's directory. An error of the environment (ENVIRONMENT: a read-only file
 system, a full disk, a directory the user may not write) is the same one line, naming the path and the cause.
-Cases whose fix is another branch's are marked xfail(strict) with the issue item and the branch: they fail today
-and pass once it is merged (then the mark goes). A pattern asks for what the line must say (the setting or path,
+A case not fixed yet is marked xfail(strict) saying what is wrong (it fails until the fix, then the mark goes).
+A pattern asks for what the line must say (the setting or path,
 the cause), not one wording: the branches that check earlier word their messages their own way. Every case runs as `python -m experiments.X` in a process of its
 own, forked from one that imported the heavy libraries once (tests/fault_runner.py: about 0.3-1 s a case instead
 of 3-5 s), started in the trial's directory: a relative path a command makes (`~nouser/run` taken literally)
@@ -47,13 +47,6 @@ PREPARE = ["experiments.prepare_data", "--config={repo}/configs/lm.py:gpt2_tiny"
 LOCAL = ["--config.data.tfds_name=", "--config.data.files={work}/dïr with space/*.txt"]  # local files, for a cache
 PLOT = ["experiments.plot_lr_scans", "--out={work}/new_plot.png"]
 
-TRAINRUN, SAMEDATA, ONERUN, SCALING = "h-trainrun", "h-samedata", "h-onerun", "h-scaling"
-
-
-def fixed_on(branch: str, item: str) -> str:
-    return f"issue 29 item {item}, fixed on branch {branch}"
-
-
 def open_finding(what: str) -> str:
     return f"not fixed on any branch of issue 29 yet: {what}"
 
@@ -62,21 +55,18 @@ class Case(NamedTuple):
     id: str
     argv: list[str]
     pattern: str              # the one error line must match it (re.search)
-    xfail: str | None = None  # why it fails on this branch: the item and the branch that fixes it
+    xfail: str | None = None  # why it fails today (open_finding), until it is fixed
 
 
 MISTAKES = [
     # ---- train: settings that are nonsense (issue 29 item 1.9 and its kind)
-    Case("train_b2_above_1", DRY + ["--config.train.b2=1.5"], r"train\.b2=1\.5", fixed_on(TRAINRUN, "1.9")),
-    Case("train_b1_of_1", DRY + ["--config.train.b1=1.0"], r"train\.b1=1\.0", fixed_on(TRAINRUN, "1.9")),
-    Case("train_negative_weight_decay", DRY + ["--config.train.weight_decay=-0.1"], r"train\.weight_decay=-0\.1",
-         fixed_on(TRAINRUN, "1.9")),
-    Case("train_infinite_lr", DRY + ["--config.train.learning_rate=inf"], r"train\.learning_rate=inf",
-         fixed_on(TRAINRUN, "1.9")),
+    Case("train_b2_above_1", DRY + ["--config.train.b2=1.5"], r"train\.b2=1\.5"),
+    Case("train_b1_of_1", DRY + ["--config.train.b1=1.0"], r"train\.b1=1\.0"),
+    Case("train_negative_weight_decay", DRY + ["--config.train.weight_decay=-0.1"], r"train\.weight_decay=-0\.1"),
+    Case("train_infinite_lr", DRY + ["--config.train.learning_rate=inf"], r"train\.learning_rate=inf"),
     Case("train_nan_lr", DRY + ["--config.train.learning_rate=nan"], r"train\.learning_rate=nan must be positive"),
-    Case("train_negative_eps", DRY + ["--config.train.eps=-1"], r"train\.eps=-1", fixed_on(TRAINRUN, "1.9")),
-    Case("train_negative_norm_eps", DRY + ["--config.model.norm_eps=-1"], r"model\.norm_eps=-1",
-         open_finding("model.norm_eps=-1 trains (item 1.9's kind; spec/model.py checks no norm_eps)")),
+    Case("train_negative_eps", DRY + ["--config.train.eps=-1"], r"train\.eps=-1"),
+    Case("train_negative_norm_eps", DRY + ["--config.model.norm_eps=-1"], r"model\.norm_eps=-1"),
     Case("train_negative_batch", DRY + ["--config.train.batch_size=-8"], r"train\.batch_size=-8 must be a positive"),
     Case("train_heads_not_dividing", DRY + ["--config.model.num_heads=5"], r"model\.num_heads=5 does not divide"),
     Case("train_kv_heads_not_dividing", DRY + ["--config.model.num_kv_heads=3"], r"model\.num_kv_heads=3"),
@@ -101,22 +91,19 @@ MISTAKES = [
     # ---- train: a task the family does not support (item 1.1)
     Case("train_lm_task_on_an_encoder", ["experiments.train", "--config={repo}/configs/mlm.py:bert_tiny",
                                          "--config.data.data_dir={data}", "--config.train.task=lm", "--dry_run"],
-         r"train\.task='lm'", fixed_on(TRAINRUN, "1.1")),
-    Case("train_mlm_task_on_a_decoder", DRY + ["--config.train.task=mlm"], r"train\.task='mlm'",
-         fixed_on(TRAINRUN, "1.1")),
+         r"train\.task='lm'"),
+    Case("train_mlm_task_on_a_decoder", DRY + ["--config.train.task=mlm"], r"train\.task='mlm'"),
     Case("train_span_task_on_a_decoder", DRY + ["--config.train.task=span_corruption"],
-         r"train\.task='span_corruption'", fixed_on(TRAINRUN, "1.1")),
+         r"train\.task='span_corruption'"),
     # ---- train: bad input that a real run checks only after writing config.json (item 2.3), or not at all (2.5)
-    Case("train_init_from_missing", real("run_init") + ["--config.train.init_from={work}/nope"], r"train\.init_from",
-         fixed_on(TRAINRUN, "2.3")),
+    Case("train_init_from_missing", real("run_init") + ["--config.train.init_from={work}/nope"], r"train\.init_from"),
     Case("train_init_from_an_empty_dir", real("run_init_empty") + ["--config.train.init_from={work}/empty"],
-         r"train\.init_from='.*/empty': .*empty/config\.json not found", fixed_on(TRAINRUN, "2.3")),
+         r"train\.init_from='.*/empty': .*empty/config\.json not found"),
     Case("train_loss_chunk_not_dividing", real("run_chunk") + ["--config.train.loss_chunk_size=7"],
-         r"train\.loss_chunk_size=7", fixed_on(TRAINRUN, "2.3")),
+         r"train\.loss_chunk_size=7"),
     Case("train_negative_shuffle_seed", real("run_shuffle") + ["--config.data.shuffle_seed=-1"],
          r"data\.shuffle_seed=-1"),
-    Case("train_half_written_config_json", TRAIN + ["--workdir={work}/damaged_run"], r"damaged_run/config\.json",
-         fixed_on(TRAINRUN, "2.5")),
+    Case("train_half_written_config_json", TRAIN + ["--workdir={work}/damaged_run"], r"damaged_run/config\.json"),
     # ---- the command line itself (experiments/cli.py, experiments/_paths.py)
     Case("train_positional_argument", DRY + ["steps=30"], r"unexpected argument.*'steps=30'.*--name=value"),
     Case("train_bool_given_a_separate_value", DRY + ["true"], r"unexpected argument.*'true'"),
@@ -194,8 +181,7 @@ MISTAKES = [
     Case("export_positional_argument", ["experiments.export", "--workdir={work}/empty", "--out={work}/new_export",
                                         "hf_out"], r"unexpected argument.*'hf_out'"),
     Case("export_half_written_config_json", ["experiments.export", "--workdir={work}/damaged_run",
-                                             "--out={work}/new_export"], r"damaged_run/config\.json",
-         fixed_on(TRAINRUN, "2.5")),
+                                             "--out={work}/new_export"], r"damaged_run/config\.json"),
     Case("sample_negative_temperature", ["experiments.sample", "--workdir={work}/empty", "--temperature=-1"],
          r"temperature=-1\.0 must be >= 0"),
     Case("sample_top_p_above_1", ["experiments.sample", "--workdir={work}/empty", "--top_p=1.5"], r"top_p=1\.5"),
@@ -203,7 +189,7 @@ MISTAKES = [
     Case("sample_prompt_without_flag", ["experiments.sample", "--workdir={work}/empty", "Once upon a time"],
          r"unexpected argument.*'Once upon a time'"),
     Case("sample_half_written_config_json", ["experiments.sample", "--workdir={work}/damaged_run"],
-         r"damaged_run/config\.json", fixed_on(TRAINRUN, "2.5")),
+         r"damaged_run/config\.json"),
     Case("attention_layers_not_numbers", ["experiments.attention", "--workdir={work}/empty", "--text=hi",
                                           "--out={work}/new_attention", "--layers=a,b"],
          r"--layers=a,b must be comma-separated integers"),

@@ -5,7 +5,6 @@ results.jsonl, read-only), and a run whose paths hold spaces, a comma and Unicod
 Covered elsewhere, not repeated: a train killed (SIGKILL / SIGTERM) at random steps resumes bit-exactly
 (test_reliability.py); a sweep killed during a run records each run once (test_sweep.py); two sweep runners on
 one directory share the runs (test_sweep_concurrency.py); damaged checkpoints (test_reliability.py).
-As in test_fault_trial.py, a case another branch fixes is xfail(strict) naming the issue item and the branch.
 """
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ import pytest
 
 from fault_runner import REPO, environment
 from test_data_files import train_hf_tokenizer
-from test_fault_trial import ONERUN, SAMEDATA, TRAINRUN, fixed_on
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +118,6 @@ def test_a_sweep_killed_between_stages_records_each_run_once(finished_sweep):
     assert os.path.exists(os.path.join(finished_sweep, "fit", "fit.json"))
 
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(ONERUN, "2.5 (a finished sweep's rerun rewrites sweep.json)"))
 def test_the_rerun_of_a_finished_sweep_writes_nothing(finished_sweep, corpus_dir):
     before = _files(finished_sweep)
     r = _run("sweep", *SWEEP, f"--config.base.data.data_dir={corpus_dir}", f"--workdir={finished_sweep}")
@@ -128,7 +125,6 @@ def test_the_rerun_of_a_finished_sweep_writes_nothing(finished_sweep, corpus_dir
     assert _files(finished_sweep) == before
 
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(ONERUN, "2.5 (read-only: the rerun of a finished sweep)"))
 def test_the_rerun_of_a_finished_sweep_on_a_read_only_mount(finished_sweep, corpus_dir, tmp_path):
     view = str(tmp_path / "read_only_view")
     os.makedirs(view)
@@ -142,7 +138,6 @@ def test_the_rerun_of_a_finished_sweep_on_a_read_only_mount(finished_sweep, corp
         subprocess.run(["umount", view], capture_output=True)
 
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(ONERUN, "1.2"))
 def test_a_torn_results_tail_loses_no_finished_run(finished_sweep, corpus_dir, tmp_path):
     """The issue's case: the last row removed and the new last row's newline cut; the rerun re-records the run
     whose row went (from its run directory) and keeps every complete row."""
@@ -197,7 +192,6 @@ def test_a_killed_cache_build_reruns_to_the_same_cache(killed_cache_build):
                 open(os.path.join(expected["cache"], name), "rb").read(), name
 
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(SAMEDATA, "2.6 (a killed cache build's temporary directory)"))
 def test_a_killed_cache_build_leaves_no_temporary_directory(killed_cache_build):
     assert any(".tmp-" in name for name in killed_cache_build["left_by_kill"])  # the kill landed mid-build
     assert [n for n in os.listdir(os.path.join(killed_cache_build["killed"], "tokens")) if n.startswith(".")] == []
@@ -234,7 +228,6 @@ def test_a_disk_that_fills_at_a_checkpoint_is_one_error_and_the_rerun_finishes(t
 
 # ------------------------------------------------------------------ two trains on one workdir
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(TRAINRUN, "2.2"))
 def test_a_second_train_on_a_training_workdir_is_refused(tmp_path, corpus_dir):
     """The first holds the run; the second is one error naming the workdir, and leaves the first intact."""
     workdir = str(tmp_path / "run")
@@ -276,7 +269,6 @@ def _damage_delete(cache: str) -> str:
     return path
 
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(SAMEDATA, "1.6"))
 @pytest.mark.parametrize("damage", [_damage_flip, _damage_truncate, _damage_delete],
                          ids=["flipped_bytes_in_eval_tokens", "truncated_train_tokens", "deleted_train_offsets"])
 def test_a_damaged_token_cache_is_refused_naming_the_file(damage, tmp_path):
@@ -296,7 +288,6 @@ def test_a_damaged_token_cache_is_refused_naming_the_file(damage, tmp_path):
 
 # ------------------------------------------------------------------ divergence
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(TRAINRUN, "1.4"))
 def test_skipping_most_updates_with_a_nan_eval_is_a_failed_run(tmp_path, corpus_dir):
     r = _run("train", *T, "--config.train.learning_rate=1000", "--config.train.nonfinite=skip",
              f"--config.data.data_dir={corpus_dir}", f"--workdir={tmp_path}/run")
@@ -305,7 +296,6 @@ def test_skipping_most_updates_with_a_nan_eval_is_a_failed_run(tmp_path, corpus_
     assert "skip" in summary["error"], summary["error"]
 
 
-@pytest.mark.xfail(strict=True, reason=fixed_on(TRAINRUN, "2.4"))
 @pytest.mark.parametrize("devices, checkpoint_every", [(8, 10), (1, 1)],
                          ids=["before_the_first_checkpoint_on_a_mesh", "after_a_checkpoint"])
 def test_the_nonfinite_diagnosis_names_the_tensor_or_says_it_cannot(devices, checkpoint_every, tmp_path, corpus_dir):

@@ -103,6 +103,10 @@ class ModelConfig:
             raise ConfigError(f"model.dropout_rate={self.dropout_rate!r} must be in [0, 1)")
         if self.rope_base <= 0:
             raise ConfigError(f"model.rope_base={self.rope_base!r} must be positive")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) \
+                or not 0 < self.norm_eps < 1:
+            raise ConfigError(f"model.norm_eps={self.norm_eps!r} must be a number in (0, 1): the small constant "
+                              f"added to the variance (1e-5 LayerNorm, 1e-6 RMSNorm, 1e-12 BERT)")
         self._check_position_bias_settings()
         self._check_parametrization()
         self._check_block_options()
