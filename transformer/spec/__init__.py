@@ -8,7 +8,7 @@ from transformer.spec.errors import ConfigError, MissingInputError, check_choice
 from transformer.spec.mesh import MESH_AXES, MeshSpec, normalize_rules, resolve_shape
 from transformer.spec.model import (AUTO, COMPUTE_DTYPES, FAMILIES, NORM_POSITIONS, PARAM_DTYPES, PARAMETRIZATIONS,
                                     REMAT_POLICIES, ModelConfig, model_defaults)
-from transformer.spec.run import FAMILY_TASKS, RunSpec, model_spec, run_task
+from transformer.spec.run import FAMILY_TASKS, RunSpec, model_spec, run_task, section_defaults
 from transformer.spec.schedule import (ADDED_TRAIN_KEYS, AUTO_WARMUP, AUTO_WARMUP_FRACTION, AUTO_WARMUP_MAX, LR_ARITHMETIC,
                                        MAX_SKIPPED_FRACTION, NONFINITE_POLICIES, SCHEDULES, TrainSpec, decay_start,
                                        lr_at, train_spec, warmup_steps)
@@ -20,5 +20,5 @@ __all__ = [
     "PARAM_DTYPES", "PARAMETRIZATIONS", "REMAT_POLICIES", "RunSpec", "SCHEDULES", "TrainSpec", "VOCAB_MULTIPLE",
     "attention_layers", "check_choice", "check_positive_int", "decay_start", "flops_per_token", "lr_at",
     "matmul_params", "model_defaults", "model_spec", "normalize_rules", "padded_vocab_size", "padding_params", "param_counts", "resolve_shape",
-    "run_task", "train_flops", "train_spec", "warmup_steps",
+    "run_task", "section_defaults", "train_flops", "train_spec", "warmup_steps",
 ]

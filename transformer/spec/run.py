@@ -27,6 +27,19 @@ FAMILY_TASKS: dict[str, tuple[str, ...]] = {"decoder": ("lm",), "encoder": ("mlm
 assert set(FAMILY_TASKS) == set(FAMILIES)
 
 
+def section_defaults() -> dict[str, dict[str, Any]]:
+    """{section: {key: default}} of the config sections a run records (model, train, data; JSON values): what a
+    key absent from an older config.json or sweep.json means. A key added later "default OFF" (docs/extending.md)
+    is absent from the runs recorded before it and means its default there, so they resume under the new code.
+    (Changing an existing default would change what older records mean: give the new behaviour a new value.)"""
+    from transformer.spec.model import model_defaults
+
+    data = {f.name: f.default for f in dataclasses.fields(DataSpec)
+            if f.default is not None and f.default is not dataclasses.MISSING}
+    train = {f.name: f.default for f in dataclasses.fields(TrainSpec)}
+    return json.loads(json.dumps({"model": model_defaults(), "train": train, "data": data}))
+
+
 def run_task(family: str, task: str) -> str:
     """The task a run of `family` trains: train.task, or "" for the family's default (FAMILY_TASKS). A task
     the family does not support is one ConfigError naming model.family, train.task and the valid tasks."""

@@ -12,7 +12,7 @@ import jax
 
 from transformer import files
 from transformer.data import identity, token_cache
-from transformer.spec import ConfigError, ModelConfig, TrainSpec, padding_params
+from transformer.spec import ConfigError, ModelConfig, TrainSpec, padding_params, section_defaults
 from transformer.training import hardware, optimizer, sharding
 
 
@@ -59,6 +59,23 @@ def check_workdir_writable(workdir: str) -> None:
         what = "the workdir" if path == os.path.abspath(workdir) else f"its parent {path}, where it would be created,"
         raise ConfigError(f"--workdir={workdir}: {what} is not writable (permission denied); choose a writable "
                           f"--workdir")
+# Where the data is read from, not what it is: when both configs record a data identity (compared by content), a
+# run resumes from a node-local copy of its corpus, a moved cache or tokenizer file.
+DATA_LOCATION_KEYS = ("files", "eval_files", "data_dir", "cache_dir", "tokenizer")
+
+
+def absent_as_default(recorded: dict, now: dict) -> dict:
+    """`recorded` (an older config) with each key of the model, train and data sections that `now` has and it
+    lacks set to its default (spec.section_defaults): a key added to the code later means, in a run recorded
+    before, what its default means (docs/extending.md: a new option is added "default OFF")."""
+    out = dict(recorded)
+    for section, defaults in section_defaults().items():
+        old, new = recorded.get(section), now.get(section)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out[section] = {**{k: defaults[k] for k in new if k not in old and k in defaults}, **old}
+    return out
+
+
 # A wsd run continued to more steps on its workdir differs from the run it continues only in these.
 CONTINUABLE_KEYS = ("train.steps", "train.eval_every", "train.checkpoint_every", "train.log_every")
 
@@ -73,8 +90,12 @@ def check_workdir_config(workdir: str, resolved: dict) -> int | None:
     existing = read_run_json(path)
     identity.check_same(f"workdir {workdir}", existing.get("data", {}).get(identity.IDENTITY_KEY),
                         resolved.get("data", {}).get(identity.IDENTITY_KEY))  # names the files or the tokenizer
-    existing, resolved = ({k: ({**v, identity.IDENTITY_KEY: None} if k == "data" else v) for k, v in d.items()
-                           if k not in LAUNCH_SECTIONS} for d in (existing, resolved))  # compared just above
+    same_content = bool(existing.get("data", {}).get(identity.IDENTITY_KEY)
+                        and resolved.get("data", {}).get(identity.IDENTITY_KEY))  # compared by content just above
+    hidden = (identity.IDENTITY_KEY, *(DATA_LOCATION_KEYS if same_content else ()))
+    existing, resolved = ({k: ({**v, **{h: None for h in hidden}} if k == "data" else v) for k, v in d.items()
+                           if k not in LAUNCH_SECTIONS} for d in (existing, resolved))
+    existing = absent_as_default(existing, resolved)  # a key added since the run was recorded
     existing, resolved = _warmup_resolved(existing), _warmup_resolved(resolved)  # -1 and the count it gives agree
     existing, resolved = ({**d, "train": {k: v for k, v in d.get("train", {}).items() if k not in RESUMABLE_TRAIN_KEYS}}
                           for d in (existing, resolved))  # how an update is computed, not which: may change
