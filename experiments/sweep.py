@@ -137,9 +137,10 @@ def main(argv: list[str]) -> None:
         from transformer.design import plan
         todo, _ = runner.pending_runs(workdir, doc["runs"])
         later = next_stage.later_runs(plan.design(config, preview=True), doc)
+        left = progress.remaining(todo, later, doc["waiting"])
         again = " ".join(shlex.quote(a) for a in _without(sys.argv[1:], _CONTINUE))
         print(f"stopped after {_STAGES.value} stage{'s' if _STAGES.value > 1 else ''} (--stages={_STAGES.value}); "
-              f"remaining: {progress.remaining(todo, later)}; go on with: python -m experiments.sweep {again} "
+              f"remaining: {left}; go on with: python -m experiments.sweep {again} "
               f"(--stages=N for N more stages; --dry_run shows the next one)", flush=True)
         return
     if code == runner.OTHER_RUNNERS:  # the rest is being trained by other runners on this DIR

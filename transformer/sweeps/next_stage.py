@@ -4,16 +4,17 @@
   1. the rows the design reads (DIR/results.jsonl by the failure rule); a run of DIR/sweep.json that finished
      without its row counts as recorded (the real run records it from its run directory first: execute.recover),
      and with `retry_failed` the failed runs do not (the real run removes their rows: execute.drop_failed);
-  2. the plan from them (plan.design: the stages designed so far) and its sweep document (DIR/sweep.json's content);
+  2. the plan from them (plan.design: the stages designed so far, the validation run from DIR/fit/predictions.json
+     where it exists) and its sweep document (DIR/sweep.json's content);
   3. the document checked against DIR/sweep.json (check_recorded): the same design settings, the same data, the
      runs designed so far kept; otherwise one ConfigError, before anything is written;
-  4. where the plan waits for the prediction (the grid is recorded), the fit of the grid predicts the validation
-     budget (outcome.predict, which writes DIR/fit/predictions.json; outcome.grid_prediction in memory), and the
-     validation run is designed from it (back to 2);
+  4. with `write`, where the plan waits for the prediction (the grid is recorded), the fit of the grid writes it
+     (outcome.predict) and the validation run is designed from it (back to 2); without `write` the plan stays
+     waiting for it (the fit is the real run's first step then; the dry run says so);
   5. `todo`: the runs of the document without a row, what trains now.
 With `write` (the real run: runner.run_sweep, the SLURM step) it records the recovered rows, removes the claims of
 recorded runs and writes DIR/sweep.json and the prediction; without (the dry run) it writes nothing. So the dry
-run's "would train" is the real run's todo by construction.
+run's "would train now" is the real run's todo by construction.
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ class NextStage:
     """plan: plan.design's Plan from `rows`; doc: its sweep document (with data_identity); rows: {run_id: row} the
     design read; todo: the runs of doc without a row, in training order (what trains now); recovered: the runs
     recorded from their run directories (without `write`: that the real run records first); retried: the failed
-    runs whose rows are (would be) removed; prediction: the prediction this call made (outcome.predict, or
-    in memory without `write`), None where none was needed or one was written before."""
+    runs whose rows are (would be) removed; prediction: the prediction this call wrote (outcome.predict), None
+    where none was needed, one was written before, or nothing is written."""
 
     plan: Any
     doc: dict[str, Any]
@@ -149,9 +150,9 @@ def next_stage(workdir: str, config: Any, *, write: bool, retry_failed: bool = F
             write_sweep(workdir, doc)
         else:
             check_recorded(workdir, doc)
-        if p.waiting != "prediction" or not predict:
+        if p.waiting != "prediction" or not (write and predict):
             break
-        prediction = made = outcome.predict(workdir, doc) if write else outcome.grid_prediction(workdir, doc)
+        prediction = made = outcome.predict(workdir, doc)
     todo = [r for r in doc["runs"] if r["run_id"] not in rows]
     return NextStage(p, doc, rows, todo, recovered, retried, made)
 

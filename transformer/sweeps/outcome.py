@@ -53,43 +53,27 @@ def load_prediction(workdir: str) -> dict[str, Any] | None:
         return json.load(f)
 
 
-def grid_prediction(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
-    """The prediction predict() writes (less its `written_at`), from the same fit of DIR's recorded grid made in
-    memory: nothing written (the dry run's)."""
-    from transformer.scaling import fits, points
-
-    validate_flops = float(doc["sweep"].get("validate_flops") or 0.0)  # run_fit's fit (_fit), without its files
-    return _prediction(fits.fit_all(points.load(workdir, n_kind=_n_kind(doc)), seed=0,
-                                    bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)),
-                                    predict_flops=[validate_flops] if validate_flops else ()))
-
-
-def _prediction(fit: dict[str, Any]) -> dict[str, Any]:
-    """The prediction at the fit's (one) predicted budget. Its `params` is N_opt in the fit's headline convention
-    (`convention`); where the fit cannot predict (too few budget minima for a frontier) `params` and `loss` are
-    null and `note` says why, and the sweep ends without a validation run."""
+def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """Fits the grid and writes DIR/fit/predictions.json (once: an existing one is returned as it is), before
+    the validation run is designed. Its `params` is N_opt in the fit's headline convention (`convention`);
+    where the fit cannot predict (too few budget minima for a frontier) `params` and `loss` are null and `note`
+    says why, and the sweep ends without a validation run."""
+    existing = load_prediction(workdir)
+    if existing is not None:
+        return existing
+    fit = _fit(workdir, doc)
     pred = fit["predictions"][0]
     if pred.get("loss") is None or pred.get("params") is None:  # recorded as such: the sweep ends without it
         pred = {**pred, "params": None, "loss": None,
                 "note": f"the fit of the grid cannot predict at {pred['flops']:.3g} FLOPs "
                         f"({pred.get('note', 'no frontier')}): no validation run"}
-    return {**pred, "convention": fit["headline"]["convention"],
-            "from": {"a": fit["approach2"].get("a"), "a_ci95": fit["approach2"].get("a_ci95"),
-                     "frontier": fit["frontier"].get("law"), "sigma": fit["noise"].get("sigma"),
-                     "grid_runs": len(fit["points"]),
-                     "backtest": {k: v for k, v in (fit["frontier"].get("backtest") or {}).items() if k != "method"},
-                     "frontier_warning": fit["frontier"].get("warning")}}
-
-
-def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
-    """Fits the grid (DIR/fit/fit.json and figures) and writes DIR/fit/predictions.json, the prediction at
-    sweep.validate_flops with the time it was written, once (an existing one is returned as it is), before the
-    validation run is designed."""
-    existing = load_prediction(workdir)
-    if existing is not None:
-        return existing
-    prediction = {**_prediction(_fit(workdir, doc)),
-                  "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    prediction = {**pred, "convention": fit["headline"]["convention"],
+                  "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "from": {"a": fit["approach2"].get("a"), "a_ci95": fit["approach2"].get("a_ci95"),
+                           "frontier": fit["frontier"].get("law"), "sigma": fit["noise"].get("sigma"),
+                           "grid_runs": len(fit["points"]),
+                           "backtest": {k: v for k, v in (fit["frontier"].get("backtest") or {}).items() if k != "method"},
+                           "frontier_warning": fit["frontier"].get("warning")}}
     _write(workdir, "predictions.json", prediction)
     return prediction
 

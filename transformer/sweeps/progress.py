@@ -152,51 +152,58 @@ def print_table(doc: dict, states: dict[str, str] | None = None, later: Sequence
           f"(sweep.estimate_*)")
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" + "s" * (n != 1)
+
+
 def _stages(runs: Sequence[dict]) -> str:
     return ", ".join(dict.fromkeys(r["stage"] or "-" for r in runs))
 
 
 def later_line(later: Sequence[dict]) -> str:
     """'about 9 runs in the stages not designed yet (C2e11, C4e11, validate)'."""
-    return f"about {len(later)} runs in the stages not designed yet ({_stages(later)})"
+    return f"about {_runs(len(later))} in the stages not designed yet ({_stages(later)})"
 
 
-def remaining(todo: Sequence[dict], later: Sequence[dict]) -> str:
-    """What is left of a sweep: 'stage C3e9: 3 runs (d8-…, …); then about 1 runs in the stages not designed yet
-    (validate)'."""
-    out = f"stage {_stages(todo)}: {len(todo)} runs ({', '.join(r['run_id'] for r in todo)})"
+def remaining(todo: Sequence[dict], later: Sequence[dict], waiting: str | None = None) -> str:
+    """What is left of a sweep: 'stage C3e9: 3 runs (d8-…, …); then about 1 run in the stages not designed yet
+    (validate)', or, with nothing designed to train and the plan `waiting` for the prediction, 'the prediction
+    (…); then …'."""
+    if todo:
+        out = f"stage {_stages(todo)}: {_runs(len(todo))} ({', '.join(r['run_id'] for r in todo)})"
+    else:
+        out = "the prediction (the fit of the recorded grid)" if waiting == "prediction" else "nothing to train"
     return out + (f"; then {later_line(later)}" if later else "")
 
 
 def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], parallel: int = 1, fitted: bool = False) -> None:
     """What the command would do now, from next_stage without writing (`ns`): the table, the rows it would record
-    or drop first, the prediction it would make, and the runs it would train (the real run's todo), with the
-    time left (Progress's ETA: at the measured rate where runs of the sweep have finished). `fitted`: the fit
-    DIR holds was made from these rows (a finished sweep's rerun prints it)."""
+    or drop first, the prediction it would make first, the runs it would train now (the real run's todo) and
+    those of the stages not designed yet (`later`), with the time left (Progress's ETA: at the measured rate
+    where runs of the sweep have finished). `fitted`: the fit DIR holds was made from these rows (a finished
+    sweep's rerun prints it)."""
     doc = ns.doc
     states = {**{rid: row["status"] for rid, row in ns.rows.items()}, **{r["run_id"]: "train" for r in ns.todo}}
     print_table(doc, states, later)
     if ns.recovered:
-        print(f"{len(ns.recovered)} runs finished without a results row; the command records them from their run "
+        print(f"{_runs(len(ns.recovered))} finished without a results row; the command records them from their run "
               f"directories first: {', '.join(ns.recovered)}")
     if ns.retried:
-        print(f"--retry_failed: {len(ns.retried)} failed runs would train again: {', '.join(ns.retried)}")
-    if ns.prediction is not None:
-        p = ns.prediction
-        print(f"the grid is recorded: the command first fits it and writes {workdir}/fit/predictions.json: "
-              + (p["note"] if p.get("params") is None else
-                 f"N_opt {p['params']:.3g} ({p['convention']}), loss {p['loss']:.4f} at {p['flops']:.3g} FLOPs; the "
-                 f"validation run is designed from it"))
+        print(f"--retry_failed: {_runs(len(ns.retried))} that failed would train again: {', '.join(ns.retried)}")
+    if ns.plan.waiting == "prediction":
+        print(f"the grid is recorded: the command first fits it and writes {workdir}/fit/predictions.json, then "
+              f"designs the validation run from that prediction and trains it")
     done = [r for r in doc["runs"] if r["run_id"] in ns.rows]
-    if not ns.todo:
+    if not ns.todo and not ns.plan.waiting:
         print(f"0 runs would train: all {len(doc['runs'])} runs of {workdir} are recorded; the command would "
               + ("print the fit made from them" if fitted else "fit them"))
         return
     seconds, basis = Progress(doc["runs"], ns.rows, later, parallel).eta()
-    print(f"{len(ns.todo)} runs would train now (stage {_stages(ns.todo)}): {' '.join(r['run_id'] for r in ns.todo)}")
+    print(f"{_runs(len(ns.todo))} would train now (stage {_stages(ns.todo)}): {' '.join(r['run_id'] for r in ns.todo)}"
+          if ns.todo else "no run would train before the prediction")
     if later:
         print(f"then {later_line(later)}, each designed from the results of those before (the rows marked later: "
               f"as the priors design them)")
     if done:
-        print(f"{len(done)} runs are recorded in {workdir}/results.jsonl")
+        print(f"{_runs(len(done))} recorded in {workdir}/results.jsonl")
     print(f"time left: about {_duration(seconds)} ({basis})")

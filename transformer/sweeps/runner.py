@@ -231,7 +231,7 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
               stages: int | None = None) -> tuple[int, dict[str, Any]]:
     """Trains the sweep stage by stage: next_stage (design from the results so far, predict where the plan waits
     for the prediction, write DIR/sweep.json), train its todo, again until every stage is designed and recorded,
-    or, with `stages`, until that many stages have trained and another one would. `retry_failed`: the failed runs
+    or, with `stages`, until that many stages have trained and more is left to do. `retry_failed`: the failed runs
     train again. Returns (0: done, 3: preempted, OTHER_RUNNERS, STOPPED; the last sweep document: with STOPPED,
     the next stage's as the dry run designs it, nothing of it written)."""
     from transformer.design import plan
@@ -240,9 +240,9 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
     spec = SweepSpec.of(config)
     preview, progress, trained = plan.design(spec, preview=True), None, 0  # the whole sweep from the priors: ETA
     while True:
-        if stages is not None and trained >= stages:
+        if stages is not None and trained >= stages:  # stop where anything is left to do (nothing written)
             peek = next_stage.next_stage(workdir, spec, write=False)
-            if peek.todo:
+            if peek.todo or peek.plan.waiting:
                 return STOPPED, peek.doc
         ns = next_stage.next_stage(workdir, spec, write=True, retry_failed=retry_failed)
         if retry_failed:
