@@ -90,7 +90,15 @@ def _dry_run(workdir: str, config) -> None:
 
     ns = next_stage.next_stage(workdir, config, write=False, retry_failed=_RETRY.value)
     if _LAUNCHER.value == "slurm":  # the script the command would submit now: the runs of this stage that are ready
-        print(slurm.slurm_script(workdir, ns.doc, runner.ready_to_submit(workdir, ns.doc, ns.rows)), end="")
+        ready = runner.ready_to_submit(workdir, ns.doc, ns.rows)
+        if ready:
+            print(slurm.slurm_script(workdir, ns.doc, ready), end="")
+        elif ns.plan.waiting == "prediction":
+            print(f"# nothing to submit yet: the command first fits the recorded grid and writes {workdir}/fit/"
+                  f"predictions.json, then submits the validation run designed from it")
+        else:
+            print(f"# nothing to submit: " + (f"every run of {workdir} is recorded; the command fits" if not ns.todo
+                                              else "the pending runs wait for runs not yet recorded"))
         return
     later = next_stage.later_runs(plan.design(config, preview=True), ns.doc)
     fitted = not ns.todo and os.path.isdir(workdir) and outcome.current_fit(workdir, ns.doc) is not None

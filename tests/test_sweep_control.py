@@ -176,6 +176,8 @@ def test_the_cli_dry_run_refuses_as_the_real_run_and_says_a_finished_sweep_train
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"0 runs would train: all {len(trained)} runs of {workdir} are recorded" in out.stdout
     assert " train " not in out.stdout and " later " not in out.stdout
+    out = _sweep(*quick_args, "--dry_run", "--launcher=slurm")  # before: the priors' runs as a job script
+    assert out.returncode == 0 and out.stdout.startswith("# nothing to submit: every run of"), out.stdout[-2000:]
     for args, message, modes in ((("--config.sweep.size_span=7.0",), "sweep.size_span (recorded 6.0, now 7.0)",
                                   ("--dry_run", "--nodry_run")),
                                  (("--config.sweep.budgets=1e11,2e11,4e11", "--config.sweep.d_models=8,16,24,32,40,48"),
