@@ -107,19 +107,24 @@ def test_stages_stops_after_n_stages_and_writes_nothing_of_the_next(tmp_path, tr
 
 
 def test_retry_failed_in_the_dry_run_is_what_the_real_run_retrains(tmp_path, trained):
+    """--retry_failed: the failed runs' rows go; one whose run directory says it finished is recorded from it, the
+    other trains again, in the dry run as in the real run."""
     c, workdir = _staged(recenter=False, validate_flops=0.0), str(tmp_path)
     assert runner.run_sweep(workdir, c)[0] == 0
-    failed = trained[3]
+    failed, finished = trained[3], trained[5]
     rows = results.read_results(workdir)
     results.remove_rows(workdir, lambda r: True)
     for r in rows:
-        results.append_result(workdir, {**r, "status": "failed", "error": "OSError: boom"} if r["run_id"] == failed else r)
+        results.append_result(workdir, {**r, "status": "failed", "error": "OSError: boom"}
+                              if r["run_id"] in (failed, finished) else r)
     os.remove(os.path.join(workdir, "runs", failed, "summary.json"))
     assert next_stage.next_stage(workdir, c, write=False).todo == []  # a failed run is recorded
     dry = next_stage.next_stage(workdir, c, write=False, retry_failed=True)
-    assert dry.retried == [failed] and [r["run_id"] for r in dry.todo] == [failed]
+    assert sorted(dry.retried) == sorted([failed, finished]) and dry.recovered == [finished]
+    assert [r["run_id"] for r in dry.todo] == [failed]
     trained.clear()
     assert runner.run_sweep(workdir, c, retry_failed=True)[0] == 0 and trained == [failed]
+    assert {r["run_id"]: r["status"] for r in results.read_results(workdir)}[finished] == "ok"
 
 
 def test_a_recorded_design_cannot_be_rewritten_by_other_sweep_settings(tmp_path, trained):

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 import traceback
-from typing import Any
+from typing import Any, Collection
 
 from transformer.scaling import verdict as verdict_rule
 from transformer.spec import MissingInputError
@@ -192,14 +192,16 @@ def finished_summary(workdir: str, run: dict[str, Any]) -> dict[str, Any] | None
     return summary if isinstance(summary, dict) and summary.get("status") == OK else None
 
 
-def recoverable(workdir: str, doc: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def recoverable(workdir: str, doc: dict[str, Any] | None = None,
+                recorded: Collection[str] | None = None) -> list[dict[str, Any]]:
     """The rows `recover` would append: one for each run of `doc` (default DIR/sweep.json) that finished
-    (summary.json says ok) but has no results row, as it would have been recorded. Reads only."""
+    (summary.json says ok) but has no results row (`recorded`: the run ids with one; default DIR/results.jsonl's),
+    as it would have been recorded. Reads only."""
     if doc is None:
         if not os.path.exists(os.path.join(workdir, "sweep.json")):
             return []
         doc = load_sweep(workdir)
-    have = {r["run_id"] for r in results.read_results(workdir)}
+    have = set(recorded) if recorded is not None else {r["run_id"] for r in results.read_results(workdir)}
     return [_summary_row(workdir, run, summary, doc["mode"]) for run in doc["runs"]
             if run["run_id"] not in have and (summary := finished_summary(workdir, run)) is not None]
 

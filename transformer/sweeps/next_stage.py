@@ -123,7 +123,7 @@ def design_rows(workdir: str, config: Any = None, *, write: bool = True, retry_f
     rows = {r["run_id"]: r for r in execute.read_rows(workdir)} if os.path.isdir(workdir) else {}
     retried = [rid for rid, r in rows.items() if r["status"] == execute.FAILED] if retry_failed else []
     rows = {rid: r for rid, r in rows.items() if rid not in retried}
-    extra = execute.recoverable(workdir) if os.path.isdir(workdir) else []
+    extra = execute.recoverable(workdir, recorded=rows) if os.path.isdir(workdir) else []  # as after drop_failed
     rows.update({r["run_id"]: r for r in extra})
     return rows, [r["run_id"] for r in extra], retried
 
