@@ -231,3 +231,18 @@ def test_the_cli_trains_what_its_dry_run_said_stage_by_stage_and_goes_on_with_th
     assert len(results.read_results(workdir)) == 6
     dry = _run(cmd + ["--dry_run"])
     assert f"0 runs would train: all 6 runs of {workdir} are recorded; the command would print the fit made" in dry.stdout
+
+
+def test_a_refused_rerun_writes_nothing_not_even_the_rows_it_would_repair(tmp_path, trained):
+    """--retry_failed and a lost row on a DIR the command then refuses (another design): before, the failed rows
+    were dropped and the lost row recorded before the refusal."""
+    c, workdir = _staged(recenter=False, validate_flops=0.0), str(tmp_path)
+    assert runner.run_sweep(workdir, c)[0] == 0
+    rows = results.read_results(workdir)
+    results.remove_rows(workdir, lambda r: True)
+    for r in rows[:-1]:  # the last row lost (its run directory says it finished), the first one failed
+        results.append_result(workdir, {**r, "status": "failed", "error": "OSError: boom"} if r is rows[0] else r)
+    stamp = _tree(workdir)
+    with pytest.raises(ConfigError, match=r"sweep\.size_span"):
+        runner.run_sweep(workdir, _staged(recenter=False, validate_flops=0.0, size_span=7.0), retry_failed=True)
+    assert _tree(workdir) == stamp and trained[-1] not in {r["run_id"] for r in results.read_results(workdir)}

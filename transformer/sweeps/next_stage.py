@@ -7,7 +7,8 @@
   2. the plan from them (plan.design: the stages designed so far, the validation run from DIR/fit/predictions.json
      where it exists) and its sweep document (DIR/sweep.json's content);
   3. the document checked against DIR/sweep.json (check_recorded): the same design settings, the same data, the
-     runs designed so far kept; otherwise one ConfigError, before anything is written;
+     runs designed so far kept; otherwise one ConfigError, before anything is written (with `write`, steps 1-3 are
+     first taken without writing);
   4. with `write`, where the plan waits for the prediction (the grid is recorded), the fit of the grid writes it
      (outcome.predict) and the validation run is designed from it (back to 2); without `write` the plan stays
      waiting for it (the fit is the real run's first step then; the dry run says so);
@@ -139,9 +140,13 @@ def next_stage(workdir: str, config: Any, *, write: bool, retry_failed: bool = F
     from transformer.sweeps import outcome
 
     spec = SweepSpec.of(config)
-    rows, recovered, retried = design_rows(workdir, spec, write=write, retry_failed=retry_failed)
     data_identity = identity.peek(DataSpec.of(spec.base["data"]))  # None until the data is built
     prediction = outcome.load_prediction(workdir) if os.path.isdir(workdir) else None
+    if write:  # a DIR that holds another sweep is refused before anything is written (the rows' repair included)
+        ahead = design_rows(workdir, spec, write=False, retry_failed=retry_failed)[0]
+        check_recorded(workdir, {**sweep_document(spec, plan.design(spec, ahead, prediction)),
+                                 "data_identity": data_identity})
+    rows, recovered, retried = design_rows(workdir, spec, write=write, retry_failed=retry_failed)
     made = None
     while True:
         p = plan.design(spec, rows, prediction)
