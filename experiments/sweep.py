@@ -1,12 +1,16 @@
 """Run a sweep: python -m experiments.sweep --config=configs/sweeps/NAME.py --workdir=DIR
-    [--parallel=K] [--launcher=local|slurm [--wait]] [--dry_run] [--retry_failed] [--verbose] [--config.KEY=V ...]
+    [--parallel=K] [--launcher=local|slurm [--wait]] [--dry_run] [--retry_failed] [--stages=N] [--verbose]
+    [--config.KEY=V ...]
 
 Expands the sweep config into runs (transformer/design/grid.py), writes DIR/sweep.json, trains every
 run not yet in DIR/results.jsonl (in this process by default; --parallel=K worker processes; or with
 --launcher=slurm a job array per stage and a driver job that reruns this command after it: docs/clusters.md),
 then fits: DIR/fit/ for IsoFLOP sweeps, DIR/lr_fit.json for LR scans.
-Rerunning the command skips finished runs and resumes interrupted ones. --dry_run prints the runs and
-the estimated time (or, with --launcher=slurm, the job script) and writes nothing.
+Rerunning the command skips finished runs and resumes interrupted ones; a DIR holding a sweep designed with
+other settings is refused. --stages=N trains at most N more stages, then stops and says what remains. --dry_run
+says what the command would do now (the same planning path, transformer/sweeps/next_stage.py: the runs recorded,
+the stage designed from them, what would train, the time left; with --launcher=slurm, the job script) and writes
+nothing.
 
 Worker mode (what --parallel and SLURM array tasks run): --workdir=DIR --run_index=I trains run I of
 DIR/sweep.json and records it; --fit_when_done also fits when it was the last one.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 
 from absl import flags, logging
@@ -27,7 +32,7 @@ from experiments.jax_setup import setup_jax
 from transformer import file_claims
 from transformer.data import identity
 from transformer.design.spec import SweepSpec
-from transformer.sweeps import execute, outcome, progress, runner, slurm, slurm_jobs
+from transformer.sweeps import execute, next_stage, outcome, progress, runner, slurm, slurm_jobs
 from transformer.sweeps.results import RecordError
 from transformer.spec import ConfigError
 
@@ -42,6 +47,8 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Show each run's own training pro
 _RUN_INDEX = flags.DEFINE_integer("run_index", -1, "Worker mode: train run I of DIR/sweep.json.")
 _FIT_WHEN_DONE = flags.DEFINE_bool("fit_when_done", False, "Worker mode: fit when every run is recorded.")
 _WAIT = flags.DEFINE_bool("wait", False, "--launcher=slurm: follow the sweep's jobs stage by stage to its fit.")
+_STAGES = flags.DEFINE_integer("stages", None, "Train at most this many more stages of the plan, then stop (exit 0) "
+                               "and say what remains; rerun the command to go on. Default: to the end.")
 
 def _worker(workdir: str, index: int) -> None:
     doc = runner.load_sweep(workdir)
@@ -77,27 +84,25 @@ def _worker(workdir: str, index: int) -> None:
 
 
 def _dry_run(workdir: str, config) -> None:
+    """What the command would do now, from the same planning path (next_stage) without writing: the same refusals
+    (another sweep's DIR), the runs recorded, the stage designed from them, the prediction, what would train."""
     from transformer.design import plan
 
-    rows = {r["run_id"]: r for r in execute.read_rows(workdir)} if os.path.isdir(workdir) else {}
-    prediction = outcome.load_prediction(workdir) if rows else None
+    ns = next_stage.next_stage(workdir, config, write=False, retry_failed=_RETRY.value)
     if _LAUNCHER.value == "slurm":  # the script the command would submit now: the runs of this stage that are ready
-        p = plan.design(config, rows, prediction)
-        if p.waiting == "prediction":  # the real command predicts first; the preview assumes the prior's prediction
-            p = plan.design(config, rows, prediction, preview=True)
-        doc = runner.sweep_document(config, p)
-        print(slurm.slurm_script(workdir, doc, runner.ready_to_submit(workdir, doc)), end="")
+        ready = runner.ready_to_submit(workdir, ns.doc, ns.rows)
+        if ready:
+            print(slurm.slurm_script(workdir, ns.doc, ready), end="")
+        elif ns.plan.waiting == "prediction":
+            print(f"# nothing to submit yet: the command first fits the recorded grid and writes {workdir}/fit/"
+                  f"predictions.json, then submits the validation run designed from it")
+        else:
+            print(f"# nothing to submit: " + (f"every run of {workdir} is recorded; the command fits" if not ns.todo
+                                              else "the pending runs wait for runs not yet recorded"))
         return
-    p = plan.design(config, rows, prediction, preview=True)
-    doc = runner.sweep_document(config, p)
-    progress.print_table(doc)
-    if p.spec.staged:
-        print(f"note: a staged sweep ({', '.join('sweep.' + k for k in p.spec.staged)}): later stages are designed "
-              f"from the results of earlier ones at run time; this plan assumes the priors (learning-rate rule, "
-              f"N_opt = G·C^a) for them")
-    left, done = runner.pending_runs(workdir, doc["runs"])
-    print(f"{len(left)} runs would train" + (f" ({len(done)} already recorded in {workdir}/results.jsonl)"
-                                             if done else ""))
+    later = next_stage.later_runs(plan.design(config, preview=True), ns.doc)
+    fitted = not ns.todo and os.path.isdir(workdir) and outcome.current_fit(workdir, ns.doc) is not None
+    progress.print_dry_run(workdir, ns, later, _PARALLEL.value, fitted)
 
 
 def main(argv: list[str]) -> None:
@@ -113,6 +118,9 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"--parallel={_PARALLEL.value} must be at least 1")
     # relative data files, tokenizer, grid_from: from this directory; then the sweep's settings, checked once
     config = SweepSpec.of(absolute_config(_CONFIG.value))  # (design/spec.py)
+    if _STAGES.value is not None and (_STAGES.value < 1 or _LAUNCHER.value == "slurm"):
+        raise ConfigError(f"--stages={_STAGES.value} must be a positive number of stages, with --launcher=local (a "
+                          f"SLURM sweep goes on stage by stage through its driver jobs: leave --stages out)")
     if config.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
         raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
                           f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
@@ -122,18 +130,27 @@ def main(argv: list[str]) -> None:
     if _LAUNCHER.value == "slurm":
         return _slurm(workdir, config)
     try:
-        if _RETRY.value:
-            retried = execute.drop_failed(workdir)  # failed, not diverged (an observation: it would diverge again)
-            print(f"retrying {len(retried)} failed runs", flush=True)
         if _PARALLEL.value == 1:
             setup_jax(_CONFIG.value.base)
             import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
-        code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value)
+        # --retry_failed: failed, not diverged (an observation: it would diverge again)
+        code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value, retry_failed=_RETRY.value,
+                                     stages=_STAGES.value)
     except RecordError as e:  # a full disk: the finished runs' directories keep their results for the rerun
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1)
     for note in doc["notes"]:
         print(f"note: {note}", flush=True)
+    if code == runner.STOPPED:  # doc: the next stage as designed now (nothing of it written)
+        from transformer.design import plan
+        todo, _ = runner.pending_runs(workdir, doc["runs"])
+        later = next_stage.later_runs(plan.design(config, preview=True), doc)
+        left = progress.remaining(todo, later, doc["waiting"])
+        again = " ".join(shlex.quote(a) for a in _without(sys.argv[1:], _CONTINUE))
+        print(f"stopped after {_STAGES.value} stage{'s' if _STAGES.value > 1 else ''} (--stages={_STAGES.value}); "
+              f"remaining: {left}; go on with: python -m experiments.sweep {again} "
+              f"(--stages=N for N more stages; --dry_run shows the next one)", flush=True)
+        return
     if code == runner.OTHER_RUNNERS:  # the rest is being trained by other runners on this DIR
         print(f"some runs are claimed by other runners on {workdir}; the last runner to finish fits", flush=True)
         return
@@ -163,6 +180,20 @@ def main(argv: list[str]) -> None:
 
 
 _ONCE = re.compile(r"^--(no)?(wait|retry_failed)(=.*)?$")  # what a driver job's rerun of the command leaves out
+_CONTINUE = re.compile(r"^--(no)?(stages|retry_failed)(=.*)?$")  # what the command that goes on leaves out
+
+
+def _without(args: list[str], flags_re: re.Pattern) -> list[str]:
+    """`args` without the flags `flags_re` matches (and the value after one given as `--stages N`)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif flags_re.match(a):
+            skip = a in ("--stages",)
+        else:
+            out.append(a)
+    return out
 
 
 def _slurm(workdir: str, config) -> None:

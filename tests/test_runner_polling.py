@@ -20,7 +20,7 @@ MAX_POLLS = 2000  # a runner that spins (the regression) fails here instead of h
 def _doc(branches: int) -> dict:
     """A sweep document of one source run "src" and `branches` runs that branch from it."""
     def run(i: int, rid: str, src: str | None) -> dict:
-        return {"run_id": rid, "index": i, "branch_from": src, "params": 1000, "steps": 10, "learning_rate": 1e-3,
+        return {"run_id": rid, "index": i, "branch_from": src, "params": 1000, "flops": 6e7, "steps": 10, "learning_rate": 1e-3,
                 "estimated_seconds": 1.0, "start_step": 5 if src else 0}
     runs = [run(0, "src", None)] + [run(i + 1, f"b{i}", "src") for i in range(branches)]
     return {"mode": "isoflop", "runs": runs, "sweep": {"claim_timeout_s": 600.0}}

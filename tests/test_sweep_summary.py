@@ -23,16 +23,62 @@ def test_the_eta_covers_the_whole_sweep_not_the_current_stage():
     doc = runner.sweep_document(c, first)
     preview = plan.design(c, preview=True)
     whole = runner.sweep_document(c, preview)["estimated_seconds"]
-    later = runner.later_seconds(preview, doc)
-    assert later > 0 and doc["estimated_seconds"] + later == whole  # the same first stage, then the rest
+    later = runner.later_runs(preview, doc)
+    assert later and doc["estimated_seconds"] + sum(r["estimated_seconds"] for r in later) == pytest.approx(whole)
     progress = Progress(doc["runs"], {}, later)
-    assert progress.eta_seconds() == whole
-    assert Progress(doc["runs"], {}).eta_seconds() == doc["estimated_seconds"]  # what the old ETA covered
-    # resumed after its first run took 3× its estimate: the rest is expected at that speed too
-    first_run = doc["runs"][0]
-    resumed = Progress(doc["runs"], {first_run["run_id"]: {"status": "ok", "wall_seconds": 3 * first_run["estimated_seconds"]}},
-                       later)
-    assert resumed.eta_seconds() == pytest.approx(3 * (whole - first_run["estimated_seconds"]))
+    assert progress.eta() == (pytest.approx(whole), "prior: sweep.estimate_*")
+    assert Progress(doc["runs"], {}).eta_seconds() == pytest.approx(doc["estimated_seconds"])  # the old ETA's
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_eta_uses_the_measured_seconds_per_flop_once_a_run_has_finished(capsys):
+    """The 8k-tokenizer sweep (issue 34 §4): runs took 10× the prior's estimate; the ETA said 2.5 min, then, rescaled by
+    the session's elapsed time over the estimates of the runs finished, climbed to 7 h while a long run trained. Now:
+    the prior until a run has finished, then seconds per trained FLOP of the finished runs × each run's FLOPs, the
+    running run's time so far taken off, never the session's elapsed time; the line says which."""
+    c = quick.get_config()
+    first = plan.design(c)
+    doc = runner.sweep_document(c, first)
+    later = runner.later_runs(plan.design(c, preview=True), doc)
+    runs = doc["runs"]
+    clock = _Clock()
+    progress = Progress(runs, {}, later, clock=clock)
+    prior, basis = progress.eta()
+    assert basis == "prior: sweep.estimate_*"
+    progress.started(runs[0])
+    assert "(prior: sweep.estimate_*)] start" in capsys.readouterr().out
+    wall = 10 * runs[0]["estimated_seconds"]
+    clock.t += wall
+    progress.finished(runs[0], {"status": "ok", "eval_loss": 3.0, "wall_seconds": wall})
+    rate = wall / runs[0]["flops"]
+    assert progress.seconds_per_flop() == pytest.approx(rate)
+    rest = [*runs[1:], *later]
+    expected = rate * sum(r["flops"] * (r["steps"] - r["start_step"]) / r["steps"] for r in rest)
+    assert progress.eta() == (pytest.approx(expected), "measured: 1 run")
+    assert "(measured: 1 run)] done" in capsys.readouterr().out
+    # the next run trains for a long time: the ETA goes down with it (before: up, the elapsed time over the estimates)
+    progress.started(runs[1])
+    etas = []
+    for _ in range(5):
+        clock.t += 0.2 * rate * runs[1]["flops"]
+        etas.append(progress.eta_seconds())
+    assert etas == sorted(etas, reverse=True) and etas[0] < expected
+    # a resumed sweep: the measured rate of the rows recorded before this command, from its first line
+    rows = {runs[0]["run_id"]: {"status": "ok", "wall_seconds": wall},
+            runs[1]["run_id"]: {"status": "failed", "wall_seconds": 1.0}}  # a failed run's time says nothing
+    resumed = Progress(runs, rows, later, clock=clock)
+    assert resumed.eta() == (pytest.approx(expected - rate * runs[1]["flops"]), "measured: 1 run")
+    # a branch trains from its start step: only those FLOPs are its cost; two workers share what is left
+    branch = {**runs[2], "start_step": runs[2]["steps"] // 2}
+    halves = Progress([runs[0], branch], rows, (), parallel=2, clock=clock)
+    assert halves.eta_seconds() == pytest.approx(rate * branch["flops"] / 2 / 2)
 
 
 @pytest.mark.slow

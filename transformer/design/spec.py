@@ -330,3 +330,33 @@ def sweep_defaults() -> dict[str, Any]:
     d = dataclasses.asdict(SweepSpec())
     d.pop("base")
     return d
+
+
+# How a sweep is run and what it estimates, not which runs it designs: these may differ when a sweep's DIR is run
+# again (DIR/sweep.json is then rewritten with the new values, which its workers read). Every other sweep.* key is
+# the sweep's design, recorded in DIR/sweep.json: a rerun with another value is refused (design_changes). The
+# estimates and max_hours change the design only where the sweep chooses its budgets, and then the chosen
+# (recorded) sweep.budgets or sweep.sizes_per_budget differ, which is refused.
+RERUN_SETTINGS = ("max_retries", "claim_timeout_s", "multirun", "max_hours", "estimate_flops_per_second",
+                  "estimate_step_overhead_s", "estimate_run_overhead_s", "slurm")
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def design_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The design settings (sweep.* outside RERUN_SETTINGS) whose values differ between a sweep.json's resolved
+    `sweep` section (`recorded`; a key it lacks had its default when it was written) and the resolved settings
+    `now` (SweepSpec.settings()), each as "sweep.KEY (recorded X, now Y)"; keys no longer known are ignored."""
+    defaults = _flat(plain(sweep_defaults()))
+    old, new = {**defaults, **_flat(plain(recorded))}, {**defaults, **_flat(plain(now))}
+    rerun = lambda key: any(key == r or key.startswith(r + ".") for r in RERUN_SETTINGS)
+    return [f"sweep.{k} (recorded {old[k]!r}, now {new[k]!r})" for k in sorted(defaults)
+            if not rerun(k) and old.get(k) != new.get(k)]

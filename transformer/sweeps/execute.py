@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 import traceback
-from typing import Any
+from typing import Any, Collection
 
 from transformer.scaling import verdict as verdict_rule
 from transformer.spec import MissingInputError
@@ -192,21 +192,24 @@ def finished_summary(workdir: str, run: dict[str, Any]) -> dict[str, Any] | None
     return summary if isinstance(summary, dict) and summary.get("status") == OK else None
 
 
-def recover(workdir: str, doc: dict[str, Any] | None = None) -> list[str]:
-    """Records, from its run directory, each run of `doc` (default DIR/sweep.json) that finished (summary.json
-    says ok) but has no results row (its line lost: a torn or damaged line, a full disk, a runner killed between
-    the two writes), as it would have been recorded; returns their ids. Nothing is written when none is missing."""
+def recoverable(workdir: str, doc: dict[str, Any] | None = None,
+                recorded: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The rows `recover` would append: one for each run of `doc` (default DIR/sweep.json) that finished
+    (summary.json says ok) but has no results row (`recorded`: the run ids with one; default DIR/results.jsonl's),
+    as it would have been recorded. Reads only."""
     if doc is None:
         if not os.path.exists(os.path.join(workdir, "sweep.json")):
             return []
         doc = load_sweep(workdir)
-    have = {r["run_id"] for r in results.read_results(workdir)}
-    out = []
-    for run in doc["runs"]:
-        if run["run_id"] not in have and (summary := finished_summary(workdir, run)) is not None:
-            if results.append_result(workdir, _summary_row(workdir, run, summary, doc["mode"])):
-                out.append(run["run_id"])
-    return out
+    have = set(recorded) if recorded is not None else {r["run_id"] for r in results.read_results(workdir)}
+    return [_summary_row(workdir, run, summary, doc["mode"]) for run in doc["runs"]
+            if run["run_id"] not in have and (summary := finished_summary(workdir, run)) is not None]
+
+
+def recover(workdir: str, doc: dict[str, Any] | None = None) -> list[str]:
+    """Records each `recoverable` run (its line lost: a torn or damaged line, a full disk, a runner killed between
+    the two writes); returns their ids. Nothing is written when none is missing."""
+    return [row["run_id"] for row in recoverable(workdir, doc) if results.append_result(workdir, row)]
 
 
 def claim(workdir: str, doc: dict[str, Any], run: dict[str, Any]) -> claims.Claim | None:

@@ -204,6 +204,14 @@ def prediction_line(workdir: str, pred: dict[str, Any]) -> str:
             f"{pred['loss']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]")
 
 
+def announce_prediction(workdir: str, pred: dict[str, Any]) -> None:
+    """Prints the prediction just written (prediction_line), or the warning that the fit could not predict."""
+    if pred.get("params") is None:
+        print(f"warning: {pred['note']}; see {workdir}/fit/fit.json", flush=True)
+    else:
+        print(prediction_line(workdir, pred), flush=True)
+
+
 def validation_line(checked: dict[str, Any]) -> str:
     """The prediction check in one line: predicted and measured loss, the error, and whether the measurement
     landed inside the prediction's 95% interval (validation.json's inside_ci95)."""

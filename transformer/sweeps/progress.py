@@ -4,51 +4,77 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from transformer.data import token_cache
 from transformer.design.grid import format_flops
 from transformer.spec import DataSpec
 
 
+def trained_flops(run: dict[str, Any]) -> float:
+    """The FLOPs a run (as sweep.json lists it) trains: all of them, or a branch's from its start step."""
+    steps = max(int(run["steps"]), 1)
+    return float(run["flops"]) * (steps - int(run.get("start_step") or 0)) / steps
+
+
 class Progress:
-    """One line per event: done/running/failed/total, what happened, and an ETA for the whole sweep: the runs
-    of this stage not yet finished plus `later_seconds`, the estimate of the stages not designed yet (plan.design's
-    preview), rescaled by how the runs finished so far in this session compared with their estimates (before the
-    first: by how the recorded runs' wall_seconds compared with theirs, so a resumed sweep keeps its speed)."""
+    """One line per event: done/running/failed/total, what happened, and an ETA for the whole sweep: the runs of
+    the stages designed so far not yet finished (those running less the time they have run) plus `later`, the runs
+    of the stages not designed yet (next_stage.later_runs: the priors' guess), divided among `parallel` workers.
+    Each run is costed at the measured rate once a run of this sweep has finished — seconds per trained FLOP of its
+    ok runs (wall_seconds / trained_flops, recorded before this command or finished in it) × the run's trained
+    FLOPs — and before that at the prior's estimate (estimated_seconds: sweep.estimate_*); the line says which.
+    `clock`: seconds (time.time; a fake one in tests)."""
 
-    def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict], later_seconds: float = 0.0):
-        self.t0 = time.time()
-        self.estimate_done = 0.0  # estimated seconds of the runs finished in this session
-        self.stage(runs, recorded, later_seconds)
+    def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict],
+                 later: Sequence[dict[str, Any]] = (), parallel: int = 1, clock: Callable[[], float] = time.time):
+        self.clock, self.parallel = clock, max(int(parallel), 1)
+        self.measured: dict[str, tuple[float, float]] = {}  # run_id -> (wall seconds, trained FLOPs), ok runs
+        self.started_at: dict[str, float] = {}
+        self.stage(runs, recorded, later)
 
-    def stage(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict], later_seconds: float = 0.0) -> None:
-        """The runs of the sweep designed so far (a new stage keeps the measured speed)."""
+    def stage(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict],
+              later: Sequence[dict[str, Any]] = ()) -> None:
+        """The runs of the sweep designed so far (a new stage keeps what was measured)."""
         self.runs = {r["run_id"]: r for r in runs}
         self.status = {rid: row.get("status") for rid, row in recorded.items() if rid in self.runs}
         self.running: set[str] = set()
-        self.later_seconds = float(later_seconds)
-        timed = [(row["wall_seconds"], self.runs[rid]["estimated_seconds"]) for rid, row in recorded.items()
-                 if rid in self.runs and row.get("status") == "ok" and row.get("wall_seconds")]
-        # a resumed sweep: the speed its recorded runs measured, until a run of this session finishes
-        self.recorded_ratio = sum(w for w, _ in timed) / sum(e for _, e in timed) if timed else None
+        self.later = list(later)
+        for rid, row in recorded.items():
+            if rid in self.runs:
+                self._measure(self.runs[rid], row)
+
+    def _measure(self, run: dict[str, Any], row: dict[str, Any]) -> None:
+        wall, flops = row.get("wall_seconds") or 0.0, trained_flops(run)
+        if row.get("status") == "ok" and wall > 0 and flops > 0:
+            self.measured[run["run_id"]] = (float(wall), flops)
+
+    def seconds_per_flop(self) -> float | None:
+        """The measured rate (None before a run of this sweep has finished ok)."""
+        if not self.measured:
+            return None
+        return sum(w for w, _ in self.measured.values()) / sum(f for _, f in self.measured.values())
+
+    def eta(self) -> tuple[float, str]:
+        """(seconds left for the whole sweep, what they are from: "measured: K runs" or "prior: sweep.estimate_*")."""
+        rate, now = self.seconds_per_flop(), self.clock()
+        cost = (lambda r: rate * trained_flops(r)) if rate else (lambda r: float(r["estimated_seconds"]))
+        seconds = sum(cost(r) for r in self.later)
+        for rid, r in self.runs.items():
+            if rid not in self.status:
+                seconds += max(cost(r) - (now - self.started_at[rid] if rid in self.running else 0.0), 0.0)
+        return seconds / self.parallel, (f"measured: {len(self.measured)} run{'s' * (len(self.measured) != 1)}" if rate
+                                      else "prior: sweep.estimate_*")
 
     def eta_seconds(self) -> float:
-        """Seconds left for the whole sweep (see the class docstring)."""
-        left = [r for rid, r in self.runs.items() if rid not in self.status]
-        seconds = sum(r["estimated_seconds"] for r in left) + self.later_seconds
-        if self.estimate_done > 0:
-            seconds *= (time.time() - self.t0) / self.estimate_done
-        elif self.recorded_ratio:
-            seconds *= self.recorded_ratio
-        return seconds
+        return self.eta()[0]
 
     def _eta(self) -> str:
-        seconds = self.eta_seconds()
+        seconds, basis = self.eta()
         if seconds <= 0:
-            return "0s"
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else \
-            f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+            return f"0s ({basis})"
+        return (f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m" if seconds >= 3600 else
+                f"{int(seconds // 60)}m{int(seconds % 60):02d}s") + f" ({basis})"
 
     def event(self, message: str) -> None:
         done = sum(1 for s in self.status.values() if s == "ok")
@@ -59,6 +85,7 @@ class Progress:
 
     def started(self, run: dict[str, Any]) -> None:
         self.running.add(run["run_id"])
+        self.started_at[run["run_id"]] = self.clock()
         self.event(f"start {run['run_id']}: N={run['params']:,}, {run['steps']} steps, lr {run['learning_rate']:.3g}")
 
     def finished(self, run: dict[str, Any], row: dict[str, Any] | None, note: str = "") -> None:
@@ -67,7 +94,7 @@ class Progress:
             self.event(f"stopped {run['run_id']} {note}".rstrip())
             return
         self.status[run["run_id"]] = row["status"]
-        self.estimate_done += run["estimated_seconds"]
+        self._measure(run, row)
         if row["status"] == "ok":
             self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s")
         else:  # "diverged" or "failed" (sweeps/execute.verdict)
@@ -88,19 +115,22 @@ def _train_split_tokens(data: dict, known: dict) -> int | None:
     return known[key]
 
 
-def print_table(doc: dict) -> None:
-    """The dry run's table of runs (with epochs: passes over the training split's tokens) and the time
-    estimate; warns where the data repeats."""
+def print_table(doc: dict, states: dict[str, str] | None = None, later: Sequence[dict] = ()) -> None:
+    """The dry run's table: the runs of `doc` (with their state: `states`, e.g. ok / failed / train) and `later`
+    (the stages not designed yet, as the priors design them: state "later"), each with epochs (passes over the
+    training split's tokens) and the time estimate; warns where the data repeats."""
     known: dict = {}
+    runs, states = [*doc["runs"], *later], {**(states or {}), **{r["run_id"]: "later" for r in later}}
     # each row of seq_len targets reads seq_len + 1 tokens of the split, as the run's summary counts them
     epochs = [token_cache.epochs(r["tokens"] * (r["config"]["data"]["seq_len"] + 1) / r["config"]["data"]["seq_len"],
-                                 _train_split_tokens(r["config"]["data"], known)) for r in doc["runs"]]
-    print(f"sweep {doc['name']} ({doc['mode']}): {len(doc['runs'])} runs")
-    print(f"{'#':>3}  {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'epochs':>7} {'steps':>7} {'batch':>5} {'lr':>9} "
-          f"{'C (FLOPs)':>10} {'est.':>8}")
-    for i, (r, e) in enumerate(zip(doc["runs"], epochs)):
-        print(f"{i:>3}  {r['run_id']:<34} {r['params']:>11,} {r['tokens']:>13,} {'?' if e is None else f'{e:.3g}':>7} "
-              f"{r['steps']:>7} {r['batch_size']:>5} {r['learning_rate']:>9.3g} {format_flops(r['flops']):>10} "
+                                 _train_split_tokens(r["config"]["data"], known)) for r in runs]
+    print(f"sweep {doc['name']} ({doc['mode']}): {len(runs)} runs")
+    print(f"{'#':>3}  {'state':<8} {'run_id':<34} {'N':>11} {'D (tokens)':>13} {'epochs':>7} {'steps':>7} {'batch':>5} "
+          f"{'lr':>9} {'C (FLOPs)':>10} {'est.':>8}")
+    for i, (r, e) in enumerate(zip(runs, epochs)):
+        print(f"{i if i < len(doc['runs']) else '-':>3}  {states.get(r['run_id'], ''):<8} {r['run_id']:<34} "
+              f"{r['params']:>11,} {r['tokens']:>13,} {'?' if e is None else f'{e:.3g}':>7} {r['steps']:>7} "
+              f"{r['batch_size']:>5} {r['learning_rate']:>9.3g} {format_flops(r['flops']):>10} "
               f"{_duration(r['estimated_seconds']):>8}")
     for note in doc["notes"]:
         print(f"note: {note}")
@@ -115,7 +145,65 @@ def print_table(doc: dict) -> None:
     s = doc["sweep"]
     if s.get("max_hours"):
         print(f"time limit: sweep.max_hours={s['max_hours']:g} h")
-    total_flops = sum(r["flops"] for r in doc["runs"])
-    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(doc['estimated_seconds'])} in one process "
-          f"at {s['estimate_flops_per_second']:.3g} FLOP/s sustained + {s['estimate_step_overhead_s'] * 1e3:.0f} ms "
-          f"per step + {s['estimate_run_overhead_s']:.0f} s per run (sweep.estimate_*)")
+    total_flops = sum(r["flops"] for r in runs)
+    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(sum(r['estimated_seconds'] for r in runs))} "
+          f"in one process at {s['estimate_flops_per_second']:.3g} FLOP/s sustained + "
+          f"{s['estimate_step_overhead_s'] * 1e3:.0f} ms per step + {s['estimate_run_overhead_s']:.0f} s per run "
+          f"(sweep.estimate_*)")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" + "s" * (n != 1)
+
+
+def _stages(runs: Sequence[dict]) -> str:
+    return ", ".join(dict.fromkeys(r["stage"] or "-" for r in runs))
+
+
+def later_line(later: Sequence[dict]) -> str:
+    """'about 9 runs in the stages not designed yet (C2e11, C4e11, validate)'."""
+    return f"about {_runs(len(later))} in the stages not designed yet ({_stages(later)})"
+
+
+def remaining(todo: Sequence[dict], later: Sequence[dict], waiting: str | None = None) -> str:
+    """What is left of a sweep: 'stage C3e9: 3 runs (d8-…, …); then about 1 run in the stages not designed yet
+    (validate)', or, with nothing designed to train and the plan `waiting` for the prediction, 'the prediction
+    (…); then …'."""
+    if todo:
+        out = f"stage {_stages(todo)}: {_runs(len(todo))} ({', '.join(r['run_id'] for r in todo)})"
+    else:
+        out = "the prediction (the fit of the recorded grid)" if waiting == "prediction" else "nothing to train"
+    return out + (f"; then {later_line(later)}" if later else "")
+
+
+def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], parallel: int = 1, fitted: bool = False) -> None:
+    """What the command would do now, from next_stage without writing (`ns`): the table, the rows it would record
+    or drop first, the prediction it would make first, the runs it would train now (the real run's todo) and
+    those of the stages not designed yet (`later`), with the time left (Progress's ETA: at the measured rate
+    where runs of the sweep have finished). `fitted`: the fit DIR holds was made from these rows (a finished
+    sweep's rerun prints it)."""
+    doc = ns.doc
+    states = {**{rid: row["status"] for rid, row in ns.rows.items()}, **{r["run_id"]: "train" for r in ns.todo}}
+    print_table(doc, states, later)
+    if ns.recovered:
+        print(f"{_runs(len(ns.recovered))} finished without a results row; the command records them from their run "
+              f"directories first: {', '.join(ns.recovered)}")
+    if ns.retried:
+        print(f"--retry_failed: {_runs(len(ns.retried))} that failed would train again: {', '.join(ns.retried)}")
+    if ns.plan.waiting == "prediction":
+        print(f"the grid is recorded: the command first fits it and writes {workdir}/fit/predictions.json, then "
+              f"designs the validation run from that prediction and trains it")
+    done = [r for r in doc["runs"] if r["run_id"] in ns.rows]
+    if not ns.todo and not ns.plan.waiting:
+        print(f"0 runs would train: all {len(doc['runs'])} runs of {workdir} are recorded; the command would "
+              + ("print the fit made from them" if fitted else "fit them"))
+        return
+    seconds, basis = Progress(doc["runs"], ns.rows, later, parallel).eta()
+    print(f"{_runs(len(ns.todo))} would train now (stage {_stages(ns.todo)}): {' '.join(r['run_id'] for r in ns.todo)}"
+          if ns.todo else "no run would train before the prediction")
+    if later:
+        print(f"then {later_line(later)}, each designed from the results of those before (the rows marked later: "
+              f"as the priors design them)")
+    if done:
+        print(f"{_runs(len(done))} recorded in {workdir}/results.jsonl")
+    print(f"time left: about {_duration(seconds)} ({basis})")

@@ -8,7 +8,6 @@ interrupted run from its checkpoints and returns at once for a finished one.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -18,64 +17,18 @@ import time
 import warnings
 from typing import Any, Container, Sequence
 
-from transformer import files
 from transformer.design.spec import SweepSpec
-from transformer.spec import ConfigError
-from transformer.sweeps import claims, execute, results, run_groups
+from transformer.sweeps import claims, execute, next_stage, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
     CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, load_sweep, record, result_row, run_config, seed_branch, train_run)
+from transformer.sweeps.next_stage import (  # the one planning path; re-exported: the runner's names since before
+    check_recorded, later_runs, plan_and_write, sweep_document, write_sweep)
 from transformer.sweeps.progress import Progress
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The command line that trains one run of DIR as a worker process (--parallel, SLURM array tasks). A process
 # boundary, not an import: the library depends on no command-line module.
 WORKER_MODULE = "experiments.sweep"
-
-
-def sweep_document(config: Any, p: Any) -> dict[str, Any]:
-    """What DIR/sweep.json holds: the resolved sweep section (p.spec, the budgets it chose filled in; else
-    `config`'s) and base, the plan's notes and what it waits for, and every run designed so far (plan.design)
-    with its time estimate."""
-    from transformer.design.plan import estimate_seconds
-
-    s = p.spec if p.spec is not None else SweepSpec.of(config)
-    estimates = [estimate_seconds(r, s) for r in p.runs]
-    return {"name": s.name, "mode": s.mode, "sweep": s.settings(), "base": json.loads(json.dumps(s.base)),
-            "notes": list(p.notes), "waiting": p.waiting, "lr_fit": p.lr_fit,
-            "estimated_seconds": float(sum(estimates)),
-            "runs": [{**r.describe(), "estimated_seconds": e, "config": json.loads(json.dumps(r.config))}
-                     for r, e in zip(p.runs, estimates)]}
-
-
-def write_sweep(workdir: str, doc: dict[str, Any]) -> None:
-    """Writes DIR/sweep.json. Its runs only grow (stage by stage, in order, so a worker's --run_index stays
-    valid); a DIR holding a sweep with other runs is an error (use a new DIR). Nothing is written when the file
-    already says the same (a finished sweep reruns in a read-only DIR), nor when `doc` is a waiting plan whose
-    runs begin the recorded ones (a result a later stage was designed from went missing: its run trains again,
-    and the next design must give the recorded runs). A DIR that cannot be written is one ConfigError."""
-    path = os.path.join(workdir, "sweep.json")
-    if os.path.exists(path):
-        old_doc = load_sweep(workdir)
-        if old_doc.get("data_identity"):  # the data its runs trained on: other data is refused, naming the change
-            from transformer.data import identity
-            identity.check_same(f"the sweep in {workdir}", old_doc["data_identity"], doc.get("data_identity"))
-            doc["data_identity"] = doc.get("data_identity") or old_doc["data_identity"]
-        old_ids = [r["run_id"] for r in old_doc["runs"]]
-        new_ids = [r["run_id"] for r in doc["runs"]]
-        if doc.get("waiting") and len(new_ids) < len(old_ids) and old_ids[:len(new_ids)] == new_ids:
-            return
-        if new_ids[:len(old_ids)] != old_ids and set(new_ids) != set(old_ids):
-            differ = sorted(set(old_ids) ^ set(new_ids)) or [i for i, j in zip(old_ids, new_ids) if i != j]
-            raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(differ)} runs differ, "
-                              f"e.g. {differ[0]}); use a new --workdir, or the same settings to resume")
-        if json.loads(json.dumps(doc)) == old_doc:
-            return
-    try:
-        os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
-        files.write_json(path, doc, indent=1)
-    except OSError as e:
-        raise ConfigError(f"--workdir={workdir}: cannot write {path} ({e.strerror or e}); use a directory this "
-                          "process can write") from e
 
 
 def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
@@ -85,20 +38,21 @@ def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dic
 
 
 def _progress(doc: dict[str, Any], recorded: dict[str, dict], progress: Progress | None,
-              later_seconds: float) -> Progress:
+              later: Sequence[dict[str, Any]], parallel: int = 1) -> Progress:
     if progress is None:
-        return Progress(doc["runs"], recorded, later_seconds)
-    progress.stage(doc["runs"], recorded, later_seconds)
+        return Progress(doc["runs"], recorded, later, parallel)
+    progress.stage(doc["runs"], recorded, later)
     return progress
 
 
 def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False, progress: Progress | None = None,
-                   later_seconds: float = 0.0) -> int:
+                   later: Sequence[dict[str, Any]] = ()) -> int:
     """Runs the pending runs one after another in this process (compiled programs and caches reused),
     or, with sweep.multirun, group by group. Runs claimed by another runner on the same DIR are left to it.
-    `progress` (kept across stages) and `later_seconds` (the stages not designed yet): the ETA's."""
+    `progress` (kept across stages) and `later` (the runs of the stages not designed yet, next_stage.later_runs):
+    the ETA's."""
     todo, recorded = pending_runs(workdir, doc["runs"])
-    progress = _progress(doc, recorded, progress, later_seconds)
+    progress = _progress(doc, recorded, progress, later)
     progress.event(f"{len(todo)} runs to go in {workdir}")
     if doc["sweep"].get("multirun"):
         for group in run_groups.groups(workdir, todo):
@@ -174,20 +128,24 @@ def orphaned_sources(workdir: str, doc: dict[str, Any], todo: Sequence[dict[str,
     return out
 
 
-def ready_to_submit(workdir: str, doc: dict[str, Any]) -> list[int]:
+def ready_to_submit(workdir: str, doc: dict[str, Any], recorded: Container[str] | None = None) -> list[int]:
     """Indices of the runs without a results row whose branch source, if any, is recorded: what a SLURM
-    submission of `doc` trains now (the command and its dry run)."""
-    todo, recorded = pending_runs(workdir, doc["runs"])
+    submission of `doc` trains now (the command and its dry run). `recorded`: the run ids with a row (default:
+    DIR/results.jsonl's; the dry run's next_stage rows)."""
+    if recorded is None:
+        todo, recorded = pending_runs(workdir, doc["runs"])
+    else:
+        todo = [r for r in doc["runs"] if r["run_id"] not in recorded]
     return [r["index"] for r in todo if not r.get("branch_from") or r["branch_from"] in recorded]
 
 
 def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Progress | None = None,
-                 later_seconds: float = 0.0) -> int:
+                 later: Sequence[dict[str, Any]] = ()) -> int:
     """Runs the pending runs in `parallel` worker processes; each records its own result (progress and
-    later_seconds as run_in_process's)."""
+    later as run_in_process's)."""
     todo, recorded = pending_runs(workdir, doc["runs"])
     index = {r["run_id"]: i for i, r in enumerate(doc["runs"])}
-    progress = _progress(doc, recorded, progress, later_seconds)
+    progress = _progress(doc, recorded, progress, later, parallel)
     progress.event(f"{len(todo)} runs to go in {workdir}, {parallel} workers")
     procs: dict[int, tuple[subprocess.Popen, dict[str, Any]]] = {}  # slot -> (process, run)
     stop = {"signal": None}
@@ -265,80 +223,47 @@ def all_recorded(workdir: str, doc: dict[str, Any]) -> bool:
     return not pending_runs(workdir, doc["runs"])[0]
 
 
-
-
 OTHER_RUNNERS = 5  # run_sweep: runs of this stage are left to other runners on the same DIR
+STOPPED = 6        # run_sweep: `stages` stages trained; the rest is left to the next command
 
 
-def design_rows(workdir: str, config: Any = None) -> dict[str, dict[str, Any]]:
-    """{run_id: row} the design reads (execute.read_rows: each row as the failure rule classifies it), after
-    the runs of DIR/sweep.json that finished without a row are recorded from their run directories
-    (execute.recover) and the claims that recorded runs left behind are removed (claims.release_recorded)."""
-    for run_id in execute.recover(workdir):
-        print(f"recorded {run_id} from its run directory (its results row was missing)", flush=True)
-    rows = {r["run_id"]: r for r in execute.read_rows(workdir)}
-    stale = SweepSpec.of(config).claim_timeout_s if config is not None else 600.0
-    claims.release_recorded(workdir, rows, stale)
-    return rows
-
-
-def plan_and_write(workdir: str, config: Any) -> tuple[Any, dict[str, Any]]:
-    """The plan from DIR's recorded results (plan.design on design_rows) and its DIR/sweep.json. `config`: a
-    sweep config (ConfigDict or mapping) or its SweepSpec."""
-    from transformer.data import identity
-    from transformer.design import plan
-    from transformer.spec import DataSpec
-    from transformer.sweeps import outcome
-
-    spec = SweepSpec.of(config)
-    rows = design_rows(workdir, spec)
-    p = plan.design(spec, rows, outcome.load_prediction(workdir))
-    doc = {**sweep_document(spec, p), "data_identity": identity.peek(DataSpec.of(spec.base["data"]))}  # None until built
-    write_sweep(workdir, doc)
-    return p, doc
-
-
-def later_seconds(preview: Any, doc: dict[str, Any]) -> float:
-    """The estimated seconds of the stages of `preview` (plan.design(preview=True): every stage from the priors)
-    that `doc` has not designed yet."""
-    from transformer.design.plan import estimate_seconds
-
-    designed = {r["stage"] for r in doc["runs"]}
-    return float(sum(estimate_seconds(r, preview.spec) for r in preview.runs if r.stage not in designed))
-
-
-def run_sweep(workdir: str, config: Any, parallel: int = 1,
-              verbose: bool = False) -> tuple[int, dict[str, Any]]:
-    """Trains the sweep stage by stage (plan.py): design from the results so far, train what is pending, again
-    until every stage is designed and recorded; the prediction is written (outcome.predict) before the
-    validation run is designed. Returns (0: done, 3: preempted, OTHER_RUNNERS; the last sweep document)."""
+def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = False, *, retry_failed: bool = False,
+              stages: int | None = None) -> tuple[int, dict[str, Any]]:
+    """Trains the sweep stage by stage: next_stage (design from the results so far, predict where the plan waits
+    for the prediction, write DIR/sweep.json), train its todo, again until every stage is designed and recorded,
+    or, with `stages`, until that many stages have trained and more is left to do. `retry_failed`: the failed runs
+    train again. Returns (0: done, 3: preempted, OTHER_RUNNERS, STOPPED; the last sweep document: with STOPPED,
+    the next stage's as the dry run designs it, nothing of it written)."""
     from transformer.design import plan
     from transformer.sweeps import outcome
 
     spec = SweepSpec.of(config)
-    preview, progress = plan.design(spec, preview=True), None  # the whole sweep from the priors: the ETA's
+    preview, progress, trained = plan.design(spec, preview=True), None, 0  # the whole sweep from the priors: ETA
     while True:
-        p, doc = plan_and_write(workdir, spec)
-        if p.waiting == "prediction":
-            pred = outcome.predict(workdir, doc)
-            if pred["params"] is None:
-                print(f"warning: {pred['note']}; see {workdir}/fit/fit.json", flush=True)
-                continue
-            print(outcome.prediction_line(workdir, pred), flush=True)
-            continue
-        todo, _ = pending_runs(workdir, doc["runs"])
-        if not todo:
-            if p.waiting is None:
+        if stages is not None and trained >= stages:  # stop where anything is left to do (nothing written)
+            peek = next_stage.next_stage(workdir, spec, write=False)
+            if peek.todo or peek.plan.waiting:
+                return STOPPED, peek.doc
+        ns = next_stage.next_stage(workdir, spec, write=True, retry_failed=retry_failed)
+        if retry_failed:
+            print(f"retrying {len(ns.retried)} failed runs", flush=True)
+            retry_failed = False
+        if ns.prediction is not None:
+            outcome.announce_prediction(workdir, ns.prediction)
+        doc = ns.doc
+        if not ns.todo:
+            if ns.plan.waiting is None:
                 print(f"0 runs to go: all {len(doc['runs'])} runs of {workdir} are recorded", flush=True)
                 return 0, doc
-            raise RuntimeError(f"the sweep plan waits for {p.waiting} but has no run to train (a bug)")
-        if p.waiting:
-            print(f"stage: {len(todo)} runs, then {p.waiting} decides the next stage", flush=True)
-        later = later_seconds(preview, doc)
-        progress = progress or Progress(doc["runs"], {}, later)
+            raise RuntimeError(f"the sweep plan waits for {ns.plan.waiting} but has no run to train (a bug)")
+        if ns.plan.waiting:
+            print(f"stage: {len(ns.todo)} runs, then {ns.plan.waiting} decides the next stage", flush=True)
+        later = later_runs(preview, doc)
+        progress = progress or Progress(doc["runs"], {}, later, parallel)  # kept across stages
         code = (run_parallel(workdir, doc, parallel, progress, later) if parallel > 1
                 else run_in_process(workdir, doc, verbose, progress, later))
+        trained += 1
         if code:
             return code, doc
-        if pending_runs(workdir, todo)[0]:
+        if pending_runs(workdir, ns.todo)[0]:
             return OTHER_RUNNERS, doc

@@ -4,7 +4,7 @@ A step: (1) if the sweep's jobs (DIR/slurm/jobs.jsonl) are still queued, say so,
 nothing; (2) record the runs whose tasks ended without a results row (reconcile: the task logs' last line,
 sacct or scontrol): a failed setup line or a worker that died is a failed row with the log's tail, a preempted
 or cancelled task is submitted again (at most slurm.max_submits times); (3) stop if a run failed (fix the
-cause, rerun with --retry_failed); (4) design the next stage (plan_and_write), validate its runs locally as
+cause, rerun with --retry_failed); (4) design the next stage (next_stage.next_stage), validate its runs locally as
 the training's resolve step does, check the partition (sinfo) and submit its arrays and a driver job that
 reruns the command when they have ended; (5) or, everything recorded, say so (the caller fits).
 """
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from transformer import file_claims
 from transformer.spec import ConfigError
-from transformer.sweeps import execute, results, runner, slurm, slurm_query
+from transformer.sweeps import execute, next_stage, results, runner, slurm, slurm_query
 from transformer.sweeps.execute import CLAIMED_ELSEWHERE, result_row
 
 JOBS = "jobs.jsonl"  # in DIR/slurm/: one line per submission {"stage", "arrays": {id: [indices]}, "driver", ...}
@@ -238,9 +238,7 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
     """One step of the sweep on SLURM (module docstring). Returns (status, sweep document): "queued" (its jobs
     are in the queue), "submitted", "failed" (a run failed: stopped), "stuck" (nothing ready, nothing
     queued), "done" (every run recorded)."""
-    from transformer.design import plan
     from transformer.design.spec import SweepSpec
-    from transformer.sweeps import outcome
 
     config = SweepSpec.of(config)  # a sweep config (ConfigDict or mapping) or its spec
     os.makedirs(slurm_dir(workdir), exist_ok=True)
@@ -267,13 +265,13 @@ def step(workdir: str, config: Any, command: Sequence[str] | None, cwd: str,
             print(f"stopped: {len(failed)} runs failed (rows in {workdir}/results.jsonl); fix the cause and rerun "
                   f"with --retry_failed to submit them again", flush=True)
             return "failed", None
-        rows = runner.design_rows(workdir, config)  # designed in memory, checked, then written
-        first = runner.sweep_document(config, plan.design(config, rows, outcome.load_prediction(workdir)))
-        checked = validate_locally(workdir, first, runner.ready_to_submit(workdir, first))
-        p, doc = runner.plan_and_write(workdir, config)
-        while p.waiting == "prediction":
-            outcome.predict(workdir, doc)
-            p, doc = runner.plan_and_write(workdir, config)
+        first = next_stage.next_stage(workdir, config, write=False, predict=False)  # in memory, checked, then written
+        checked = validate_locally(workdir, first.doc, runner.ready_to_submit(workdir, first.doc, first.rows))
+        ns = next_stage.next_stage(workdir, config, write=True)  # the prediction, where the plan waits for it
+        if ns.prediction is not None:
+            from transformer.sweeps import outcome
+            outcome.announce_prediction(workdir, ns.prediction)
+        p, doc = ns.plan, ns.doc
         todo, _ = runner.pending_runs(workdir, doc["runs"])
         ready = runner.ready_to_submit(workdir, doc)
         if not todo:
