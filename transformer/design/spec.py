@@ -237,6 +237,14 @@ class SweepSpec:
             self._check_lr_scan()
 
     def _check_isoflop(self) -> None:
+        for name in ("lr_coefficient", "lr_max"):  # the learning-rate rule, checked here: a run's
+            value = getattr(self, name)            # train.learning_rate would name another setting
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"sweep.{name}={value!r} must be positive and finite (peak learning rate = "
+                                  f"min(sweep.lr_max, sweep.lr_coefficient · N^sweep.lr_exponent))")
+        if isinstance(self.lr_exponent, bool) or not isinstance(self.lr_exponent, (int, float)) \
+                or not math.isfinite(self.lr_exponent):
+            raise ConfigError(f"sweep.lr_exponent={self.lr_exponent!r} must be a finite number")
         budgets = list(self.budgets)
         if any(not (isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0) for c in budgets):
             raise ConfigError(f"sweep.budgets={tuple(budgets)} must be positive FLOP counts (or empty: the sweep "
