@@ -165,3 +165,25 @@ def test_the_slurm_step_stops_on_failed_runs_only(tmp_path, error, stops):
     workdir = str(tmp_path)
     results.append_result(workdir, _row("x", None, "failed", error=error, role="grid"))
     assert [r["run_id"] for r in slurm_jobs._failed_rows(workdir)] == (["x"] if stops else [])
+
+
+@pytest.mark.slow
+def test_a_runner_holding_the_sweeps_claim_takes_over_a_run_directory_claim_left_on_another_host(tmp_path,
+                                                                                                corpus_dir):
+    """A SLURM task killed on one node and requeued on another leaves DIR/runs/RUN_ID/run.claim fresh for up to
+    300 s (its host is not this one, so no pid says it is gone): train() alone refuses it, and the sweep recorded
+    the run as failed. The runner that holds the sweep's claim on the run takes that claim over and trains it."""
+    import json as json_
+    import time
+
+    c = _isoflop(budgets=(1e11,), sizes_per_budget=3)
+    c.base.data.data_dir = corpus_dir
+    workdir = str(tmp_path)
+    _, doc = runner.plan_and_write(workdir, c)
+    run = doc["runs"][0]
+    run_dir = os.path.join(workdir, "runs", run["run_id"])
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "run.claim"), "w") as f:  # a task on another node, killed a moment ago
+        json_.dump({"host": "node-elsewhere", "pid": 1, "time": time.time(), "token": "x"}, f)
+    row, code = execute.train_run(workdir, run, doc["mode"])
+    assert code == 0 and row["status"] == "ok", row

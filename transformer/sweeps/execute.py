@@ -105,6 +105,14 @@ def load_sweep(workdir: str) -> dict[str, Any]:
         return json.load(f)
 
 
+def held_by_sweep(info: dict[str, Any]) -> bool:
+    """The rule for a run directory's training claim (DIR/runs/RUN_ID/run.claim) met by a runner that holds the
+    sweep's claim on that run (claims.try_claim, with its SLURM rule): the sweep's claim decides who trains the
+    run, so any other holder of the directory's claim is an earlier attempt that is gone (a task killed on
+    another host and requeued), not one to wait STALE_AFTER_S for."""
+    return True
+
+
 def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False,
               max_retries: int = 0) -> tuple[dict[str, Any] | None, int]:
     """Trains (or resumes) one run in this process and records it. A run that raises is tried again
@@ -120,7 +128,8 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
     seed_branch(workdir, run, verbose)
     for attempt in range(max_retries + 1):
         try:
-            summary = train(config, os.path.join(workdir, "runs", run["run_id"]), verbose=verbose)
+            summary = train(config, os.path.join(workdir, "runs", run["run_id"]), verbose=verbose,
+                            claim_dead=held_by_sweep)
             break
         except Exception as e:  # a failing run is retried, then recorded, and the sweep goes on
             if verbose:

@@ -57,7 +57,8 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
         if len(runs) > 1:
             try:
                 summaries = train_runs([execute.run_config(workdir, r, doc) for r in runs],
-                                        [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose)
+                                        [os.path.join(workdir, "runs", r["run_id"]) for r in runs], verbose=verbose,
+                                        claim_dead=execute.held_by_sweep)
             except Exception as e:  # the runs go on alone, from the group's checkpoints
                 if verbose:
                     traceback.print_exc()
