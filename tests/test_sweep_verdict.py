@@ -141,7 +141,7 @@ def test_grouped_runs_carry_the_sweeps_data_pin(tmp_path, monkeypatch, capsys):
     runner.write_sweep(workdir, doc)
     seen = []
 
-    def train_runs(configs, workdirs, verbose=False):
+    def train_runs(configs, workdirs, verbose=False, **options):
         seen.extend(configs)
         return [{"status": "ok", "eval_loss": 18.56 if i else 3.0, "wall_seconds": 1.0, "vocab_size_unpadded": VOCAB}
                 for i in range(len(configs))]

@@ -94,6 +94,18 @@ def record() -> dict[str, Any]:
             "git": git()}
 
 
+def brief(env: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The few fields of a record that a results row keeps (the full record is in the run's summary.json): the
+    versions of jax, jaxlib and flax, the CPU model and its vector extensions, the device kind, the commit."""
+    if not env:
+        return None
+    packages, cpu_, devices_, git_ = env.get("packages", {}), env.get("cpu") or {}, env.get("devices") or {}, \
+        env.get("git") or {}
+    return {"jax": packages.get("jax"), "jaxlib": packages.get("jaxlib"), "flax": packages.get("flax"),
+            "cpu": cpu_.get("model"), "cpu_features": cpu_.get("features"), "device": devices_.get("kind"),
+            "commit": (git_.get("commit") or "")[:12] or None}
+
+
 def describe_difference(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
     """What differs between two recorded environments that can move a figure: package versions, the CPU model
     and its vector extensions, the devices and XLA's flags (the commit is named where both have one)."""

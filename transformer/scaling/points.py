@@ -58,6 +58,9 @@ class Points:
     # "params_unpadded" where the source has them (sweeps); see `conventions`.
     extra_P: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     flops_given: bool = True  # False: the source gave no compute (a CSV without flops), flops_P = 6·N·D
+    # A sweep's runs by the environment they were computed in (transformer/environment.brief, recorded in each
+    # results row): [{"environment": ..., "runs": count}], most runs first; () where the source records none.
+    environments: tuple[dict[str, Any], ...] = ()
 
     def __len__(self) -> int:
         return len(self.loss_P)
@@ -323,7 +326,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         if run_id in by_id:
             excluded.append({"id": run_id, "reason": f"line {by_id[run_id][0]} superseded by line {line_no}"})
         by_id[run_id] = (line_no, record)
-    params, tokens, flops, loss, ids, curves, budgets = [], [], [], [], [], [], []
+    params, tokens, flops, loss, ids, curves, budgets, environments = [], [], [], [], [], [], [], {}
     extras: dict[str, list[float]] = {"params_total": [], "params_non_embedding": [], "flops_no_attention": [],
                                       "params_unpadded": []}
     for run_id, (line_no, record) in by_id.items():
@@ -350,6 +353,9 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         flops.append(float(record["flops"]))
         loss.append(float(record["eval_loss"]))
         budgets.append(record.get("budget"))
+        if record.get("environment"):
+            key = json.dumps(record["environment"], sort_keys=True)
+            environments[key] = environments.get(key, 0) + 1
         extras["params_total"].append(record.get("params"))
         extras["params_non_embedding"].append(record.get("params_non_embedding"))
         extras["flops_no_attention"].append(_flops_no_attention(record))
@@ -364,8 +370,10 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
     points = from_arrays(params, tokens, loss, flops=flops, ids=ids, source=directory)
     budget_P = np.array(budgets, dtype=float) if all(_finite_positive(b) for b in budgets) else None
     extra_P = {k: np.array(v, dtype=float) for k, v in extras.items() if all(_finite_positive(x) for x in v)}
+    by_count = sorted(environments.items(), key=lambda kv: -kv[1])
     return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P,
-                               extra_P=extra_P)
+                               extra_P=extra_P,
+                               environments=tuple({"environment": json.loads(k), "runs": n} for k, n in by_count))
 
 
 def load(source: str, n_kind: str = "params") -> Points:

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer import files
+from transformer import environment, files
 from transformer.scaling import fits, plots
 from transformer.scaling import points as points_lib
 
@@ -45,6 +45,13 @@ def run_fit(
                        isoflop_window=isoflop_window, isoflop_method=isoflop_method, headline=headline,
                        predict_flops=predict_flops, approach3_near=approach3_near, predict_points=predict_points)
     fit["n_kind"] = n_kind
+    fit["environment"] = environment.record()  # this fit's; each run's is in its summary.json
+    if pts.environments:
+        fit["run_environments"] = list(pts.environments)
+        if len(pts.environments) > 1:
+            fit["environment_warning"] = (f"the fitted runs were computed in {len(pts.environments)} environments "
+                                          f"(run_environments): losses can differ between them by more than the "
+                                          f"noise (docs/sweeps.md, 'Reproducing figures on another machine')")
     fit.update(annotate or {})
     os.makedirs(out_dir, exist_ok=True)
     files.write_json(os.path.join(out_dir, "fit.json"), fit, indent=1, allow_nan=False)
@@ -66,6 +73,8 @@ def summary(fit: dict[str, Any]) -> str:
     head = fit["headline"]
     lines = [f"{len(fit['points'])} points used, {excluded} excluded (source: {fit['source']})",
              f"headline convention: {head['convention']}: {head['definition']} ({head['why']})"]
+    if fit.get("environment_warning"):
+        lines.append(f"WARNING: {fit['environment_warning']}")
     unpadded = fit["conventions"].get("unpadded")
     if unpadded and head["convention"] != "unpadded":  # the padded vocabulary's rows tilt a count of total N
         c2, a2 = unpadded["approach2"], fit["approach2"]
