@@ -155,3 +155,19 @@ def test_command_line(tiny_lm_run, tmp_path):
     assert transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).config.model_type == "gpt2"
     r = _cli(f"--workdir={tmp_path / 'missing'}", f"--out={tmp_path / 'hf2'}")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --workdir=")
+
+
+def test_a_run_loads_and_exports_from_a_relative_path(tiny_lm_run, monkeypatch, tmp_path):
+    """From Python, a run directory named relative to the working directory (orbax wants absolute paths: before,
+    load_run('runs/x') failed inside orbax)."""
+    from transformer.training.restore import load_run
+
+    monkeypatch.chdir(os.path.dirname(tiny_lm_run))
+    run = load_run(os.path.basename(tiny_lm_run))
+    assert run.step == 4
+    pytest.importorskip("transformers")
+    from transformer.interop.export import export_run
+
+    out = os.path.relpath(tmp_path / "hf", os.path.dirname(tiny_lm_run))
+    assert export_run(os.path.basename(tiny_lm_run), out)["step"] == 4
+    assert os.path.exists(tmp_path / "hf" / "model.safetensors")

@@ -133,3 +133,4 @@ def test_the_loop_logs_each_modules_rms_at_log_steps(tiny_lm_run):
             assert {k.split("/", 2)[2] for k in row if k.startswith(f"rms/{kind}/")} == set(expected), row["step"]
     logged = {k.split("/", 2)[2]: v for k, v in rows[-1].items() if k.startswith("rms/params/")}
     assert logged == pytest.approx(expected, rel=1e-5)
+

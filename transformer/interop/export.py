@@ -43,7 +43,9 @@ def _extra_tokens(spec: Any, tokenizer: Any) -> tuple[list[str], str | None]:
 
 
 def export_run(workdir: str, out: str, step: int | None = None) -> dict[str, Any]:
-    """Writes the run's checkpoint (latest or `step`) and tokenizer as a Hugging Face directory OUT."""
+    """Writes the run's checkpoint (latest or `step`) and tokenizer as a Hugging Face directory OUT (either path
+    may be relative to the working directory)."""
+    workdir, out = (os.path.abspath(os.path.expanduser(p)) for p in (workdir, out))
     config = load_config(workdir)
     step = latest_step(workdir) if step is None else step
     if not os.path.isdir(os.path.join(workdir, "checkpoints", str(step), "state")):

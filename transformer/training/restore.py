@@ -79,8 +79,10 @@ def restore_params(model: nn.Module, init_inputs: tuple, state_dir: str) -> Any:
 def load_run(workdir: str, *, step: int | None = None, model_kwargs: dict | None = None) -> LoadedRun:
     """The run's model and parameters at `step` (default: the latest checkpoint).
 
-    model_kwargs: extra module fields, e.g. {"sow_attention_weights": True} for a DecoderLM.
+    model_kwargs: extra module fields, e.g. {"sow_attention_weights": True} for a DecoderLM. `workdir` may be
+    relative (to the working directory); orbax is given it absolute.
     """
+    workdir = os.path.abspath(os.path.expanduser(workdir))
     config = load_config(workdir)
     step = latest_step(workdir) if step is None else step
     state_dir = os.path.join(workdir, "checkpoints", str(step), "state")
