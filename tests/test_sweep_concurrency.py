@@ -90,7 +90,7 @@ def test_failing_run_is_retried_then_recorded(tmp_path, monkeypatch):
 
     calls = []
 
-    def flaky(config, workdir, verbose=False):
+    def flaky(config, workdir, verbose=False, **options):
         calls.append(workdir)
         if len(calls) <= 2:  # the first run fails twice (e.g. a lost node), then works
             raise RuntimeError("transient fault")
