@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import NamedTuple
 
@@ -56,7 +57,11 @@ class Case(NamedTuple):
     argv: list[str]
     pattern: str              # the one error line must match it (re.search)
     xfail: str | None = None  # why it fails today (open_finding), until it is fixed
+    env: dict[str, str] | None = None  # set in the case's process
 
+
+# A PATH without SLURM's commands (the case of a machine without SLURM, also where CI runs a cluster)
+NO_SLURM = {"PATH": os.path.dirname(sys.executable) + os.pathsep + "/nonexistent"}
 
 MISTAKES = [
     # ---- train: settings that are nonsense (issue 29 item 1.9 and its kind)
@@ -136,7 +141,8 @@ MISTAKES = [
     Case("sweep_size_span_below_1", SWEEP + ["--config.sweep.size_span=0.5"], r"sweep\.size_span=0\.5 must be > 1"),
     Case("sweep_negative_lr_max", SWEEP + ["--config.sweep.lr_max=-1"], r"sweep\.lr_max"),
     Case("sweep_workdir_is_a_file", SWEEP[:-2] + ["--workdir={work}/a_file"], r"--workdir=\S*a_file: .*(is a file|Not a directory)"),
-    Case("sweep_slurm_without_sbatch", SWEEP[:-1] + ["--launcher=slurm"], r"--launcher=slurm: `sbatch` is not on"),
+    Case("sweep_slurm_without_sbatch", SWEEP[:-1] + ["--launcher=slurm"], r"--launcher=slurm: `sbatch` is not on",
+         env=NO_SLURM),
     # ---- fit
     Case("fit_flops_not_a_number", FIT + ["--predict_flops=abc"], r"--predict_flops: 'abc' is not a number"),
     Case("fit_point_without_colon", FIT + ["--predict_points=1e6"], r"--predict_points: '1e6' is not N:D"),
@@ -309,6 +315,7 @@ def _prepare(work: str) -> dict[str, str]:
     return unavailable
 
 
+
 def _unmount(work: str) -> None:
     for kind in ("ro", "full"):
         path = os.path.join(work, kind)
@@ -339,7 +346,12 @@ def trial(corpus_dir):
         cases, ids = [], []
         for case in MISTAKES:
             ids.append(case.id)
-            cases.append({"argv": _argv(case.argv, work, corpus_dir), "watch": [work], "timeout": 120})
+            cases.append({"argv": _argv(case.argv, work, corpus_dir), "watch": [work], "timeout": 120,
+                          "env": case.env or {}})
+        if "locked" not in unavailable:  # can `nobody` import the commands' packages here? (CI's venv is 0700)
+            ids.append("nobody_probe")
+            cases.append({"argv": ["experiments.train", "--help"], "timeout": 120, "uid": NOBODY,
+                          "env": {"HOME": os.path.join(work, "home")}})
         for case in ENVIRONMENT:
             if case.needs in unavailable:
                 continue
@@ -355,6 +367,10 @@ def trial(corpus_dir):
         cases.append({"argv": _argv(PREPARE + LOCAL, work, corpus_dir) + [
             f"--config.data.cache_dir={work}/cäche, with space", "--config.data.eval_fraction=0.4"], "timeout": 120})
         results = dict(zip(ids, run_commands(cases, data_dir=corpus_dir, cwd=work)))  # a relative path lands here
+        probe = results.get("nobody_probe")
+        if probe is not None and "Traceback" in probe["stderr"]:  # (absl's --help itself exits 1)
+            last = (probe["stderr"].strip().splitlines() or ["?"])[-1]
+            unavailable["locked"] = f"the user nobody cannot import this project's packages here ({last[:160]})"
         yield results, unavailable, work, corpus_dir
     finally:
         _unmount(work)
