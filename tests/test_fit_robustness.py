@@ -75,3 +75,18 @@ def test_plots_draw_an_interval_that_misses_its_value(tmp_path):
                             "tokens_ci95": [5e8, 9e8], "loss": 2.5, "loss_ci95": [2.6, 2.7]}]}
     assert plots.plot_frontier(fit, str(tmp_path / "f.png"))
     assert plots.plot_optimal(fit, str(tmp_path / "o.png"))
+
+
+def test_approach1_does_not_fit_inner_points_of_one_budget():
+    """The gpu_quick sweep's CPU run (issue 30): the loss envelope's only inner points were two sizes of the largest
+    budget, 1.99894e11 and 1.99979e11 FLOPs apart by the rounding of steps; the power law through them had a = -1089
+    and N_coef = inf, which fit.json cannot hold (the sweep stopped with a traceback after its grid). Approach 1
+    now says why it does not fit; approach 2 is unaffected."""
+    from transformer.scaling import fits
+    params = [15088, 30120, 50144, 72280] * 3  # the 12 grid runs' rows (results.jsonl) of that sweep
+    tokens = [394240, 212992, 134144, 95232, 789504, 425984, 268288, 190464, 1577984, 850944, 535552, 381952]
+    flops = [49958092800.0, 50054823936.0, 50068979712.0, 49916805120.0, 100045946880.0, 100109647872.0,
+             100137959424.0, 99833610240.0, 199962132480.0, 199978647552.0, 199893712896.0, 200203960320.0]
+    loss = [3.1821, 3.4066, 3.5868, 3.7884, 2.9832, 3.0054, 3.1282, 3.3647, 2.8189, 2.6998, 2.7011, 2.8835]
+    out = fits.approach1(points_lib.from_arrays(params, tokens, loss, flops=flops))
+    assert out["a"] is None and "span less than" in out["note"]

@@ -93,8 +93,9 @@ def resolve(s: SweepSpec, seconds_of: Callable[[SweepSpec], float]) -> tuple[Swe
     if s.max_hours and seconds > limit:
         raise ConfigError(
             f"sweep.max_hours={s.max_hours:g}: the sweep (budgets {', '.join(format_flops(c) for c in s.budgets)}, "
-            f"{s.sizes_per_budget} sizes each) is estimated at {_duration(seconds)} in one process (sweep.estimate_*); "
-            f"raise sweep.max_hours, or shrink it: fewer sweep.num_budgets, a lower sweep.min_steps, a smaller "
+            f"{s.sizes_per_budget} sizes each) is estimated at {_duration(seconds)} in one process (sweep.estimate_*), "
+            f"over its limit of {_duration(limit)}; raise sweep.max_hours, or shrink it: fewer sweep.num_budgets, a "
+            f"lower sweep.min_steps, a smaller "
             f"base.train.batch_size or data.seq_len, or a smaller vocabulary")
     notes.append(f"estimated time {_duration(seconds)} in one process"
                  + (f", within sweep.max_hours={s.max_hours:g} h" if s.max_hours else ""))

@@ -260,14 +260,55 @@ def grad_accum_for(sweep: SweepSpec, batch: int) -> int:
     return next(k for k in range(1, batch + 1) if batch % k == 0 and batch // k <= limit)
 
 
-def ladder(sweep: SweepSpec, d_models: Any = None) -> list[tuple[Shape, dict]]:
-    """(shape, {params, params_non_embedding, flops_per_token}) for each d_model, in increasing width."""
+def _measured(sweep: SweepSpec, d_models: Any) -> list[tuple[Shape, dict]]:
     vocab = vocab_size(sweep.base)
     out = []
     for d in sorted(set(sweep.d_models if d_models is None else d_models)):
         shape = shape_for(sweep, d)
         out.append((shape, measure(run_config(sweep.base, sweep, shape, vocab), vocab)))
     return out
+
+
+def non_embedding_share(m: dict) -> float:
+    """The share of a shape's parameters outside the embeddings (spec/accounting's non_embedding / total)."""
+    return m["params_non_embedding"] / m["params"]
+
+
+def _floor_advice(sweep: SweepSpec) -> str:
+    return (f"with the {vocab_size(sweep.base):,}-entry vocabulary; use wider d_models, more layers "
+            f"(sweep.num_layers), a smaller vocabulary or tied embeddings, or lower sweep.min_non_embedding_fraction")
+
+
+def ladder(sweep: SweepSpec, d_models: Any = None, setting: str = "") -> list[tuple[Shape, dict]]:
+    """(shape, {params, params_non_embedding, flops_per_token}) for each d_model, in increasing width, without the
+    shapes whose non-embedding share is below sweep.min_non_embedding_fraction (left_out's note names them).
+    `setting`: the sweep setting that names these d_models one by one (e.g. "sweep.lr_calibration.d_models"):
+    a shape below the floor is then a ConfigError. ConfigError too when no shape is left."""
+    floor = sweep.min_non_embedding_fraction
+    out = _measured(sweep, d_models)
+    kept = [(shape, m) for shape, m in out if non_embedding_share(m) >= floor]
+    if setting and len(kept) < len(out):
+        shape, m = next((shape, m) for shape, m in out if non_embedding_share(m) < floor)
+        raise ConfigError(f"{setting}: d_model {shape.d_model} ({shape.name}, N={m['params']:,}) has "
+                          f"{non_embedding_share(m):.0%} of its parameters outside the embeddings, below "
+                          f"sweep.min_non_embedding_fraction={floor:g} {_floor_advice(sweep)}")
+    if out and not kept:
+        shape, m = out[-1]
+        raise ConfigError(f"sweep.min_non_embedding_fraction={floor:g}: no shape of sweep.d_models keeps "
+                          f"{floor:.0%} of its parameters outside the embeddings (the widest, {shape.name}, has "
+                          f"{non_embedding_share(m):.0%}) {_floor_advice(sweep)}")
+    return kept
+
+
+def left_out(sweep: SweepSpec) -> str | None:
+    """The note naming the shapes of sweep.d_models that sweep.min_non_embedding_fraction leaves out (None: none)."""
+    floor = sweep.min_non_embedding_fraction
+    low = [(shape, m) for shape, m in _measured(sweep, None) if non_embedding_share(m) < floor] if floor else []
+    if not low:
+        return None
+    return (f"sweep.min_non_embedding_fraction={floor:g}: d_models {', '.join(str(s.d_model) for s, _ in low)} left "
+            f"out (non-embedding {', '.join(f'{non_embedding_share(m):.0%}' for _, m in low)} of N with the "
+            f"{vocab_size(sweep.base):,}-entry vocabulary); every run keeps at least {floor:.0%}")
 
 
 def make_run(sweep: SweepSpec, shape: Shape, m: dict, budget: float, lr: float, *, role: str, stage: str,

@@ -38,7 +38,7 @@ def calibration(s: SweepSpec, rows: dict, lr_of: Callable[[float], float],
     budget = min(s.budgets)
     base_mults = sorted(float(x) for x in cal.multipliers)
     step = base_mults[1] / base_mults[0]
-    sizes = grid.ladder(s, cal.d_models)
+    sizes = grid.ladder(s, cal.d_models, "sweep.lr_calibration.d_models")
     mults = [list(base_mults) for _ in sizes]
     runs: list[Run] = []
     for extension in range(cal.max_extensions + 1):  # in rounds, so the plan only grows at its end
@@ -90,7 +90,7 @@ def lr_scan_runs(s: SweepSpec, lower: list[tuple[int, int]] = ()) -> list[Run]:
     vocab, seq, batch = grid.vocab_size(base), base["data"]["seq_len"], base["train"]["batch_size"]
     ratio = (scan.lr_max / scan.lr_min) ** (1.0 / (scan.num_lrs - 1))
     sizes = {}
-    for shape, m in grid.ladder(s, scan.d_models):
+    for shape, m in grid.ladder(s, scan.d_models, "sweep.lr_scan.d_models"):
         size = size_of(m, s)
         steps = round((scan.tokens or scan.tokens_per_param * size) / (batch * seq))
         if steps < s.min_steps:

@@ -153,7 +153,8 @@ def _budget(s: SweepSpec, lad: list, budget: float, n_opt: float, how: str, lr_o
 
 
 def validation_run(s: SweepSpec, prediction: dict, lr_of: Callable[[float], float]) -> Run:
-    """The shape (any d_model that is a multiple of head_dim, up to 4× the ladder's widest) whose N, in the
+    """The shape (any d_model that is a multiple of head_dim, up to 4× the ladder's widest, with at least
+    sweep.min_non_embedding_fraction of its parameters outside the embeddings) whose N, in the
     prediction's convention, is nearest the predicted N_opt, trained on C / flops_per_token tokens."""
     widest = max(s.d_models)
     lad = grid.ladder(s, range(s.head_dim, 4 * widest + 1, s.head_dim))
@@ -182,6 +183,7 @@ def design(config: Any, rows: dict[str, dict] | None = None, prediction: dict | 
     if s.mode == "lr_scan":
         return _numbered(dataclasses.replace(scan_plan(s, rows or {}, preview), spec=s))
     s, notes = budgets.resolve(s, lambda c: total_seconds(design(c, preview=True).runs, c))
+    notes = [n for n in [grid.left_out(s)] if n] + notes
     rows = rows or {}
     recorded = lambda runs: preview or all(r.run_id in rows for r in runs)
     lr_of, lr_fit = grid.lr_rule(s), None
@@ -202,7 +204,7 @@ def design(config: Any, rows: dict[str, dict] | None = None, prediction: dict | 
     previous: dict[Shape, Run] = {}
     for budget in sorted(s.budgets):
         if baseline:  # the baseline's sizes, centred where they are
-            lad_b, seeded = grid.ladder(s, baseline[budget][0]), baseline[budget][1]
+            lad_b, seeded = grid.ladder(s, baseline[budget][0], "sweep.grid_from"), baseline[budget][1]
             n_opt, how = math.exp(np.mean(np.log([size_of(m, s) for _, m in lad_b]))), f"the grid of {s.grid_from}"
         else:
             lad_b, seeded = lad, None
@@ -250,11 +252,14 @@ def _numbered(plan: Plan) -> Plan:
 
 
 def estimate_seconds(run: Run, sweep: SweepSpec) -> float:
-    """The time estimate of one run (sweep.estimate_*); a branch trains from its start step."""
+    """The time estimate of one run (sweep.estimate_*: its steps, its overhead and its compilation); a branch
+    trains from its start step."""
     step = run.batch_size * run.seq_len * run.flops_per_token / sweep.estimate_flops_per_second
-    return (run.steps - run.start_step) * (step + sweep.estimate_step_overhead_s) + sweep.estimate_run_overhead_s
+    return ((run.steps - run.start_step) * (step + sweep.estimate_step_overhead_s) + sweep.estimate_run_overhead_s
+            + sweep.estimate_compile_s)
 
 
 def total_seconds(runs: list[Run], sweep: SweepSpec) -> float:
-    """The estimated seconds of `runs` trained one after another in one process."""
-    return float(sum(estimate_seconds(r, sweep) for r in runs))
+    """The estimated seconds of a sweep of `runs` trained one after another in one process, its one-time set-up
+    (sweep.estimate_setup_s) included: what sweep.max_hours bounds."""
+    return float(sum(estimate_seconds(r, sweep) for r in runs)) + sweep.estimate_setup_s

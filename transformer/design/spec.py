@@ -150,6 +150,10 @@ class SweepSpec:
 
     # Which sizes each budget gets: around the prior optimum N_opt = G · C^a, evenly spaced in log N.
     param_count: str = "total"         # total | non_embedding: the N of the prior, spacing, LR rule and fits
+    min_non_embedding_fraction: float = 0.0  # > 0: every run's non-embedding parameters (spec/accounting: all but
+                                       # the token/position embeddings; an untied head counts as non-embedding)
+                                       # are at least this share of its total N: narrower ladder shapes are left
+                                       # out (a note), a size a setting names explicitly is a ConfigError
     sizes_per_budget: int = 4
     size_span: float = 10.0            # largest / smallest N within a budget
     prior_exponent: float = 0.5        # a in N_opt = G · C^a
@@ -192,10 +196,15 @@ class SweepSpec:
                                        # one device, --parallel=1, no SLURM (slower on the 2-core CPU)
 
     # Time estimate (the dry run, the chosen budgets, the ETA): per run, steps × (tokens_per_step · flops_per_token
-    # / estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s.
+    # / estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s + estimate_compile_s; the
+    # whole sweep adds estimate_setup_s once (max_hours bounds the sum).
     estimate_flops_per_second: float = 2.5e10
     estimate_step_overhead_s: float = 0.004
     estimate_run_overhead_s: float = 8.0
+    estimate_compile_s: float = 0.0    # compilation per run (its train step, whose schedule is compiled in, and
+                                       # its eval step); 0: counted in estimate_run_overhead_s
+    estimate_setup_s: float = 0.0      # once per sweep: JAX start-up, the tokenizer and token cache, the fits
+    estimate_source: str = ""          # where the rates above come from (device, date), printed with the estimate
 
     lr_scan: LrScan = LrScan()
     slurm: Slurm = Slurm()
@@ -227,6 +236,12 @@ class SweepSpec:
                               "positive integer")
         if self.max_hours < 0:
             raise ConfigError(f"sweep.max_hours={self.max_hours!r} must be >= 0 (0: no time limit)")
+        if isinstance(self.min_non_embedding_fraction, bool) or not 0 <= self.min_non_embedding_fraction < 1:
+            raise ConfigError(f"sweep.min_non_embedding_fraction={self.min_non_embedding_fraction!r} must be in "
+                              "[0, 1) (0: no floor; 0.5: non-embedding parameters at least half of N)")
+        for name in ("estimate_compile_s", "estimate_setup_s"):
+            if isinstance(getattr(self, name), bool) or not 0 <= getattr(self, name) < math.inf:
+                raise ConfigError(f"sweep.{name}={getattr(self, name)!r} must be a number of seconds >= 0")
         if not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool) \
                 or self.micro_batch_size < 0:
             raise ConfigError(f"sweep.micro_batch_size={self.micro_batch_size!r} must be 0 (no accumulation) or a "
@@ -346,7 +361,8 @@ def sweep_defaults() -> dict[str, Any]:
 # estimates and max_hours change the design only where the sweep chooses its budgets, and then the chosen
 # (recorded) sweep.budgets or sweep.sizes_per_budget differ, which is refused.
 RERUN_SETTINGS = ("max_retries", "claim_timeout_s", "multirun", "max_hours", "estimate_flops_per_second",
-                  "estimate_step_overhead_s", "estimate_run_overhead_s", "slurm")
+                  "estimate_step_overhead_s", "estimate_run_overhead_s", "estimate_compile_s", "estimate_setup_s",
+                  "estimate_source", "slurm")
 
 
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -76,6 +76,9 @@ def envelope(points: Points) -> dict[str, np.ndarray]:
             "tokens": points.tokens_P[idx], "loss": points.loss_P[idx]}
 
 
+APPROACH1_MIN_SPAN = 1.5  # the inner envelope points' largest / smallest compute below which approach 1 does not fit
+
+
 def approach1(points: Points) -> dict[str, Any]:
     """Power laws N_opt ∝ C^a, D_opt ∝ C^b fitted to the loss envelope (curves or final points).
 
@@ -96,6 +99,10 @@ def approach1(points: Points) -> dict[str, Any]:
     if len(np.unique(inner["params"])) < 2:
         return {**record, "a": None, "b": None,
                 "note": "the loss envelope holds fewer than 2 inner model sizes; approach 1 needs more"}
+    if np.ptp(np.log(inner["flops"])) < np.log(APPROACH1_MIN_SPAN):  # e.g. two sizes of one IsoFLOP budget
+        return {**record, "a": None, "b": None,
+                "note": f"the loss envelope's inner points span less than {APPROACH1_MIN_SPAN:g}× in compute (one "
+                        "budget); approach 1 needs inner points from budgets further apart"}
     a, n_coef = power_law(inner["flops"], inner["params"])
     b, d_coef = power_law(inner["flops"], inner["tokens"])
     return {"a": a, "b": b, "N_coef": n_coef, "D_coef": d_coef, **record}

@@ -96,7 +96,8 @@ class Progress:
         self.status[run["run_id"]] = row["status"]
         self._measure(run, row)
         if row["status"] == "ok":
-            self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s")
+            epochs = f", {row['epochs']:.2g} epochs" if row.get("epochs") is not None else ""
+            self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s{epochs}")
         else:  # "diverged" or "failed" (sweeps/execute.verdict)
             self.event(f"{row['status'].upper()} {run['run_id']}: {row['error']}")
 
@@ -142,14 +143,29 @@ def print_table(doc: dict, states: dict[str, str] | None = None, later: Sequence
     if any(e is None for e in epochs):
         print("note: epochs (?) are unknown until the data is tokenized: python -m experiments.prepare_data "
               "--config=<this sweep's config> (or the first run) builds the token cache")
+    else:
+        print(epochs_line(runs, epochs))
     s = doc["sweep"]
     if s.get("max_hours"):
-        print(f"time limit: sweep.max_hours={s['max_hours']:g} h")
+        print(f"time limit: sweep.max_hours={s['max_hours']:g} h ({_duration(s['max_hours'] * 3600)})")
     total_flops = sum(r["flops"] for r in runs)
-    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(sum(r['estimated_seconds'] for r in runs))} "
-          f"in one process at {s['estimate_flops_per_second']:.3g} FLOP/s sustained + "
-          f"{s['estimate_step_overhead_s'] * 1e3:.0f} ms per step + {s['estimate_run_overhead_s']:.0f} s per run "
-          f"(sweep.estimate_*)")
+    compile_s, setup_s = s.get("estimate_compile_s", 0.0), s.get("estimate_setup_s", 0.0)
+    seconds = sum(r["estimated_seconds"] for r in runs) + setup_s
+    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(seconds)} in one process at "
+          f"{s['estimate_flops_per_second']:.3g} FLOP/s sustained + {s['estimate_step_overhead_s'] * 1e3:.3g} ms per "
+          f"step + {s['estimate_run_overhead_s']:.3g} s per run"
+          + (f" + {compile_s:.3g} s compilation per run" if compile_s else "")
+          + (f" + {setup_s:.3g} s set-up" if setup_s else "") + " (sweep.estimate_*"
+          + (f": {s['estimate_source']}" if s.get("estimate_source") else "") + ")")
+
+
+def epochs_line(runs: Sequence[dict], epochs: Sequence[float]) -> str:
+    """'epochs, the most in each stage: C1e11 0.098, C2e11 0.2, validate 1.6' (passes over the training split)."""
+    most: dict[str, float] = {}
+    for r, e in zip(runs, epochs):
+        most[r["stage"] or "-"] = max(most.get(r["stage"] or "-", 0.0), e)
+    return "epochs (passes over the training split), the most in each stage: " + ", ".join(
+        f"{stage} {e:.2g}" for stage, e in most.items())
 
 
 def _runs(n: int) -> str:
@@ -199,6 +215,8 @@ def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], parallel: int = 
               + ("print the fit made from them" if fitted else "fit them"))
         return
     seconds, basis = Progress(doc["runs"], ns.rows, later, parallel).eta()
+    if not ns.rows:  # nothing trained yet: the sweep's one-time set-up is still ahead
+        seconds += doc["sweep"].get("estimate_setup_s", 0.0)
     print(f"{_runs(len(ns.todo))} would train now (stage {_stages(ns.todo)}): {' '.join(r['run_id'] for r in ns.todo)}"
           if ns.todo else "no run would train before the prediction")
     if later:
