@@ -112,9 +112,17 @@ def run_mode(name: str, scale: str, root: str, workers: int, timeout: float) -> 
     ok = [r for r in rows.values() if r.get("status") == "ok"]
     return {"command": " ".join(cmd[1:]), "exit": code, "runs": len(rows), "ok": len(ok), "wall_seconds": wall,
             "runs_per_hour": len(rows) * 3600.0 / wall if wall else None,
-            "workers": workers_line.split(", ", 1)[-1].strip() if workers_line else None,
+            "workers": _workers(workers_line),
             "compile_seconds": sum(r.get("compile_seconds") or 0 for r in ok),
             "run_seconds": sum(r.get("wall_seconds") or 0 for r in ok), "workdir": workdir}
+
+
+def _workers(line: str) -> str | None:
+    """What the runner's first line says of its workers: '6 workers on GPU 0 (each up to ...)', or this process."""
+    if " runs to go in " not in line:
+        return None
+    tail = line.split(" runs to go in ", 1)[1].strip().split(", ", 1)
+    return tail[1] if len(tail) > 1 else "one process"
 
 
 def compare(root: str, name: str, dtype: str) -> dict[str, Any]:

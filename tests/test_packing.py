@@ -252,3 +252,50 @@ def test_the_dry_run_says_what_sharing_a_gpu_buys(tmp_path):
     assert "with 4 workers on GPU (assumed)" in line and "sweep.estimate_device_memory_gb=80" in line, line
     packed, alone = (float(x) for x in __import__("re").findall(r"about ([\d.]+) min", line))
     assert packed < alone
+
+
+# ---- the bench -------------------------------------------------------------------------------------------------
+
+def test_the_bench_calibration_recovers_the_overheads_and_the_overlap(tmp_path):
+    from experiments import bench_pack
+
+    F, s, o, omega = 1e12, 0.01, 5.0, 0.6
+    rows = []
+    for i, n in enumerate((100, 200, 400, 800)):
+        c = 8 * 64 * 1e6 / F
+        rows.append({"run_id": f"r{i}", "status": "ok", "steps": n, "batch_size": 8, "seq_len": 64,
+                     "flops_per_token": 1e6, "wall_seconds": n * (c + s) + o})
+    os.makedirs(tmp_path / "one")
+    with open(tmp_path / "one" / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    device = sum(r["steps"] * (8 * 64 * 1e6 / F + (1 - omega) * s) for r in rows)
+    got = bench_pack.calibrate(str(tmp_path), {"estimate_flops_per_second": F}, {"workers": {"wall_seconds": device}})
+    assert got["estimate_step_overhead_s"] == pytest.approx(s) and got["estimate_run_overhead_s"] == pytest.approx(o)
+    assert got["estimate_pack_overlap"] == pytest.approx(omega)
+
+
+@pytest.mark.slow
+def test_the_bench_on_the_cpu_packs_runs_whose_losses_equal_the_runs_alone(tmp_path, corpus_dir):
+    """experiments/bench_pack.py at its CPU scale: 6 runs one at a time, then in 2 workers with sweep.multirun (2
+    seed pairs as groups, 2 runs alone): every run recorded, each within the stated float32 tolerance of the run
+    trained alone (workers 1e-5, groups 2e-2), the calibration printed."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+               TFDS_DATA_DIR=corpus_dir, CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-m", "experiments.bench_pack", "--scale=cpu", "--modes=one,groups",
+                          "--workers=2", f"--out={tmp_path}"], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    b = json.loads(out.stdout)
+    one, groups = b["modes"]["one"], b["modes"]["groups"]
+    assert one["runs"] == one["ok"] == 6 and groups["runs"] == groups["ok"] == 6
+    assert one["workers"] == "one process" and groups["workers"] == "2 workers"
+    assert groups["speedup"] > 0 and groups["losses"]["tolerance"] == 2e-2
+    assert groups["losses"]["within"], groups["losses"]
+    grouped = [json.load(open(tmp_path / "groups" / "runs" / rid / "summary.json")).get("multirun")
+               for rid in groups["losses"]["runs"]]
+    assert sorted(grouped, key=str) == [2, 2, 2, 2, None, None]
+    assert {"estimate_step_overhead_s", "estimate_run_overhead_s"} <= set(b["calibration"])  # overlap: from workers
