@@ -299,3 +299,15 @@ def test_the_bench_on_the_cpu_packs_runs_whose_losses_equal_the_runs_alone(tmp_p
                for rid in groups["losses"]["runs"]]
     assert sorted(grouped, key=str) == [2, 2, 2, 2, None, None]
     assert {"estimate_step_overhead_s", "estimate_run_overhead_s"} <= set(b["calibration"])  # overlap: from workers
+
+
+def test_the_sweep_refuses_a_share_too_small_for_its_largest_run_before_training(monkeypatch):
+    from configs.sweeps import gpu, quick
+
+    monkeypatch.setattr(packing, "visible_gpus", lambda: [H100])
+    with pytest.raises(ConfigError, match=r"--parallel=6 puts 6 workers on GPU 0.*largest run \(or group\)"):
+        runner.check_slots(gpu.get_config(), 6)  # the validation run (~1e9 parameters at batch 32 x 1024)
+    runner.check_slots(gpu.get_config(), 0)  # the sweep chooses: per stage, from the same estimates
+    runner.check_slots(quick.get_config(), 6)  # tiny runs: six fit
+    monkeypatch.setattr(packing, "visible_gpus", lambda: [])
+    runner.check_slots(gpu.get_config(), 6)  # no GPU: workers split the CPU cores, nothing to check

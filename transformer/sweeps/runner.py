@@ -23,7 +23,7 @@ from transformer.sweeps.execute import (  # one run's execution; re-exported: th
     CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, load_sweep, record, result_row, run_config, seed_branch, train_run)
 from transformer.sweeps.next_stage import (  # the one planning path; re-exported: the runner's names since before
     check_recorded, later_runs, plan_and_write, sweep_document, write_sweep)
-from transformer.sweeps.progress import Progress
+from transformer.sweeps.progress import Progress, unit_key, units_of
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The command line that trains one run of DIR as a worker process (--parallel, SLURM array tasks). A process
@@ -95,16 +95,15 @@ def check_slots(config: Any, parallel: int) -> None:
     """Refuses (ConfigError, before anything trains) a `parallel` or sweep.workers_per_device that gives a worker
     less of its GPU than the memory estimate of a run (or group) the sweep designs (its priors' preview)."""
     from transformer.design import plan
-    from transformer.training.grouping import group_key
 
     spec = SweepSpec.of(config)
     gpus = packing.visible_gpus()
     if not gpus or parallel == 1:
         return
-    by_key: dict[Any, list[dict[str, Any]]] = {}
-    for i, r in enumerate(plan.design(spec, preview=True).runs):
-        by_key.setdefault((group_key(r.config) or i) if spec.multirun else i, []).append(r.config)
-    packing.place(parallel, gpus, [packing.unit_memory(u) for u in by_key.values()], spec.workers_per_device)
+    runs = [{"config": r.config} for r in plan.design(spec, preview=True).runs]
+    units = units_of(runs, unit_key(spec.settings()))
+    packing.place(parallel, gpus, [packing.unit_memory([r["config"] for r in u]) for u in units],
+                  spec.workers_per_device)
 
 
 def slot_planner(doc: dict[str, Any], parallel: int,
