@@ -3,9 +3,10 @@
     [--config.KEY=V ...]
 
 Expands the sweep config into runs (transformer/design/grid.py), writes DIR/sweep.json, trains every
-run not yet in DIR/results.jsonl (in this process by default; --parallel=K worker processes; or with
---launcher=slurm a job array per stage and a driver job that reruns this command after it: docs/clusters.md),
-then fits: DIR/fit/ for IsoFLOP sweeps, DIR/lr_fit.json for LR scans.
+run not yet in DIR/results.jsonl (by default on GPUs in as many worker processes per GPU as fit, without a GPU in
+this process; --parallel=K: K worker processes, 1: this process; or with --launcher=slurm a job array per stage
+and a driver job that reruns this command after it: docs/clusters.md), then fits: DIR/fit/ for IsoFLOP sweeps,
+DIR/lr_fit.json for LR scans.
 Rerunning the command skips finished runs and resumes interrupted ones; a DIR holding a sweep designed with
 other settings is refused. --stages=N trains at most N more stages, then stops and says what remains. --dry_run
 says what the command would do now (the same planning path, transformer/sweeps/next_stage.py: the runs recorded,
@@ -13,7 +14,8 @@ the stage designed from them, what would train, the time left; with --launcher=s
 nothing.
 
 Worker mode (what --parallel and SLURM array tasks run): --workdir=DIR --run_index=I trains run I of
-DIR/sweep.json and records it; --fit_when_done also fits when it was the last one.
+DIR/sweep.json and records it (--run_index=I,J,...: a sweep.multirun group as one program); --fit_when_done also
+fits when it was the last one.
 """
 from __future__ import annotations
 
@@ -32,29 +34,44 @@ from experiments.jax_setup import setup_jax
 from transformer import file_claims
 from transformer.data import identity
 from transformer.design.spec import SweepSpec
-from transformer.sweeps import execute, next_stage, outcome, progress, runner, slurm, slurm_jobs
+from transformer.sweeps import execute, next_stage, outcome, packing, progress, runner, slurm, slurm_jobs
 from transformer.sweeps.results import RecordError
 from transformer.spec import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quick.py.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory: sweep.json, results.jsonl, runs/, fit/.")
-_PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once (worker processes); 1: all in this process.")
+_PARALLEL = flags.DEFINE_integer("parallel", 0, "Worker processes training at once; 1: one run at a time in this "
+                                 "process; 0: the sweep chooses (on GPUs, as many workers per GPU as fit: "
+                                 "sweep.workers_per_device; without a GPU, 1).")
 _LAUNCHER = flags.DEFINE_enum("launcher", "local", ["local", "slurm"], "Where the runs execute.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and the time estimate (or the sbatch script); "
                              "write nothing.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Run the runs recorded as failed again.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show each run's own training progress.")
-_RUN_INDEX = flags.DEFINE_integer("run_index", -1, "Worker mode: train run I of DIR/sweep.json.")
+_RUN_INDEX = flags.DEFINE_list("run_index", None, "Worker mode: train run I of DIR/sweep.json (I,J,...: a "
+                               "sweep.multirun group, as one program).")
 _FIT_WHEN_DONE = flags.DEFINE_bool("fit_when_done", False, "Worker mode: fit when every run is recorded.")
 _WAIT = flags.DEFINE_bool("wait", False, "--launcher=slurm: follow the sweep's jobs stage by stage to its fit.")
 _STAGES = flags.DEFINE_integer("stages", None, "Train at most this many more stages of the plan, then stop (exit 0) "
                                "and say what remains; rerun the command to go on. Default: to the end.")
 
-def _worker(workdir: str, index: int) -> None:
+def _indices(values: list[str], total: int) -> list[int]:
+    try:
+        indices = [int(v) for v in values]
+    except ValueError:
+        indices = []
+    if not indices or len(set(indices)) != len(indices) or not all(0 <= i < total for i in indices):
+        raise ConfigError(f"--run_index={','.join(values)} must be run indices (I, or I,J,... for a group), each in "
+                          f"0..{total - 1}: the workdir's sweep.json has {total} runs")
+    return indices
+
+
+def _worker(workdir: str, values: list[str]) -> None:
     doc = runner.load_sweep(workdir)
-    if not 0 <= index < len(doc["runs"]):
-        raise ConfigError(f"--run_index={index} is out of range: {workdir}/sweep.json has {len(doc['runs'])} runs")
-    run = doc["runs"][index]
+    indices = _indices(values, len(doc["runs"]))
+    if len(indices) > 1:
+        return _group_worker(workdir, doc, [doc["runs"][i] for i in indices])
+    run = doc["runs"][indices[0]]
     code = 0
     if run["run_id"] in {r["run_id"] for r in runner.results.read_results(workdir)}:
         print(f"{run['run_id']} is already recorded; nothing to do", flush=True)
@@ -83,7 +100,34 @@ def _worker(workdir: str, index: int) -> None:
         raise SystemExit(code)
 
 
-def _dry_run(workdir: str, config) -> None:
+def _group_worker(workdir: str, doc: dict, group: list[dict]) -> None:
+    """Worker mode for a sweep.multirun group (the runner's unit of work): its runs not yet recorded trained as one
+    program (run_groups.train_group_runs: claimed one by one, each recorded); exit 3 when preempted,
+    CLAIMED_ELSEWHERE when another runner holds every one of them."""
+    import ml_collections
+
+    from transformer.sweeps import run_groups
+
+    recorded = {r["run_id"] for r in runner.results.read_results(workdir)}
+    todo = [r for r in group if r["run_id"] not in recorded]
+    if not todo:
+        print(f"{', '.join(r['run_id'] for r in group)}: already recorded; nothing to do", flush=True)
+        return
+    if all(runner.claims.held(workdir, r["run_id"], doc["sweep"].get("claim_timeout_s", 600.0)) for r in todo):
+        print(f"{', '.join(r['run_id'] for r in todo)}: claimed by other runners; nothing to do", flush=True)
+        raise SystemExit(runner.CLAIMED_ELSEWHERE)
+    setup_jax(ml_collections.ConfigDict(todo[0]["config"]))
+    import transformer.interop.hf_warm_start  # noqa: F401  (as a single run's worker)
+    try:
+        code = run_groups.train_group_runs(workdir, doc, todo, progress.Progress(doc["runs"], {}), verbose=True)
+    except RecordError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    if code:
+        raise SystemExit(code)
+
+
+def _dry_run(workdir: str, config, parallel: int) -> None:
     """What the command would do now, from the same planning path (next_stage) without writing: the same refusals
     (another sweep's DIR), the runs recorded, the stage designed from them, the prediction, what would train."""
     from transformer.design import plan
@@ -102,7 +146,8 @@ def _dry_run(workdir: str, config) -> None:
         return
     later = next_stage.later_runs(plan.design(config, preview=True), ns.doc)
     fitted = not ns.todo and os.path.isdir(workdir) and outcome.current_fit(workdir, ns.doc) is not None
-    progress.print_dry_run(workdir, ns, later, _PARALLEL.value, fitted)
+    slots_for, assumed = runner.slot_planner(ns.doc, parallel, assume=True)
+    progress.print_dry_run(workdir, ns, later, slots_for, fitted, assumed)
 
 
 def main(argv: list[str]) -> None:
@@ -110,31 +155,33 @@ def main(argv: list[str]) -> None:
     if not _VERBOSE.value:
         logging.set_verbosity(logging.WARNING)  # checkpointing and dataset INFO lines drown the progress
     workdir = os.path.abspath(_WORKDIR.value)
-    if _RUN_INDEX.value >= 0:
+    if _RUN_INDEX.value:
         return _worker(workdir, _RUN_INDEX.value)
     if _CONFIG.value is None:
         raise ConfigError("--config is required (e.g. --config=configs/sweeps/quick.py), except with --run_index")
-    if _PARALLEL.value < 1:
-        raise ConfigError(f"--parallel={_PARALLEL.value} must be at least 1")
+    if _PARALLEL.value < 0:
+        raise ConfigError(f"--parallel={_PARALLEL.value} must be 0 (the sweep chooses) or a number of workers")
     # relative data files, tokenizer, grid_from: from this directory; then the sweep's settings, checked once
     config = SweepSpec.of(absolute_config(_CONFIG.value))  # (design/spec.py)
     if _STAGES.value is not None and (_STAGES.value < 1 or _LAUNCHER.value == "slurm"):
         raise ConfigError(f"--stages={_STAGES.value} must be a positive number of stages, with --launcher=local (a "
                           f"SLURM sweep goes on stage by stage through its driver jobs: leave --stages out)")
-    if config.multirun and (_PARALLEL.value > 1 or _LAUNCHER.value == "slurm"):
-        raise ConfigError(f"sweep.multirun=True trains groups of runs in this one process: it needs --parallel=1 "
-                          f"and --launcher=local (got --parallel={_PARALLEL.value}, --launcher={_LAUNCHER.value})")
+    if config.multirun and _LAUNCHER.value == "slurm":
+        raise ConfigError("sweep.multirun=True trains groups of runs as one program in one process (or one local "
+                          "worker), not as SLURM array tasks: use --launcher=local or sweep.multirun=False")
     identity.check_data(config.base["data"])  # once, before designing or launching anything (a bad glob: exit 2)
+    parallel = _PARALLEL.value or (0 if packing.visible_gpus() else 1)  # the sweep chooses: no GPU, this process
     if _DRY_RUN.value:
-        return _dry_run(workdir, config)
+        return _dry_run(workdir, config, parallel)
     if _LAUNCHER.value == "slurm":
         return _slurm(workdir, config)
+    runner.check_slots(config, parallel)  # a GPU share too small for a run: refused before anything trains
     try:
-        if _PARALLEL.value == 1:
+        if parallel == 1:
             setup_jax(_CONFIG.value.base)
             import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
         # --retry_failed: failed, not diverged (an observation: it would diverge again)
-        code, doc = runner.run_sweep(workdir, config, _PARALLEL.value, _VERBOSE.value, retry_failed=_RETRY.value,
+        code, doc = runner.run_sweep(workdir, config, parallel, _VERBOSE.value, retry_failed=_RETRY.value,
                                      stages=_STAGES.value)
     except RecordError as e:  # a full disk: the finished runs' directories keep their results for the rerun
         print(f"error: {e}", file=sys.stderr, flush=True)

@@ -369,9 +369,9 @@ def test_lr_scan_cli_writes_lr_fit_that_an_isoflop_sweep_uses(tmp_path, corpus_d
         # is exact to 1e-4 at the lowest rate and within 2% elsewhere
         rel = 1e-4 if row["learning_rate"] == min(r["learning_rate"] for r in alone.values()) else 2e-2
         assert row["status"] == "ok" and row["eval_loss"] == pytest.approx(alone[row["run_id"]]["eval_loss"], rel=rel)
-    out = _run(_sweep_cmd(grouped, *scan, "--config.sweep.multirun=True", "--parallel=2",
-                          config="configs/sweeps/lr_scan.py"))
-    assert out.returncode == 2 and "sweep.multirun=True" in out.stderr and "--parallel=1" in out.stderr
+    out = _run(_sweep_cmd(grouped, *scan, "--config.sweep.multirun=True", "--launcher=slurm", "--dry_run",
+                          config="configs/sweeps/lr_scan.py"))  # a group is one process's, not an array task's
+    assert out.returncode == 2 and "sweep.multirun=True" in out.stderr and "--launcher=local" in out.stderr
     fit = json.load(open(os.path.join(workdir, "lr_fit.json")))
     assert [s["size"] for s in fit["sizes"]] == sorted(r["params"] for r in results.read_results(workdir))[::3]
     c = quick.get_config()

@@ -51,5 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
         evals_per_run=8, checkpoints_per_run=10, logs_per_run=100,
         estimate_flops_per_second=0.4 * H100_BF16_PEAK, estimate_step_overhead_s=0.002,
         estimate_run_overhead_s=120.0,
+        # several runs on one GPU (docs/sweeps.md): an H100's 80 GB for the dry run where no GPU is visible, and no
+        # overlap of the step overhead assumed until .ci/gpu_stages/pack.sh has measured it (a prior, 2026-11-27)
+        estimate_device_memory_gb=80.0, estimate_pack_overlap=0.0,
         slurm=dict(time="24:00:00", gpus_per_task=1, cpus_per_task=16, mem="120G"),
     ), base)

@@ -27,7 +27,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -39,8 +39,8 @@ from transformer.scaling import isoflop
 from transformer.scaling.points import from_arrays
 from transformer.spec import ConfigError, TrainSpec, model_spec
 
-__all__ = ["Plan", "design", "estimate_seconds", "total_seconds", "check_run", "centre", "baseline_grid",
-           "validation_run", "prior_prediction"]
+__all__ = ["Plan", "design", "estimate_seconds", "device_seconds", "unit_seconds", "packed_seconds", "total_seconds",
+           "check_run", "centre", "baseline_grid", "validation_run", "prior_prediction"]
 
 RECENTER_SLOPE_RANGE = 0.2   # a re-centring power law's exponent stays within prior_exponent ± this
 
@@ -257,6 +257,40 @@ def estimate_seconds(run: Run, sweep: SweepSpec) -> float:
     step = run.batch_size * run.seq_len * run.flops_per_token / sweep.estimate_flops_per_second
     return ((run.steps - run.start_step) * (step + sweep.estimate_step_overhead_s) + sweep.estimate_run_overhead_s
             + sweep.estimate_compile_s)
+
+
+def device_seconds(run: Mapping[str, Any], sweep: Mapping[str, Any]) -> float:
+    """The part of a run's estimate during which it holds its device, when other workers share it: each step's
+    compute and the share of its overhead the others' steps cannot fill (1 − sweep.estimate_pack_overlap); not its
+    start-up. `run` as sweep.json lists it, `sweep` its settings (SweepSpec.settings())."""
+    step = run["batch_size"] * run["seq_len"] * run["flops_per_token"] / sweep["estimate_flops_per_second"]
+    overhead = (1.0 - sweep.get("estimate_pack_overlap", 0.0)) * sweep["estimate_step_overhead_s"]
+    return (run["steps"] - (run.get("start_step") or 0)) * (step + overhead)
+
+
+def unit_seconds(runs: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any]) -> tuple[float, float]:
+    """(seconds trained by itself, device seconds) of one unit of work: a run (its `estimated_seconds`), or a
+    sweep.multirun group of R runs of one shape, one program whose steps cost R runs' compute but one step's
+    overhead and one start-up: n·(R·c + s) + o."""
+    alone = sum(float(r["estimated_seconds"]) for r in runs)
+    device = sum(device_seconds(r, sweep) for r in runs)
+    if len(runs) > 1:
+        n = runs[0]["steps"] - (runs[0].get("start_step") or 0)
+        s, extra = sweep["estimate_step_overhead_s"], len(runs) - 1
+        alone -= extra * (n * s + sweep["estimate_run_overhead_s"])
+        device -= extra * n * (1.0 - sweep.get("estimate_pack_overlap", 0.0)) * s
+    return alone, device
+
+
+def packed_seconds(units: Sequence[tuple[float, float]], workers: int, devices: int) -> float:
+    """The estimated wall time of units of work, each (alone, device) seconds (unit_seconds), trained by `workers`
+    workers sharing `devices` devices: the longest of the devices' busy time (Σ device / devices), the workers'
+    time (Σ alone / workers: a worker's start-up and its steps' overhead overlap the others' work) and the longest
+    unit. One worker per device: Σ alone / devices, as one process each."""
+    if not units:
+        return 0.0
+    return max(sum(d for _, d in units) / max(devices, 1), sum(a for a, _ in units) / max(workers, 1),
+               max(a for a, _ in units))
 
 
 def total_seconds(runs: list[Run], sweep: SweepSpec) -> float:

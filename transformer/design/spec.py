@@ -192,8 +192,10 @@ class SweepSpec:
     fit_bootstrap: int = 200           # bootstrap resamples for the fit's 95% intervals at the end of the sweep
     max_retries: int = 1               # a run that raises is retried (resuming) this many times, then recorded failed
     claim_timeout_s: float = 600.0     # a run claim not refreshed for this long (its runner died) may be taken over
-    multirun: bool = False             # runs that differ only in learning rate or seed as one vmapped program;
-                                       # one device, --parallel=1, no SLURM (slower on the 2-core CPU)
+    multirun: bool = False             # runs that differ only in learning rate or seed as one vmapped program
+                                       # (each group one unit of work; no SLURM; slower on the 2-core CPU)
+    workers_per_device: int = 0        # --parallel=0 on GPUs: worker processes sharing each GPU; 0: as many as the
+                                       # runs' memory estimates allow (transformer/sweeps/packing.py)
 
     # Time estimate (the dry run, the chosen budgets, the ETA): per run, steps × (tokens_per_step · flops_per_token
     # / estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s + estimate_compile_s; the
@@ -205,6 +207,11 @@ class SweepSpec:
                                        # its eval step); 0: counted in estimate_run_overhead_s
     estimate_setup_s: float = 0.0      # once per sweep: JAX start-up, the tokenizer and token cache, the fits
     estimate_source: str = ""          # where the rates above come from (device, date), printed with the estimate
+    # Several workers on one device (--parallel; docs/sweeps.md "Several runs on one GPU"): the share of the step
+    # overhead that the other workers' steps fill, 0 (none: the device time of a step is all of it) to 1; and the
+    # device memory the dry run assumes where it sees no GPU (0: it estimates one run at a time only).
+    estimate_pack_overlap: float = 0.0
+    estimate_device_memory_gb: float = 0.0
 
     lr_scan: LrScan = LrScan()
     slurm: Slurm = Slurm()
@@ -246,6 +253,16 @@ class SweepSpec:
                 or self.micro_batch_size < 0:
             raise ConfigError(f"sweep.micro_batch_size={self.micro_batch_size!r} must be 0 (no accumulation) or a "
                               "positive number of rows")
+        if not isinstance(self.workers_per_device, int) or isinstance(self.workers_per_device, bool) \
+                or self.workers_per_device < 0:
+            raise ConfigError(f"sweep.workers_per_device={self.workers_per_device!r} must be 0 (as many as fit) or a "
+                              "positive number of workers per GPU")
+        if not 0 <= self.estimate_pack_overlap <= 1:
+            raise ConfigError(f"sweep.estimate_pack_overlap={self.estimate_pack_overlap!r} must be in [0, 1] (the "
+                              "share of a step's overhead that other workers' steps fill)")
+        if not self.estimate_device_memory_gb >= 0:
+            raise ConfigError(f"sweep.estimate_device_memory_gb={self.estimate_device_memory_gb!r} must be >= 0 "
+                              "(0: no packed estimate without a GPU)")
         if self.mode == "isoflop":
             self._check_isoflop()
         else:
@@ -360,9 +377,10 @@ def sweep_defaults() -> dict[str, Any]:
 # the sweep's design, recorded in DIR/sweep.json: a rerun with another value is refused (design_changes). The
 # estimates and max_hours change the design only where the sweep chooses its budgets, and then the chosen
 # (recorded) sweep.budgets or sweep.sizes_per_budget differ, which is refused.
-RERUN_SETTINGS = ("max_retries", "claim_timeout_s", "multirun", "max_hours", "estimate_flops_per_second",
-                  "estimate_step_overhead_s", "estimate_run_overhead_s", "estimate_compile_s", "estimate_setup_s",
-                  "estimate_source", "slurm")
+RERUN_SETTINGS = ("max_retries", "claim_timeout_s", "multirun", "workers_per_device", "max_hours",
+                  "estimate_flops_per_second", "estimate_step_overhead_s", "estimate_run_overhead_s",
+                  "estimate_compile_s", "estimate_setup_s", "estimate_source", "estimate_pack_overlap",
+                  "estimate_device_memory_gb", "slurm")
 
 
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from transformer.data import token_cache
 from transformer.design.grid import format_flops
+from transformer.sweeps import packing
 from transformer.spec import DataSpec
 
 
@@ -24,14 +25,26 @@ class Progress:
     Each run is costed at the measured rate once a run of this sweep has finished — seconds per trained FLOP of its
     ok runs (wall_seconds / trained_flops, recorded before this command or finished in it) × the run's trained
     FLOPs — and before that at the prior's estimate (estimated_seconds: sweep.estimate_*); the line says which.
-    `clock`: seconds (time.time; a fake one in tests)."""
+    With the sweep's `settings` (sweep.json's "sweep") the prior's estimate is stage by stage (a stage trains
+    after the one before), each stage's units (sweep.multirun: a group is one) packed on its workers
+    (plan.packed_seconds): `place(units)` gives (workers, devices) for a stage's units (the runner's slots; default
+    `parallel` workers on `devices` devices, one device per worker when None). `clock`: seconds (time.time; a fake
+    one in tests)."""
 
     def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict],
-                 later: Sequence[dict[str, Any]] = (), parallel: int = 1, clock: Callable[[], float] = time.time):
-        self.clock, self.parallel = clock, max(int(parallel), 1)
+                 later: Sequence[dict[str, Any]] = (), parallel: int = 1, clock: Callable[[], float] = time.time,
+                 settings: Mapping[str, Any] | None = None, devices: int | None = None,
+                 place: Callable[[list[list[dict[str, Any]]]], tuple[int, int]] | None = None):
+        self.clock, self.settings, self.place = clock, settings, place
+        self.workers(parallel, devices)
         self.measured: dict[str, tuple[float, float]] = {}  # run_id -> (wall seconds, trained FLOPs), ok runs
         self.started_at: dict[str, float] = {}
         self.stage(runs, recorded, later)
+
+    def workers(self, parallel: int, devices: int | None = None) -> None:
+        """`parallel` workers on `devices` devices (None: one each) train what is left."""
+        self.parallel = max(int(parallel), 1)
+        self.devices = max(int(devices), 1) if devices else self.parallel
 
     def stage(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict],
               later: Sequence[dict[str, Any]] = ()) -> None:
@@ -58,6 +71,8 @@ class Progress:
     def eta(self) -> tuple[float, str]:
         """(seconds left for the whole sweep, what they are from: "measured: K runs" or "prior: sweep.estimate_*")."""
         rate, now = self.seconds_per_flop(), self.clock()
+        if not rate and self.settings is not None:
+            return self._packed_prior(now), "prior: sweep.estimate_*"
         cost = (lambda r: rate * trained_flops(r)) if rate else (lambda r: float(r["estimated_seconds"]))
         seconds = sum(cost(r) for r in self.later)
         for rid, r in self.runs.items():
@@ -65,6 +80,27 @@ class Progress:
                 seconds += max(cost(r) - (now - self.started_at[rid] if rid in self.running else 0.0), 0.0)
         return seconds / self.parallel, (f"measured: {len(self.measured)} run{'s' * (len(self.measured) != 1)}" if rate
                                       else "prior: sweep.estimate_*")
+
+    def _packed_prior(self, now: float) -> float:
+        """The prior's seconds left: per stage, its runs not finished (less what the running ones have run) as units
+        (sweep.multirun: one per group) of plan.unit_seconds, packed on the stage's workers and devices; summed."""
+        from transformer.design.plan import packed_seconds, unit_seconds
+
+        pending = [r for rid, r in self.runs.items() if rid not in self.status] + self.later
+        key = unit_key(self.settings)
+        total = 0.0
+        for stage in dict.fromkeys(r.get("stage", "") for r in pending):
+            units = units_of([r for r in pending if r.get("stage", "") == stage], key)
+            items = []
+            for unit in units:
+                alone, device = unit_seconds(unit, self.settings)
+                ran = max((now - self.started_at[r["run_id"]] for r in unit if r["run_id"] in self.running),
+                          default=0.0)
+                left = max(alone - ran, 0.0)
+                items.append((left, device * left / alone if alone > 0 else 0.0))
+            workers, devices = self.place(units) if self.place else (self.parallel, self.devices)
+            total += packed_seconds(items, workers, devices)
+        return total
 
     def eta_seconds(self) -> float:
         return self.eta()[0]
@@ -100,6 +136,24 @@ class Progress:
             self.event(f"done {run['run_id']}: eval_loss {row['eval_loss']:.4f} in {row['wall_seconds']:.0f}s{epochs}")
         else:  # "diverged" or "failed" (sweeps/execute.verdict)
             self.event(f"{row['status'].upper()} {run['run_id']}: {row['error']}")
+
+
+def unit_key(settings: Mapping[str, Any]) -> Callable[[dict[str, Any]], Any]:
+    """The key `units_of` gathers a sweep's pending runs by: with sweep.multirun training/grouping.group_key (runs
+    that differ only in learning rate and seed train as one program), else none (one unit per run)."""
+    from transformer.training.grouping import group_key
+
+    return (lambda r: group_key(r["config"])) if settings.get("multirun") else (lambda r: None)
+
+
+def units_of(runs: Sequence[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> list[list[dict[str, Any]]]:
+    """`runs` gathered into units of work, in the order of each unit's first run: runs with the same `key` (not None)
+    together, each run whose key is None alone (sweep.multirun: key = training/grouping.group_key)."""
+    out: dict[Any, list[dict[str, Any]]] = {}
+    for i, r in enumerate(runs):
+        k = key(r)
+        out.setdefault(("run", i) if k is None else ("key", k), []).append(r)
+    return list(out.values())
 
 
 def _duration(seconds: float) -> str:
@@ -192,12 +246,15 @@ def remaining(todo: Sequence[dict], later: Sequence[dict], waiting: str | None =
     return out + (f"; then {later_line(later)}" if later else "")
 
 
-def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], parallel: int = 1, fitted: bool = False) -> None:
+def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], slots_for: Callable[[list], list] | None = None,
+                  fitted: bool = False, assumed: bool = False) -> None:
     """What the command would do now, from next_stage without writing (`ns`): the table, the rows it would record
     or drop first, the prediction it would make first, the runs it would train now (the real run's todo) and
     those of the stages not designed yet (`later`), with the time left (Progress's ETA: at the measured rate
-    where runs of the sweep have finished). `fitted`: the fit DIR holds was made from these rows (a finished
-    sweep's rerun prints it)."""
+    where runs of the sweep have finished; before, each stage packed on the workers `slots_for(units)` gives it:
+    runner.slot_planner, default one in this process, and against one at a time where they share a GPU, which
+    sweep.estimate_device_memory_gb may only assume: `assumed`). `fitted`: the fit DIR holds was made from these
+    rows (a finished sweep's rerun prints it)."""
     doc = ns.doc
     states = {**{rid: row["status"] for rid, row in ns.rows.items()}, **{r["run_id"]: "train" for r in ns.todo}}
     print_table(doc, states, later)
@@ -214,7 +271,10 @@ def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], parallel: int = 
         print(f"0 runs would train: all {len(doc['runs'])} runs of {workdir} are recorded; the command would "
               + ("print the fit made from them" if fitted else "fit them"))
         return
-    seconds, basis = Progress(doc["runs"], ns.rows, later, parallel).eta()
+    slots_for = slots_for or (lambda units: [packing.Slot(0, None, 1)])
+    slots = slots_for(units_of(ns.todo or later, unit_key(doc["sweep"])))
+    seconds, basis = Progress(doc["runs"], ns.rows, later, settings=doc["sweep"],
+                              place=lambda units: (len(s := slots_for(units)), packing.devices(s))).eta()
     if not ns.rows:  # nothing trained yet: the sweep's one-time set-up is still ahead
         seconds += doc["sweep"].get("estimate_setup_s", 0.0)
     print(f"{_runs(len(ns.todo))} would train now (stage {_stages(ns.todo)}): {' '.join(r['run_id'] for r in ns.todo)}"
@@ -224,4 +284,10 @@ def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], parallel: int = 
               f"as the priors design them)")
     if done:
         print(f"{_runs(len(done))} recorded in {workdir}/results.jsonl")
-    print(f"time left: about {_duration(seconds)} ({basis})")
+    where = ""
+    if slots[0].gpu is not None:  # several runs share a device: what that buys against one at a time
+        one = Progress(doc["runs"], ns.rows, later, 1, settings=doc["sweep"]).eta()[0]
+        where = (f" with {packing.describe(slots)}" + (f" (sweep.estimate_device_memory_gb="
+                 f"{doc['sweep']['estimate_device_memory_gb']:g}: no GPU is visible here)" if assumed else "")
+                 + f"; one at a time: about {_duration(one)}")
+    print(f"time left: about {_duration(seconds)} ({basis}){where}")

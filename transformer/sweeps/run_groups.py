@@ -12,27 +12,17 @@ import traceback
 from typing import Any, Sequence
 
 from transformer.sweeps import execute
-from transformer.sweeps.progress import Progress
+from transformer.sweeps.progress import Progress, units_of
 
 
 def groups(workdir: str, runs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """sweep.multirun: the runs in order of their first member, gathered into groups that can train as
-    one program (multirun.group_key: same shape and data, other learning rate or seed). A run that
+    one program (grouping.group_key: same shape and data, other learning rate or seed). A run that
     already finished (summary.json "ok", its row not yet written) stays alone: train() records it at once."""
-    from transformer.training.multirun import group_key
+    from transformer.training.grouping import group_key
 
-    out: list[list[dict[str, Any]]] = []
-    by_key: dict[str, list[dict[str, Any]]] = {}
-    for run in runs:
-        finished = execute.finished_summary(workdir, run) is not None
-        key = None if finished else group_key(run["config"])
-        if key is None or key not in by_key:
-            out.append([run])
-            if key is not None:
-                by_key[key] = out[-1]
-        else:
-            by_key[key].append(run)
-    return out
+    return units_of(runs, lambda run: None if execute.finished_summary(workdir, run) is not None
+                    else group_key(run["config"]))
 
 
 def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str, Any]], progress: Progress,

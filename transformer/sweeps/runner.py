@@ -8,22 +8,22 @@ interrupted run from its checkpoints and returns at once for a finished one.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import warnings
-from typing import Any, Container, Sequence
+from typing import Any, Callable, Container, Sequence
 
 from transformer.design.spec import SweepSpec
-from transformer.sweeps import claims, execute, next_stage, results, run_groups
+from transformer.sweeps import claims, execute, next_stage, packing, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
     CLAIMED_ELSEWHERE, SHAPE_KEYS, claim, load_sweep, record, result_row, run_config, seed_branch, train_run)
 from transformer.sweeps.next_stage import (  # the one planning path; re-exported: the runner's names since before
     check_recorded, later_runs, plan_and_write, sweep_document, write_sweep)
-from transformer.sweeps.progress import Progress
+from transformer.sweeps.progress import Progress, unit_key, units_of
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The command line that trains one run of DIR as a worker process (--parallel, SLURM array tasks). A process
@@ -40,7 +40,7 @@ def pending_runs(workdir: str, runs: Sequence[dict[str, Any]]) -> tuple[list[dic
 def _progress(doc: dict[str, Any], recorded: dict[str, dict], progress: Progress | None,
               later: Sequence[dict[str, Any]], parallel: int = 1) -> Progress:
     if progress is None:
-        return Progress(doc["runs"], recorded, later, parallel)
+        return Progress(doc["runs"], recorded, later, parallel, settings=doc["sweep"])
     progress.stage(doc["runs"], recorded, later)
     return progress
 
@@ -73,34 +73,60 @@ def run_in_process(workdir: str, doc: dict[str, Any], verbose: bool = False, pro
     return 0
 
 
-def _gpu_count() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip()])
-    if not shutil.which("nvidia-smi"):
-        return 0
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")]) if out.returncode == 0 else 0
+def units(workdir: str, doc: dict[str, Any], runs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """What one worker trains at a time: a run, or with sweep.multirun a group of runs that differ only in learning
+    rate and seed (run_groups.groups), in the order of their first run."""
+    if doc["sweep"].get("multirun"):
+        return run_groups.groups(workdir, runs)
+    return [[r] for r in runs]
 
 
-def worker_env(slot: int, parallel: int) -> tuple[dict[str, str], list[int] | None]:
-    """(environment, CPU affinity) of worker `slot` of `parallel`: one GPU each where there are GPUs,
-    else an equal share of the CPU cores (XLA sizes its thread pool from the affinity)."""
-    env = dict(os.environ)
-    gpus = _gpu_count()
-    if gpus:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
-        env["CUDA_VISIBLE_DEVICES"] = visible[slot % gpus].strip()
-        if parallel > gpus:  # several workers share a GPU: no up-front memory grab
-            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-        return env, None
-    cpus = sorted(os.sched_getaffinity(0))
-    if parallel > len(cpus):
-        return env, None
-    share = len(cpus) // parallel
-    mine = cpus[slot * share:(slot + 1) * share]
-    env["OMP_NUM_THREADS"] = str(len(mine))
-    return env, mine
+def worker_slots(doc: dict[str, Any], todo: Sequence[Sequence[dict[str, Any]]], parallel: int,
+                 gpus: Sequence[packing.Gpu] | None = None, cores: int | None = None) -> list[packing.Slot]:
+    """The worker slots for the units `todo` (packing.place: `parallel` workers, or 0: as many per GPU as
+    sweep.workers_per_device or the units' memory estimates allow) on `gpus` (default: packing.visible_gpus()) with
+    `cores` CPU cores (default: this process's)."""
+    gpus = packing.visible_gpus() if gpus is None else gpus
+    sizes = [packing.unit_memory([r["config"] for r in u]) for u in todo] if gpus else []
+    return packing.place(parallel, gpus, sizes, int(doc["sweep"].get("workers_per_device") or 0), cores)
+
+
+def check_slots(config: Any, parallel: int) -> None:
+    """Refuses (ConfigError, before anything trains) a `parallel` or sweep.workers_per_device that gives a worker
+    less of its GPU than the memory estimate of a run (or group) the sweep designs (its priors' preview)."""
+    from transformer.design import plan
+
+    spec = SweepSpec.of(config)
+    gpus = packing.visible_gpus()
+    if not gpus or parallel == 1:
+        return
+    runs = [{"config": r.config} for r in plan.design(spec, preview=True).runs]
+    units = units_of(runs, unit_key(spec.settings()))
+    packing.place(parallel, gpus, [packing.unit_memory([r["config"] for r in u]) for u in units],
+                  spec.workers_per_device)
+
+
+def slot_planner(doc: dict[str, Any], parallel: int,
+                 assume: bool = False) -> tuple[Callable[[list], list[packing.Slot]], bool]:
+    """(units → their worker_slots, whether the GPU is one sweep.estimate_device_memory_gb assumes): what the ETA
+    and the dry run pack each stage on. `assume` (the dry run): where no GPU is visible and the runs would train in
+    this process, one GPU of that memory, shared as --parallel=0 would share it (none where it is 0)."""
+    gpus, assumed, cores = packing.visible_gpus(), False, None
+    gb = float(doc["sweep"].get("estimate_device_memory_gb") or 0.0)
+    if assume and not gpus and parallel == 1 and gb:  # another machine's GPU: not limited by this one's cores
+        gpus, parallel, assumed, cores = [packing.Gpu("(assumed)", int(gb * 1e9))], 0, True, 2 * packing.MAX_AUTO_WORKERS
+    known: dict[tuple[str, ...], list[packing.Slot]] = {}
+
+    def slots_for(units: list) -> list[packing.Slot]:
+        ids = tuple(r["run_id"] for u in units for r in u)
+        if ids not in known:
+            known[ids] = worker_slots(doc, units, parallel, gpus, cores)
+        return known[ids]
+
+    return slots_for, assumed
+
+
+worker_env = packing.worker_env  # (slot, alone) -> (environment, CPU affinity); tests replace it
 
 
 def branch_ready(run: dict[str, Any], running: Sequence[dict[str, Any]], recorded: Container[str]) -> bool:
@@ -141,19 +167,25 @@ def ready_to_submit(workdir: str, doc: dict[str, Any], recorded: Container[str] 
 
 def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Progress | None = None,
                  later: Sequence[dict[str, Any]] = ()) -> int:
-    """Runs the pending runs in `parallel` worker processes; each records its own result (progress and
-    later as run_in_process's)."""
-    todo, recorded = pending_runs(workdir, doc["runs"])
+    """Runs the pending runs in worker processes, each training one unit (`units`: a run, or a sweep.multirun
+    group) in a slot (`worker_slots`: `parallel` workers; 0: as many per GPU as fit) and recording its own result
+    (progress and later as run_in_process's). A unit that ran out of device memory beside other workers on its
+    GPU trains again alone on it (its failed row removed)."""
+    todo_runs, recorded = pending_runs(workdir, doc["runs"])
+    todo = units(workdir, doc, todo_runs)
+    slots = worker_slots(doc, todo, parallel)
     index = {r["run_id"]: i for i, r in enumerate(doc["runs"])}
-    progress = _progress(doc, recorded, progress, later, parallel)
-    progress.event(f"{len(todo)} runs to go in {workdir}, {parallel} workers")
-    procs: dict[int, tuple[subprocess.Popen, dict[str, Any]]] = {}  # slot -> (process, run)
+    progress = _progress(doc, recorded, progress, later, len(slots))
+    progress.workers(len(slots), packing.devices(slots))
+    progress.event(f"{len(todo_runs)} runs to go in {workdir}, {packing.describe(slots)}")
+    procs: dict[int, tuple[subprocess.Popen, list[dict[str, Any]], packing.Slot]] = {}  # slot -> (process, unit, slot)
+    alone: set[str] = set()  # run ids that train alone on a GPU (they ran out of memory beside others)
     stop = {"signal": None}
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, _frame):
         stop["signal"] = signum
-        for p, _ in procs.values():
+        for p, _, _ in procs.values():
             p.send_signal(signal.SIGTERM)  # workers checkpoint and exit with code 3
 
     for s in previous:
@@ -162,51 +194,88 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
     try:
         while (todo and stop["signal"] is None) or procs:
             recorded = cache.rows()
-            running = [q for _, q in procs.values()]
-            for src in orphaned_sources(workdir, doc, todo, running, recorded):
+            running = [q for _, u, _ in procs.values() for q in u]
+            for src in orphaned_sources(workdir, doc, [r for u in todo for r in u], running, recorded):
                 progress.event(f"take over {src['run_id']}: the runner that claimed it is gone, and runs branch "
                                "from it")
-                todo.insert(0, src)
-            ready = [r for r in todo if branch_ready(r, running, recorded)]
-            for slot in range(parallel):
-                if slot in procs or not ready or stop["signal"] is not None:
+                todo.insert(0, [src])
+            ready = [u for u in todo if all(branch_ready(r, running, recorded) for r in u)]
+            for slot in slots:
+                if slot.index in procs or not ready or stop["signal"] is not None:
                     continue
-                run = ready.pop(0)
-                todo.remove(run)
-                run_dir = os.path.join(workdir, "runs", run["run_id"])
-                os.makedirs(run_dir, exist_ok=True)
-                # a run that trains alone (nothing else running or ready: a stage's last run, the validation
-                # run) gets every core; otherwise each worker gets its share
-                alone = not procs and not ready
-                env, cpus = worker_env(0, 1) if alone else worker_env(slot, parallel)
-                log = open(os.path.join(run_dir, "worker.log"), "a")
-                cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
-                       f"--run_index={index[run['run_id']]}"]
-                with warnings.catch_warnings():  # JAX warns at any fork; the child execs at once (no preexec_fn)
-                    warnings.filterwarnings("ignore", message="os.fork")
-                    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-                if cpus:  # before the worker's XLA reads its affinity, seconds later, after Python's imports
-                    os.sched_setaffinity(proc.pid, cpus)
-                procs[slot] = (proc, run)
-                log.close()
-                progress.started(run)
+                unit = ready[0]
+                on_gpu = [u for _, u, q in procs.values() if slot.gpu is not None and q.gpu == slot.gpu]
+                if unit[0]["run_id"] in alone:  # waits for a free GPU; nothing else starts before it
+                    if on_gpu:
+                        continue
+                    slot = dataclasses.replace(slot, sharing=1)
+                elif any(u[0]["run_id"] in alone for u in on_gpu):
+                    continue  # its GPU is held by a unit training alone
+                ready.pop(0)
+                todo.remove(unit)
+                procs[slot.index] = (_start_worker(workdir, unit, index, slot, not procs and not ready), unit, slot)
+                for run in unit:
+                    progress.started(run)
             time.sleep(0.2)
-            for slot, (p, run) in list(procs.items()):
+            for i, (p, unit, slot) in list(procs.items()):
                 if p.poll() is None:
                     continue
-                del procs[slot]
-                row = cache.rows().get(run["run_id"])
-                if row is None and p.returncode == CLAIMED_ELSEWHERE:
-                    progress.finished(run, None, "(claimed by another runner)")
-                    continue
-                if row is None and p.returncode != 3:  # the worker died before recording anything
-                    row = record_dead_worker(workdir, doc, run, f"worker exited with code {p.returncode}; see "
-                                             f"{os.path.join(workdir, 'runs', run['run_id'], 'worker.log')}")
-                progress.finished(run, row, "(preempted: rerun the command to resume)" if p.returncode == 3 else "")
+                del procs[i]
+                again = _finish_unit(workdir, doc, unit, slot, p.returncode, cache, progress, alone)
+                if again:
+                    alone.update(r["run_id"] for r in again)
+                    todo.insert(0, again)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
     return 3 if stop["signal"] is not None else 0
+
+
+def _start_worker(workdir: str, unit: Sequence[dict[str, Any]], index: dict[str, int], slot: packing.Slot,
+                  alone: bool) -> subprocess.Popen:
+    """The worker process that trains `unit` (`--run_index=I` or `=I,J,...` for a group) in `slot`, its output in
+    its first run's DIR/runs/RUN_ID/worker.log. `alone`: nothing else is running or ready (on the CPU: every core)."""
+    run_dir = os.path.join(workdir, "runs", unit[0]["run_id"])
+    os.makedirs(run_dir, exist_ok=True)
+    env, cpus = worker_env(slot, alone)
+    cmd = [sys.executable, "-m", WORKER_MODULE, f"--workdir={workdir}",
+           f"--run_index={','.join(str(index[r['run_id']]) for r in unit)}"]
+    with open(os.path.join(run_dir, "worker.log"), "a") as log:
+        with warnings.catch_warnings():  # JAX warns at any fork; the child execs at once (no preexec_fn)
+            warnings.filterwarnings("ignore", message="os.fork")
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if cpus:  # before the worker's XLA reads its affinity, seconds later, after Python's imports
+        os.sched_setaffinity(proc.pid, cpus)
+    return proc
+
+
+def _finish_unit(workdir: str, doc: dict[str, Any], unit: Sequence[dict[str, Any]], slot: packing.Slot,
+                 returncode: int, cache: results.Cache, progress: Progress, alone: set[str]) -> list[dict[str, Any]]:
+    """After a worker exited: each run of its unit as recorded (a row the worker did not write: claimed by another
+    runner, preempted, or the worker died: a failed row). Returns the runs to train again alone on their GPU: those
+    that ran out of memory beside other workers (their rows removed)."""
+    rows, again = cache.rows(), []
+    stale = doc["sweep"].get("claim_timeout_s", 600.0)
+    for run in unit:
+        row = rows.get(run["run_id"])
+        if row is None and (returncode == CLAIMED_ELSEWHERE or (len(unit) > 1 and returncode != 3
+                                                                and claims.held(workdir, run["run_id"], stale))):
+            progress.finished(run, None, "(claimed by another runner)")
+            continue
+        if row is None and returncode != 3:  # the worker died before recording anything
+            row = record_dead_worker(workdir, doc, run, f"worker exited with code {returncode}; see "
+                                     f"{os.path.join(workdir, 'runs', unit[0]['run_id'], 'worker.log')}")
+        if slot.gpu is not None and slot.sharing > 1 and packing.out_of_memory(row) and run["run_id"] not in alone:
+            again.append(run)
+            continue
+        progress.finished(run, row, "(preempted: rerun the command to resume)" if returncode == 3 else "")
+    if again:
+        ids = {r["run_id"] for r in again}
+        results.remove_rows(workdir, lambda r: r["run_id"] in ids)
+        for run in again:
+            progress.finished(run, None, f"(out of memory beside {slot.sharing - 1} other workers on GPU "
+                                         f"{slot.gpu.name}: it trains again alone on it)")
+    return again
 
 
 def record_dead_worker(workdir: str, doc: dict[str, Any], run: dict[str, Any], error: str) -> dict[str, Any]:
@@ -231,7 +300,8 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
               stages: int | None = None) -> tuple[int, dict[str, Any]]:
     """Trains the sweep stage by stage: next_stage (design from the results so far, predict where the plan waits
     for the prediction, write DIR/sweep.json), train its todo, again until every stage is designed and recorded,
-    or, with `stages`, until that many stages have trained and more is left to do. `retry_failed`: the failed runs
+    or, with `stages`, until that many stages have trained and more is left to do. `parallel`: 1, in this process;
+    K > 1, K worker processes; 0, as many workers as fit on each GPU (run_parallel). `retry_failed`: the failed runs
     train again. Returns (0: done, 3: preempted, OTHER_RUNNERS, STOPPED; the last sweep document: with STOPPED,
     the next stage's as the dry run designs it, nothing of it written)."""
     from transformer.design import plan
@@ -259,8 +329,11 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
         if ns.plan.waiting:
             print(f"stage: {len(ns.todo)} runs, then {ns.plan.waiting} decides the next stage", flush=True)
         later = later_runs(preview, doc)
-        progress = progress or Progress(doc["runs"], {}, later, parallel)  # kept across stages
-        code = (run_parallel(workdir, doc, parallel, progress, later) if parallel > 1
+        if progress is None:  # kept across stages; its prior ETA packs each stage as the slots would
+            slots_for = slot_planner(doc, parallel)[0]
+            progress = Progress(doc["runs"], {}, later, max(parallel, 1), settings=doc["sweep"],
+                                place=lambda units: (len(s := slots_for(units)), packing.devices(s)))
+        code = (run_parallel(workdir, doc, parallel, progress, later) if parallel != 1
                 else run_in_process(workdir, doc, verbose, progress, later))
         trained += 1
         if code:

@@ -1,5 +1,5 @@
-"""What a group of runs needs beyond one run (sweep.multirun): which runs may share one program, and the
-leading run axis R that their stacked state, batches and shardings carry.
+"""What a group of runs needs beyond one run (sweep.multirun): which runs may share one program (grouping.py's rule,
+re-exported), and the leading run axis R that their stacked state, batches and shardings carry.
 
 Runs that share every shape (the learning rates of an LR scan, the seeds of a repeat) differ only in
 numbers: their parameters (seed) and the peak learning rate in their optimizer state
@@ -9,24 +9,13 @@ R = 1 and R > 1; a group's run r is `unstack(state, r)`, in exactly the layout o
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-FREE_KEYS = ("learning_rate", "seed")  # the train.* settings in which a group's runs may differ
-
-
-def group_key(config: Any) -> str | None:
-    """Runs with the same key can train as one group; None: this run trains alone (dropout masks
-    follow the step's one seed; warm starts are per run)."""
-    c = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict") else config))  # ConfigDict or dict
-    if c["model"].get("dropout_rate", 0) or c["train"].get("init_from"):
-        return None
-    c["train"] = {k: v for k, v in c["train"].items() if k not in FREE_KEYS}
-    return json.dumps(c, sort_keys=True)
+from transformer.training.grouping import FREE_KEYS, group_key  # noqa: F401 (the rule; re-exported)
 
 
 class GroupMismatch(RuntimeError):
