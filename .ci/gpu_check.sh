@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The GPU check, one short script for a lent GPU machine (BENCHMARKS.md, "GPU"): a selection of the default
-# suite on the GPU, the bench at the GPU target shape (three memory/remat settings) and at GPT-2 small, and
-# the GPU-only tests (tests/test_gpu.py). Each stage has its own time limit; everything lands in $OUT
-# (default /tmp/gpu_check). Wheels for what the machine lacks (ml-collections, grain, tensorflow-datasets,
-# ...) in .whl/ are installed first. Stages: bash .ci/gpu_check.sh [decode] [bench] [gpu] [suite] (default all).
+# The GPU check, the one prepared script for a lent GPU machine (issue 30 §4; BENCHMARKS.md, "GPU"), in stages
+# ordered by value, each under its own time limit; everything lands in $OUT (default /tmp/gpu_check). Wheels for
+# what the machine lacks (bash .ci/gpu_wheels.sh fills .whl/: ml-collections, grain, tensorflow-datasets, ...) are
+# installed first. The machine's start takes a minute or more of a session's 15, and it goes back 30 s after a call:
+#   call 1 (<= 8 min):  bash .ci/gpu_check.sh quick        the gpu_quick IsoFLOP sweep end to end (gpu_stages/)
+#   call 2 (<= 4 min):  bash .ci/gpu_check.sh call2        runs per hour packed vs one at a time (gpu_stages/pack.sh),
+#                                                          then the MFU bench matrix at 1B and GPT-2 small
+# Other stages: decode (scanned decoding, attention registry), gpu (tests/test_gpu.py), suite (models, training,
+# memory, interop on the GPU), bench (the MFU matrix alone), pack. Default: quick.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"; mkdir -p "$OUT"
-STAGES="${*:-decode bench gpu suite}"
+STAGES="${*:-quick}"
+[[ $STAGES == *call2* ]] && STAGES="pack bench"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
@@ -21,6 +26,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import jax, flax, optax, orbax.checkpoint, grain, ml_collections; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" 2>&1 | tee -a "$OUT/device.txt"
 PYTEST="python3 -m pytest -q -p no:cacheprovider --timeout=150"
 
+if [[ $STAGES == *quick* ]]; then
+  log "quick: the gpu_quick sweep (gpu_stages/gpu_quick.sh)"
+  OUT="$OUT" bash .ci/gpu_stages/gpu_quick.sh; echo "rc=$?"
+fi
+if [[ $STAGES == *pack* ]]; then
+  log "pack: runs per hour, several runs on the GPU at once against one at a time (gpu_stages/pack.sh)"
+  OUT="$OUT" PACK_DEADLINE="${PACK_DEADLINE:-90}" PACK_SECONDS="${PACK_SECONDS:-130}" bash .ci/gpu_stages/pack.sh
+fi
 if [[ $STAGES == *decode* ]]; then
   log "decode: scanned-layer decoding and the attention registry (jax 0.11 here)"
   on_gpu timeout 120 $PYTEST -n 8 tests/test_decoder.py tests/test_generation.py tests/test_attention_dispatch.py \
@@ -31,15 +44,18 @@ if [[ $STAGES == *bench* ]]; then
   LLAMA="--config=configs/lm.py:llama_1b --config.model.vocab_size=32768 --config.data.seq_len=2048
     --config.train.compute_dtype=bfloat16 --config.model.attention_impl=cudnn --config.model.scan_layers=True
     --config.train.loss_chunk_size=512"
-  for setting in "dots_no_batch 8" "none 8" "dots_no_batch 16"; do
-    set -- $setting
-    log "bench llama_1b remat=$1 batch=$2"
-    timeout 150 $BENCH $LLAMA --config.model.remat=$1 --config.train.batch_size=$2 \
-      > "$OUT/bench_llama_1b_$1_$2.json" 2> "$OUT/bench_llama_1b_$1_$2.err"; echo "rc=$?"
-    cat "$OUT/bench_llama_1b_$1_$2.json"; tail -3 "$OUT/bench_llama_1b_$1_$2.err"
+  # the MFU matrix (issue 30 §3): remat policies and batch, each setting under 60 s (compilation included)
+  SETTINGS=("dots_no_batch_attention 8" "dots_no_batch 8" "dots_no_batch_attention 16")
+  [[ -n ${BENCH_SETTINGS:-} ]] && IFS=, read -ra SETTINGS <<< "$BENCH_SETTINGS"  # e.g. "none 8,full 16"
+  for setting in "${SETTINGS[@]}"; do
+    read -r r b <<< "$setting"
+    log "bench llama_1b remat=$r batch=$b"
+    timeout 60 $BENCH $LLAMA --config.model.remat=$r --config.train.batch_size=$b \
+      > "$OUT/bench_llama_1b_${r}_$b.json" 2> "$OUT/bench_llama_1b_${r}_$b.err"; echo "rc=$?"
+    cat "$OUT/bench_llama_1b_${r}_$b.json"; tail -3 "$OUT/bench_llama_1b_${r}_$b.err"
   done
   log "bench gpt2_small seq 1024 batch 16 bf16 (auto attention)"
-  timeout 100 $BENCH --config=configs/lm.py:gpt2_small --config.data.seq_len=1024 --config.train.batch_size=16 \
+  timeout 50 $BENCH --config=configs/lm.py:gpt2_small --config.data.seq_len=1024 --config.train.batch_size=16 \
     --config.train.compute_dtype=bfloat16 > "$OUT/bench_gpt2_small.json" 2> "$OUT/bench_gpt2_small.err"; echo "rc=$?"
   cat "$OUT/bench_gpt2_small.json"; tail -3 "$OUT/bench_gpt2_small.err"
 fi
@@ -55,3 +71,7 @@ if [[ $STAGES == *suite* ]]; then
     tests/test_qk_norm.py tests/test_parallel_block.py tests/test_training.py 2>&1 | tee "$OUT/suite.log" | tail -25
 fi
 log "done"
+# At most 8 files come back from the device: the summaries and logs stay, everything else in one archive.
+( cd "$OUT" && rest=$(find . -mindepth 1 -maxdepth 1 ! -name steps.log ! -name device.txt ! -name '*summary.txt' \
+    ! -name '*.tgz' ! -name gpu_quick.log -printf '%P\n') && [[ -n $rest ]] && tar czf files.tgz $rest && rm -rf $rest )
+ls "$OUT"
