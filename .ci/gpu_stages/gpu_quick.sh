@@ -14,7 +14,8 @@
 #   GPU_QUICK_FILES    data.files, comma-separated globs (default: .data/*.jsonl.gz, *.jsonl, *.txt, *.parquet where
 #                      they exist, the folder carried to the device: docs/recipe-one-gpu.md; else the built-in corpus)
 #   GPU_QUICK_SECONDS  the sweep's time limit (default 400: the 6 minutes with a margin, inside the stage's 8)
-#   GPU_QUICK_ARGS     more flags for experiments.sweep (e.g. --config.base.data.cache_dir=DIR)
+#   GPU_QUICK_ARGS     more config flags for prepare_data and the sweep (e.g. --config.base.data.cache_dir=DIR)
+#   GPU_QUICK_PARALLEL the sweep's --parallel (default: the sweep's own default, 0: workers share the GPU)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -30,6 +31,7 @@ if [[ -z $FILES ]]; then
   done
 fi
 ARGS=(--config="$CONFIG" ${FILES:+--config.base.data.files="$FILES"} ${GPU_QUICK_ARGS:-})
+SWEEP=(${GPU_QUICK_PARALLEL:+--parallel=$GPU_QUICK_PARALLEL})
 export PYTHONUNBUFFERED=1
 : > "$LOG"
 say() { echo "== $(date +%T) gpu_quick: $*" | tee -a "$LOG"; }
@@ -46,12 +48,12 @@ timeout 300 python3 -m experiments.prepare_data "${ARGS[@]}" >>"$LOG" 2>&1
 rc=$?
 if [[ $rc == 0 ]]; then
   say "plan and estimate (--dry_run: refuses a plan over sweep.max_hours)"
-  python3 -m experiments.sweep "${ARGS[@]}" --workdir="$DIR" --dry_run 2>&1 | tee -a "$LOG" | grep -E "^(note|warning|error|epochs|time limit|total)"
+  python3 -m experiments.sweep "${ARGS[@]}" "${SWEEP[@]}" --workdir="$DIR" --dry_run 2>&1 | tee -a "$LOG" | grep -E "^(note|warning|error|epochs|time limit|total)"
   rc=${PIPESTATUS[0]}
 fi
 if [[ $rc == 0 ]]; then
   say "the sweep"
-  timeout "$LIMIT" python3 -m experiments.sweep "${ARGS[@]}" --workdir="$DIR" 2>&1 | tee -a "$LOG" | grep -E "\] done |FAILED|DIVERGED|prediction|error|^approach|^fit"
+  timeout "$LIMIT" python3 -m experiments.sweep "${ARGS[@]}" "${SWEEP[@]}" --workdir="$DIR" 2>&1 | tee -a "$LOG" | grep -E "\] done |FAILED|DIVERGED|prediction|error|^approach|^fit"
   rc=${PIPESTATUS[0]}
 fi
 wall=$(( $(date +%s) - start ))
