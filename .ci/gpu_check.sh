@@ -23,7 +23,9 @@ export JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache TFDS_DATA_DIR=/tmp/tfds
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.log"; }
 on_gpu() { JAX_PLATFORMS=cuda,cpu JAX_DEFAULT_MATMUL_PRECISION=highest "$@"; }  # f32 tests: full precision, not TF32
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-python3 -c "import jax, flax, optax, orbax.checkpoint, grain, ml_collections; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" 2>&1 | tee -a "$OUT/device.txt"
+# Every module a run imports, before any stage: a missing one is one line here, not a failure per run.
+python3 -c "import jax, flax, optax, orbax.checkpoint, grain, ml_collections, tensorflow_datasets, array_record, tensorboardX, sentencepiece, tokenizers, scipy, matplotlib, pyarrow; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" 2>&1 | tee -a "$OUT/device.txt"
+[[ ${PIPESTATUS[0]} == 0 ]] || { echo "error: a module the runs need does not import (above); add its wheel to .ci/gpu_wheels.sh"; exit 1; }
 PYTEST="python3 -m pytest -q -p no:cacheprovider --timeout=150"
 
 if [[ $STAGES == *quick* ]]; then
@@ -55,7 +57,7 @@ if [[ $STAGES == *bench* ]]; then
     cat "$OUT/bench_llama_1b_${r}_$b.json"; tail -3 "$OUT/bench_llama_1b_${r}_$b.err"
   done
   log "bench gpt2_small seq 1024 batch 16 bf16 (auto attention)"
-  timeout 50 $BENCH --config=configs/lm.py:gpt2_small --config.data.seq_len=1024 --config.train.batch_size=16 \
+  timeout 90 $BENCH --config=configs/lm.py:gpt2_small --config.data.seq_len=1024 --config.train.batch_size=16 \
     --config.train.compute_dtype=bfloat16 > "$OUT/bench_gpt2_small.json" 2> "$OUT/bench_gpt2_small.err"; echo "rc=$?"
   cat "$OUT/bench_gpt2_small.json"; tail -3 "$OUT/bench_gpt2_small.err"
 fi

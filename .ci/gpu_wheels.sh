@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 mkdir -p .whl
 PKGS="ml_collections==1.1.0 grain==0.2.18 tensorflow-datasets==4.9.10 array_record==0.8.6 dm-tree==0.1.10
   simple-parsing==0.1.9 docstring-parser tensorflow-metadata==1.21.0 googleapis-common-protos termcolor toml
-  immutabledict pytest-timeout"
+  immutabledict pytest-timeout portpicker tensorboardX"
 PLAT="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT -d .whl $PKGS
