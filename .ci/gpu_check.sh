@@ -2,7 +2,7 @@
 # The GPU check, the one prepared script for a lent GPU machine (issue 30 §4; BENCHMARKS.md, "GPU"), in stages
 # ordered by value, each under its own time limit; everything lands in $OUT (default /tmp/gpu_check). Wheels for
 # what the machine lacks (bash .ci/gpu_wheels.sh fills .whl/: ml-collections, grain, tensorflow-datasets, ...) are
-# installed first. The machine's start takes a minute or more of a session's 15, and it goes back 30 s after a call:
+# installed first; .data/ (bash .ci/gpu_data.sh), carried too, is the quick sweep's corpus. The machine's start takes a minute or more of a session's 15, and it goes back 30 s after a call:
 #   call 1 (<= 8 min):  bash .ci/gpu_check.sh quick        the gpu_quick IsoFLOP sweep end to end (gpu_stages/)
 #   call 2 (<= 4 min):  bash .ci/gpu_check.sh call2        runs per hour packed vs one at a time (gpu_stages/pack.sh),
 #                                                          then the MFU bench matrix at 1B and GPT-2 small
