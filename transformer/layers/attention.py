@@ -45,12 +45,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
 from transformer.layers.norms import make_head_norm
 from transformer.spec import AUTO, ConfigError, ModelConfig
+
+# The name, for remat policies (jax.ad_checkpoint.checkpoint_name), of each attention layer's output (out_BTNH,
+# the out projection's input) and, with remat "dots_no_batch_attention", of what the attention's backward reads:
+# models/blocks.py's policy of that name saves them, so the backward pass never reruns the attention.
+ATTENTION_OUT = "attention_out"
 
 
 def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,
@@ -196,18 +202,40 @@ def resolve_attention_impl(cfg: ModelConfig, backend: str | None = None) -> str:
     return "cudnn" if cudnn_ok else "chunked"
 
 
+def _named_residuals(fn: Any, name: str) -> Any:
+    """fn with the same values and gradients, whose backward pass reads only residuals named `name`
+    (jax.ad_checkpoint.checkpoint_name): a remat policy that saves that name keeps everything fn's backward
+    needs (for a flash kernel: q, k, v, its output and softmax statistics), so fn is not run again."""
+
+    @jax.custom_vjp
+    def call(*args):
+        return fn(*args)
+
+    def forward(*args):
+        out, pullback = jax.vjp(fn, *args)
+        return out, jax.tree.map(lambda r: checkpoint_name(r, name), pullback)
+
+    def backward(pullback, dout):
+        return pullback(dout)
+
+    call.defvjp(forward, backward)
+    return call
+
+
 def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, *, causal: bool,
                           q_segment_ids_BT: jax.Array | None = None,
                           kv_segment_ids_BS: jax.Array | None = None,
                           sliding_window: int = 0, implementation: str = "einsum",
                           q_offset: jax.Array | int = 0, bias_BNTS: jax.Array | None = None,
-                          scale: float | None = None,
-                          return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                          scale: float | None = None, return_weights: bool = False,
+                          save_for_backward: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Attention with the masks built from flags. q_offset 0: query t and key t are the same position
     (T == S when causal); a decode step passes its cache index, query t being key q_offset + t.
     bias_BNTS (B and N may be 1) is added to the logits; scale multiplies q·k (None: 1/sqrt(H)).
 
     return_weights uses the einsum reference and returns (out_BTNH, weights_BNTS).
+    save_for_backward: name what the backward pass reads ATTENTION_OUT (_named_residuals), for the remat
+    policy "dots_no_batch_attention"; values and gradients are unchanged.
     """
     if implementation == AUTO or implementation not in ATTENTION_IMPLEMENTATIONS:
         check_attention_impl(implementation)
@@ -221,8 +249,15 @@ def dot_product_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Arra
         mask_B1TS = make_attention_mask(T, S, **flags)
         return dot_product_attention_einsum(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, bias_BNTS, scale=scale,
                                             return_weights=True)
-    return ATTENTION_IMPLEMENTATIONS[implementation](q_BTNH, k_BSKH, v_BSKH, bias_BNTS=bias_BNTS, scale=scale,
-                                                     **flags)
+    impl = ATTENTION_IMPLEMENTATIONS[implementation]
+    if not save_for_backward:
+        return impl(q_BTNH, k_BSKH, v_BSKH, bias_BNTS=bias_BNTS, scale=scale, **flags)
+
+    def run(q, k, v, q_seg, kv_seg, bias):
+        return impl(q, k, v, bias_BNTS=bias, scale=scale, **{**flags, "q_segment_ids_BT": q_seg,
+                                                              "kv_segment_ids_BS": kv_seg})
+    return _named_residuals(run, ATTENTION_OUT)(q_BTNH, k_BSKH, v_BSKH, q_segment_ids_BT, kv_segment_ids_BS,
+                                                bias_BNTS)
 
 
 class CacheOverflowError(ValueError):
@@ -366,8 +401,10 @@ class MultiHeadAttention(nn.Module):
             out = dot_product_attention(
                 q_BTNH, k_BSKH, v_BSKH, causal=self.causal and not cross, q_segment_ids_BT=q_seg,
                 kv_segment_ids_BS=kv_seg, sliding_window=cfg.sliding_window, implementation=impl,
-                bias_BNTS=bias_BNTS, scale=scale, return_weights=want_weights)
+                bias_BNTS=bias_BNTS, scale=scale, return_weights=want_weights,
+                save_for_backward=cfg.remat == "dots_no_batch_attention" and not decode)
         out_BTNH, weights_BNTS = out if want_weights else (out, None)
+        out_BTNH = checkpoint_name(out_BTNH, ATTENTION_OUT)  # the out projection's backward reads it
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights_BNTS)
 

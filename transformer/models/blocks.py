@@ -9,8 +9,10 @@ x + attention(norm(x)) + ffn(norm(x)), ONE norm ("norm") read by both, no "atten
 encoder–decoder all stack this block with `BlockStack`; no family has its own attention or FFN.
 
 BlockStack options (from ModelConfig):
-  remat        "none" | "full" | "dots" | "dots_no_batch": nn.remat with no policy (recompute all),
-               jax.checkpoint_policies.checkpoint_dots, or ..._dots_with_no_batch_dims.
+  remat        "none" | "full" | "dots" | "dots_no_batch" | "dots_no_batch_attention": nn.remat with no
+               policy (recompute all), jax.checkpoint_policies.checkpoint_dots, ..._dots_with_no_batch_dims,
+               or that plus each attention layer's output (named ATTENTION_OUT in layers/attention.py), so
+               that the backward pass does not recompute the attention (MaxText's "minimal_with_context").
   scan_layers  True: one block traced once and scanned L times (nn.scan); parameters are stacked
                with a leading axis of logical name "layers" (shape L,...). Compiles in O(1) of L.
                False: blocks "layers_0" ... "layers_{L-1}".
@@ -22,7 +24,7 @@ import math
 import flax.linen as nn
 import jax
 
-from transformer.layers.attention import MultiHeadAttention, check_cache_room
+from transformer.layers.attention import ATTENTION_OUT, MultiHeadAttention, check_cache_room
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
 from transformer.spec import ModelConfig
@@ -33,6 +35,9 @@ REMAT_POLICIES = {
     "full": None,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "dots_no_batch_attention": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT)),
 }
 
 

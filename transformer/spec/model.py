@@ -24,7 +24,7 @@ NORM_POSITIONS = ("pre", "post")
 # which the loop does not do; parameters stay in param_dtype (float32 by default).
 COMPUTE_DTYPES = ("float32", "bfloat16")
 PARAM_DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "dots_no_batch_attention")
 PARAMETRIZATIONS = ("sp", "mup")  # model.parametrization: standard, or μP (transformer/layers/mup.py)
 # model.attention_impl="auto" is resolved when the model is built (transformer.models.resolve).
 AUTO = "auto"
