@@ -37,7 +37,6 @@ def _config(shape: str, remat: str):
     c.data.seq_len, c.train.batch_size = seq_len, batch
     c.model.update(model)
     c.model.update(remat=remat, scan_layers=True, attention_impl="chunked")
-    c.model.vocab_size = c.model.vocab_size or 259
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
     c.train.update(loss_chunk_size=chunk, grad_accum_steps=accum, compute_dtype="float32")
     return c
@@ -54,7 +53,7 @@ def test_estimate_matches_xla(shape, remat):
     n = mesh[0] * mesh[1] * mesh[2]
     built = build(c, jax.devices()[:n])
     m = built["compiled"].memory_analysis()
-    est = memory.estimate_from_config(c, c.model.vocab_size, n)
+    est = memory.estimate_from_config(c, built["model_cfg"].vocab_size, n)
     assert est["grad_accum_steps"] == c.train.grad_accum_steps
     # The step's arguments are the state (params + two AdamW moments, float32) and the batch.
     batch_bytes = 5 * 4 * c.train.batch_size // (mesh[0] * mesh[1]) * c.data.seq_len
