@@ -86,19 +86,23 @@ def _profile(fn, args, trace_dir, steps: int = 3) -> dict:
 
 
 def test_known_workloads_on_the_cpu(tmp_path):
-    """Three programs on one CPU device whose kind of work is known: matmuls only, a sort only, and both. The
-    trace's instructions are found, classified by the HLO text, and timed."""
+    """Programs on one CPU device whose kind of work is known: matmuls only (plain, and in a scan like scanned
+    layers), a sort only, and both. The trace's instructions are found, classified by the HLO text, and timed;
+    a loop's own event, which spans its body's, is not counted again."""
     x = jax.random.normal(jax.random.PRNGKey(0), (384, 384))
     ys = jax.random.normal(jax.random.PRNGKey(1), (100, 384))  # sorting it takes about as long as the dots
     matmuls = _profile(lambda a: (a @ a) @ a, (x,), tmp_path / "matmul")
     sort = _profile(lambda b: jnp.sort(b, axis=0), (ys,), tmp_path / "sort")
     both = _profile(lambda a, b: ((a @ a) @ a, jnp.sort(b, axis=0)), (x, ys), tmp_path / "both")
-    for s in (matmuls, sort, both):
+    scanned = _profile(lambda a: jax.lax.scan(lambda c, _: ((c @ a) @ a, None), a, None, length=4)[0], (x,),
+                       tmp_path / "scan")
+    for s in (matmuls, scanned, sort, both):
         assert s["classified_by"] == "hlo" and s["module"].startswith("jit_")
         assert sum(s["share"].values()) == pytest.approx(1.0)
         assert 0 < s["busy_seconds"] <= s["span_seconds"]
         assert s["share"]["attention"] == 0.0
     assert matmuls["share"]["matmul"] > 0.9  # nothing but two dots (and at most a copy)
+    assert scanned["share"]["matmul"] > 0.9  # the while loop's own event would make it about half
     assert sort["share"]["matmul"] == 0.0 and sort["top_other"][0][0].startswith("sort")
     assert 0.05 < both["share"]["matmul"] < 0.95
     assert any(name.startswith("sort") for name, _, _ in both["top_other"])
