@@ -6,12 +6,21 @@
   --compare_torch    also time a PyTorch eager GPT-2 reference (experiments/torch_gpt.py, fused AdamW) on
                      the same machine: alone (as ours), then alternating with ours round by round; the
                      ratio ours_over_torch is from the alternating rounds
+  --profile_dir=DIR  after all the timed steps, trace --profile_steps (default 3) more with jax.profiler
+                     into DIR, with the step's HLO text (DIR/<module>.hlo.txt), and report where their
+                     device time went (experiments/profile_share.py: matmul, attention, other): `profile`
 
 It times the same jitted, sharded, state-donating step the training loop runs (transformer/training/
 steps.py) on synthetic token batches, so no data pipeline is in the measurement. MFU = tokens/s ×
 flops_per_token / (peak FLOP/s × devices); the peak comes from hardware.PEAK_FLOPS by device kind or,
 on CPU, from a measured float32 matmul, which uses all of the process's cores (so on CPU the peak counts
-once per process, however many simulated devices share them).
+once per process, however many simulated devices share them). flops_per_token counts attention over the full
+T² (spec/accounting.py's with_attention, as the loop's `flops`); mfu_causal_half counts causal self-attention
+at half (with_attention_causal_half, MaxText's count), reported beside it.
+
+Memory: memory_estimate_bytes (transformer/training/memory.py, per device) against memory_peak_bytes (the
+device allocator's peak_bytes_in_use where the device keeps one, else XLA's memory analysis of the compiled
+step: the same figure as peak_memory_bytes), memory_estimate_error = estimate / peak - 1.
 """
 from __future__ import annotations
 
@@ -26,13 +35,15 @@ from ml_collections import config_flags
 
 from experiments import cli
 from experiments.jax_setup import setup_jax
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, MissingInputError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/lm.py:default.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object only.")
 _COMPARE_TORCH = flags.DEFINE_bool("compare_torch", False, "Also time a PyTorch eager GPT-2 reference.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Alternating rounds (ours, torch) with --compare_torch.")
+_PROFILE_DIR = flags.DEFINE_string("profile_dir", None, "Trace --profile_steps more steps into this directory.")
+_PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 3, "Steps traced with --profile_dir.")
 
 
 def synthetic_batch(task: Any, config: Any, vocab_size: int, sharding: Any) -> dict:
@@ -101,13 +112,49 @@ def time_steps(compiled: Any, state: Any, batch: dict, n: int) -> tuple[Any, lis
     return state, times
 
 
+def check_profile_dir(profile_dir: str | None, profile_steps: int) -> None:
+    """Creates the trace directory before any step runs; ConfigError for one that cannot be (a file) or for
+    --profile_steps < 1."""
+    import os
+
+    if not profile_dir:
+        return
+    if profile_steps < 1:
+        raise ConfigError(f"--profile_steps={profile_steps} must be at least 1 with --profile_dir")
+    if os.path.exists(profile_dir) and not os.path.isdir(profile_dir):
+        raise ConfigError(f"--profile_dir={profile_dir} is a file; name a directory for the trace")
+    os.makedirs(profile_dir, exist_ok=True)
+
+
+def profile_steps(compiled: Any, state: Any, batch: dict, n: int, trace_dir: str) -> tuple[Any, dict]:
+    """n more steps under jax.profiler.trace(trace_dir), dispatched as the loop does (blocking after the last),
+    and the share of their device time per kind of kernel (experiments/profile_share.py)."""
+    import jax
+
+    from experiments import profile_share
+
+    with jax.profiler.trace(trace_dir):
+        for i in range(n):
+            with jax.profiler.StepTraceAnnotation("bench", step_num=i):
+                state, metrics = compiled(state, batch)
+        jax.block_until_ready((state, metrics))
+    profile_share.save_hlo(compiled, trace_dir)
+    try:
+        return state, profile_share.summarize(trace_dir)
+    except MissingInputError as e:  # a trace without kernels (a GPU without CUPTI): the timings still stand
+        print(f"warning: no profile share: {e}", file=sys.stderr)
+        return state, {"error": str(e)}
+
+
 def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int = 5,
-          log: Any = sys.stderr) -> dict:
+          log: Any = sys.stderr, profile_dir: str | None = None, profile_count: int = 3) -> dict:
     """The Bench contract's dict (plus details); see the module docstring."""
     import jax
 
     from transformer.spec import flops_per_token, param_counts
-    from transformer.training import hardware
+    from transformer.training import hardware, memory
+
+    check_profile_dir(profile_dir, profile_count)
 
     built = build(config)
     model_cfg, compiled, state, batch = built["model_cfg"], built["compiled"], built["state"], built["batch"]
@@ -157,26 +204,36 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
                    torch_params=sum(p.numel() for p in torch_model.parameters()),
                    torch_initial_loss=torch_initial_loss, torch_optimizer="AdamW(fused=True)",
                    torch_threads=threads, torch_version=__import__("torch").__version__)
+    if profile_dir:
+        state, out["profile"] = profile_steps(compiled, state, batch, profile_count, profile_dir)
+        out["profile_dir"] = profile_dir
     step_s = statistics.median(times)
     tps = tokens_per_step / step_s
-    fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
+    per_token = flops_per_token(model_cfg, config.data.seq_len)
+    fpt = per_token["with_attention"]
     peak = hardware.device_peak_flops(device)
     # a table peak is per device; on CPU the measured matmul used the whole process's cores, which simulated
     # devices (--xla_force_host_platform_device_count) share: one peak per process
     peak_units = jax.process_count() if device.platform == "cpu" else jax.device_count()
     mem = hardware.peak_memory(device, compiled)
+    estimate = memory.estimate_from_config(config, model_cfg.vocab_size, jax.device_count())["total"]
+    mfu = (lambda flops: tps * flops / (peak["flops"] * peak_units) if peak["flops"] else None)
     out = {
         "tokens_per_second": tps, "step_seconds": step_s, "step_seconds_min": min(times),
         "compile_seconds": built["compile_seconds"], "flops_per_token": fpt,
-        "mfu": tps * fpt / (peak["flops"] * peak_units) if peak["flops"] else None,
+        "mfu": mfu(fpt), "mfu_causal_half": mfu(per_token["with_attention_causal_half"]),
+        "flops_per_token_causal_half": per_token["with_attention_causal_half"],
         "peak_flops": peak["flops"], "peak_flops_source": peak["source"],
         "peak_memory_bytes": mem["bytes"], "peak_memory_source": mem["source"],
+        "memory_estimate_bytes": estimate, "memory_peak_bytes": mem["bytes"],
+        "memory_estimate_error": estimate / mem["bytes"] - 1 if mem["bytes"] else None,
         "process_rss_bytes": hardware.process_rss_bytes(),
         "device": hardware.describe_device(device), "num_devices": jax.device_count(),
         "params": param_counts(model_cfg)["total"], "batch_size": config.train.batch_size,
         "seq_len": config.data.seq_len, "timed_steps": len(times), "compute_dtype": config.train.compute_dtype,
         "attention_impl": model_cfg.attention_impl, "remat": model_cfg.remat,
-        "loss_chunk_size": config.train.get("loss_chunk_size", 0), **out,
+        "loss_chunk_size": config.train.get("loss_chunk_size", 0),
+        "grad_accum_steps": config.train.get("grad_accum_steps", 1), **out,
     }
     if compare_torch:
         out["ours_over_torch"] = out["interleaved_tokens_per_second"] / out["torch_tokens_per_second"]
@@ -186,7 +243,9 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
 def main(argv: list[str]) -> None:
     del argv
     setup_jax(_CONFIG.value)
-    result = bench(_CONFIG.value, _STEPS.value, _COMPARE_TORCH.value, _ROUNDS.value)
+    check_profile_dir(_PROFILE_DIR.value, _PROFILE_STEPS.value)
+    result = bench(_CONFIG.value, _STEPS.value, _COMPARE_TORCH.value, _ROUNDS.value,
+                   profile_dir=_PROFILE_DIR.value, profile_count=_PROFILE_STEPS.value)
     if _JSON.value:
         print(json.dumps(result))
         return
@@ -197,8 +256,15 @@ def main(argv: list[str]) -> None:
           f"{r['tokens_per_second']:,.0f} tokens/s, {r['flops_per_token'] / 1e6:.2f} MFLOP/token")
     if r["mfu"] is not None:
         print(f"MFU {r['mfu'] * 100:.1f}% of {r['peak_flops'] / 1e12:.3g} TFLOP/s ({r['peak_flops_source']})")
+    if r["mfu"] is not None:
+        print(f"MFU {r['mfu_causal_half'] * 100:.1f}% with causal attention counted at half")
     if r["peak_memory_bytes"] is not None:
-        print(f"peak memory {r['peak_memory_bytes'] / 2**20:.1f} MiB ({r['peak_memory_source']})")
+        print(f"peak memory {r['peak_memory_bytes'] / 2**20:.1f} MiB ({r['peak_memory_source']}); estimate "
+              f"{r['memory_estimate_bytes'] / 2**20:.1f} MiB ({r['memory_estimate_error'] * 100:+.1f}%)")
+    if "profile" in r and "error" not in r["profile"]:
+        from experiments import profile_share
+
+        print(profile_share.format_summary(r["profile"]))
     if "ours_over_torch" in r:
         print(f"alone: ours {r['tokens_per_second']:,.0f} tokens/s, torch eager ({r['torch_threads']} threads, "
               f"{r['torch_optimizer']}) {r['torch_alone_tokens_per_second']:,.0f} tokens/s; interleaved rounds: "

@@ -83,6 +83,23 @@ def test_encoder_decoder_and_encoder_counts_by_hand():
     assert param_counts(encoder)["total"] == expected
 
 
+def test_causal_half_counts_only_causal_self_attention_at_half():
+    """with_attention counts the full T² (the loop's flops, the bench's mfu); with_attention_causal_half (the
+    bench's mfu_causal_half, MaxText's count) halves the causal self-attention layers and nothing else."""
+    gpt2 = ModelConfig(**PRESETS["gpt2_small"], vocab_size=50257)
+    per_token = flops_per_token(gpt2, 1024)
+    full = 12 * 12 * 1024 * 768
+    assert per_token["with_attention"] - per_token["six_n"] == full
+    assert per_token["with_attention_causal_half"] - per_token["six_n"] == full / 2
+    D, N = 16, 2
+    base = dict(vocab_size=30, d_model=D, num_heads=N, d_ff=40, max_len=8, positional="sinusoidal")
+    enc_dec = flops_per_token(ModelConfig(family="encoder_decoder", num_layers=2, num_encoder_layers=3, **base), 10)
+    # encoder self (3) and cross (2) whole, the decoder's causal self-attention (2) at half
+    assert enc_dec["with_attention_causal_half"] - enc_dec["six_n"] == 12 * (3 + 2 + 2 / 2) * 10 * D
+    encoder = flops_per_token(ModelConfig(family="encoder", num_layers=2, **base), 10)
+    assert encoder["with_attention_causal_half"] == encoder["with_attention"]  # bidirectional: nothing halved
+
+
 def test_flops_reject_bad_seq_len():
     with pytest.raises(ValueError, match="seq_len"):
         flops_per_token(VARIANTS["gpt2_tiny"], 0)

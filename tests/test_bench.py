@@ -1,6 +1,8 @@
 """experiments/bench.py: the --json contract, on a tiny model for 2 steps."""
 from __future__ import annotations
 
+import glob
+import gzip
 import json
 import math
 import os
@@ -20,6 +22,8 @@ CONTRACT_KEYS = ("tokens_per_second", "step_seconds", "compile_seconds", "flops_
 # 6·N_matmul + 12·L·T·D, N_matmul = per layer QKV+output (4·D²) and the MLP (2·D·F), plus the head (V·D)
 V, D, L, F, T, B = 384, 64, 2, 256, 32, 8
 FLOPS_PER_TOKEN = 6 * (L * (4 * D * D + 2 * D * F) + V * D) + 12 * L * T * D
+# causal self-attention at half (MaxText's count): the bench's mfu_causal_half, beside mfu
+FLOPS_PER_TOKEN_CAUSAL_HALF = 6 * (L * (4 * D * D + 2 * D * F) + V * D) + 6 * L * T * D
 # every parameter: embeddings (V·D + 1024·D positions), per layer 2 LayerNorms, QKV/out/MLP weights and biases
 PARAMS = V * D + 1024 * D + L * (2 * 2 * D + 4 * D * D + 4 * D + 2 * D * F + F + D) + 2 * D
 
@@ -38,11 +42,16 @@ def _bench(*extra: str, devices: int = 1) -> dict:
     return json.loads(lines[0])
 
 
+PROFILE_STEPS = 3
+
+
 @pytest.fixture(scope="module")
-def bench_run() -> dict:
-    """One `experiments.bench --json --compare_torch` run for both tests below: the torch comparison only adds
-    keys to the contract's, whose values come from our steps timed alone, before any torch step."""
-    return _bench("--compare_torch", "--rounds=1")
+def bench_run(tmp_path_factory) -> dict:
+    """One `experiments.bench --json --compare_torch --profile_dir` run for the tests below: the torch comparison
+    and the profile only add keys to the contract's, whose values come from our steps timed alone, before any
+    torch step or traced step."""
+    trace_dir = str(tmp_path_factory.mktemp("bench") / "trace")
+    return _bench("--compare_torch", "--rounds=1", f"--profile_dir={trace_dir}", f"--profile_steps={PROFILE_STEPS}")
 
 
 def test_json_contract(bench_run):
@@ -59,6 +68,51 @@ def test_json_contract(bench_run):
     assert 0 < r["mfu"] < 1
     assert r["initial_loss"] == pytest.approx(math.log(V), abs=0.1)  # small init: near-uniform predictions
     assert r["peak_memory_bytes"] > 4 * 3 * PARAMS  # at least params + AdamW moments (float32)
+    assert r["flops_per_token_causal_half"] == pytest.approx(FLOPS_PER_TOKEN_CAUSAL_HALF)
+    assert r["mfu_causal_half"] == pytest.approx(r["mfu"] * FLOPS_PER_TOKEN_CAUSAL_HALF / FLOPS_PER_TOKEN)
+
+
+def test_memory_estimate_beside_the_peak(bench_run):
+    """The estimator's total for this config (training/memory.py, checked against XLA in test_memory.py) beside
+    the measured peak (here XLA's memory analysis: a CPU has no allocator peak), and their ratio."""
+    from configs import lm
+    from transformer.training import memory
+
+    r = bench_run
+    c = lm.get_config("gpt2_tiny")
+    c.data.seq_len, c.train.batch_size = T, B
+    assert r["memory_estimate_bytes"] == memory.estimate_from_config(c, V, 1)["total"]
+    assert r["memory_peak_bytes"] == r["peak_memory_bytes"] and r["peak_memory_source"].startswith("XLA")
+    assert r["memory_estimate_error"] == pytest.approx(r["memory_estimate_bytes"] / r["memory_peak_bytes"] - 1)
+
+
+def test_profile_of_the_bench_steps(bench_run):
+    """--profile_dir: a trace of --profile_steps more steps (after the timed ones), the step's HLO beside it, and
+    where the steps' time went (experiments/profile_share.py; its classification: test_profile_share.py)."""
+    r = bench_run
+    p = r["profile"]
+    assert p["module"] == "jit_train_step" and p["classified_by"] == "hlo"
+    assert os.path.isfile(p["trace"]) and p["trace"].startswith(r["profile_dir"])
+    assert os.path.isfile(os.path.join(r["profile_dir"], "jit_train_step.hlo.txt"))
+    assert sum(p["share"].values()) == pytest.approx(1.0)
+    assert 0 < p["share"]["matmul"] < 1 and p["share"]["attention"] == 0.0  # chunked attention: no cuDNN
+    trace = glob.glob(os.path.join(os.path.dirname(p["trace"]), "*.trace.json.gz"))[0]
+    steps = sorted(int(e["args"]["step_num"]) for e in json.load(gzip.open(trace))["traceEvents"]
+                   if e.get("name") == "bench")
+    assert steps == list(range(PROFILE_STEPS))  # the traced steps, each marked, nothing else
+
+
+@pytest.mark.parametrize("flag, match", [("--profile_steps=0", "--profile_steps=0 must be at least 1"),
+                                         ("--profile_dir={file}", "is a file; name a directory")])
+def test_bad_profile_flags_fail_before_any_step(tmp_path, flag, match):
+    file = tmp_path / "trace"
+    file.write_text("")
+    cmd = [sys.executable, "-m", "experiments.bench", "--config=configs/lm.py:gpt2_tiny", "--steps=2", "--json",
+           f"--profile_dir={tmp_path / 'new'}", flag.format(file=file)]
+    out = subprocess.run(cmd, cwd=REPO, env={**os.environ, "TRANSFORMER_HUGE_PAGES": "0"}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert match in out.stderr and out.stdout == "" and not (tmp_path / "new").exists()  # nothing written
 
 
 def test_throughput_and_mfu_from_the_tokens_fed_and_the_time_taken(monkeypatch):
@@ -89,6 +143,8 @@ def test_throughput_and_mfu_from_the_tokens_fed_and_the_time_taken(monkeypatch):
     assert r["step_seconds"] == 0.15 and r["step_seconds_min"] == 0.1  # the median (not the mean) and the fastest
     assert r["tokens_per_second"] == pytest.approx(tokens_per_step[0] / 0.15)
     assert r["mfu"] == pytest.approx(tokens_per_step[0] / 0.15 * FLOPS_PER_TOKEN / 1e12, rel=1e-6)
+    assert r["mfu_causal_half"] == pytest.approx(tokens_per_step[0] / 0.15 * FLOPS_PER_TOKEN_CAUSAL_HALF / 1e12,
+                                                 rel=1e-6)
 
 
 def test_compare_torch_times_the_same_model(bench_run):
@@ -125,3 +181,17 @@ def test_peak_table():
     assert peak("TPU v5e") == peak("TPU v5 lite")
     assert peak("TPU v6 lite") > peak("TPU v5") > peak("TPU v4") > peak("TPU v5 lite")
     assert hardware.peak_flops("cpu")["flops"] is None
+
+
+def test_a_trace_without_kernels_keeps_the_timings(monkeypatch, tmp_path):
+    """A trace in which no kernel was recorded (a GPU whose CUPTI is missing) says so in `profile`; the timings
+    and the rest of the JSON stand."""
+    from configs import lm
+    from experiments import bench, profile_share
+
+    monkeypatch.setattr(profile_share, "read_ops", lambda path: [])
+    c = lm.get_config("gpt2_tiny")
+    c.data.seq_len, c.train.batch_size = T, B
+    r = bench.bench(c, steps=1, profile_dir=str(tmp_path / "trace"), profile_count=1)
+    assert "holds no executed XLA instruction" in r["profile"]["error"]
+    assert r["tokens_per_second"] > 0 and r["memory_estimate_bytes"] > 0

@@ -28,6 +28,13 @@ FLOPs per token of training (forward + backward = 3 × forward; a multiply-add i
   with_attention  six_n + 12 · L · T · N · H   (QKᵀ and AV: 2·T·N·H each per token forward, ×3; the
                   full T, not halved for causal masks — Hoffmann et al. 2022, App. F). encoder_decoder:
                   L counts encoder self-, decoder self- and cross-attention layers, each with T keys.
+                  This is the count behind the loop's `flops`, the sweeps' budgets and the bench's `mfu`.
+  with_attention_causal_half
+                  six_n + 12 · (L − L_c/2) · T · N · H: the L_c causal self-attention layers (a decoder's,
+                  an encoder_decoder's decoder stack) at half, as a causal kernel skips the masked half of
+                  QKᵀ and AV (MaxText counts causal attention this way since its PR 1988). Reported beside
+                  with_attention (the bench's `mfu_causal_half`), never in its place. Neither count lowers for
+                  model.sliding_window.
 A classifying encoder has no vocabulary head; its pooler and classifier (once per sequence) are left out.
 """
 from __future__ import annotations
@@ -118,13 +125,21 @@ def attention_layers(cfg: ModelConfig) -> int:
     return sum(layers * (2 if cross else 1) for layers, cross in _stacks(cfg))
 
 
+def causal_attention_layers(cfg: ModelConfig) -> int:
+    """Causal self-attention layers each token goes through: a decoder's, an encoder_decoder's decoder stack."""
+    return {"decoder": cfg.num_layers, "encoder_decoder": cfg.num_layers}.get(cfg.family, 0)
+
+
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
-    """Training FLOPs per token: {"six_n": 6·N_matmul, "with_attention": six_n + 12·L·T·N·H}."""
+    """Training FLOPs per token: {"six_n": 6·N_matmul, "with_attention": six_n + 12·L·T·N·H,
+    "with_attention_causal_half": six_n + 12·(L − L_c/2)·T·N·H}."""
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len} must be positive")
     six_n = 6.0 * matmul_params(cfg)
-    attention = 12.0 * attention_layers(cfg) * seq_len * cfg.num_heads * cfg.dim_per_head
-    return {"six_n": six_n, "with_attention": six_n + attention}
+    per_layer = 12.0 * seq_len * cfg.num_heads * cfg.dim_per_head
+    layers = attention_layers(cfg)
+    return {"six_n": six_n, "with_attention": six_n + per_layer * layers,
+            "with_attention_causal_half": six_n + per_layer * (layers - causal_attention_layers(cfg) / 2)}
 
 
 def train_flops(cfg: ModelConfig, seq_len: int, tokens: float, include_attention: bool = True) -> float:

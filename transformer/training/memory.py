@@ -1,59 +1,50 @@
-"""Per-device memory of a training step, estimated from the config alone (no model is built).
+"""Per-device memory of a training step, estimated from the config: no parameter or activation is allocated.
 
-Legend: B batch (per device), T sequence, D d_model, N query heads, K key/value heads, H head dim,
-F d_ff, V vocabulary, L layers, P parameters; s = bytes of the compute dtype, 4 = float32.
+Legend: B batch per device (per micro-batch with train.grad_accum_steps = k: B/k), T sequence, D d_model,
+V vocabulary, L layers, P parameters per device.
 
   parameters      4 bytes each (float32); weight matrices and the token table split over fsdp·tensor
-                  (embed over fsdp; heads, mlp, vocab over tensor), a learned position table over
-                  fsdp only, norm scales and biases counted whole (replicated: an upper bound)
+                  (embed over fsdp; heads, mlp, vocab over tensor), a learned position table over fsdp
+                  only, norm scales and biases counted whole (replicated: an upper bound)
   gradients       as the parameters (live during the update)
   optimizer       AdamW: two float32 moments per parameter, sharded like it
-  activations     what the backward pass keeps, per token and layer:
-      remat none           s·(4D + 2·N·H + 2·K·H + F_act) + 4·c·N·T   (c attention-score buffers:
-                           3 for the einsum/xla softmax — scores, masked scores, probabilities —,
-                           1 for "chunked" (probabilities only; an upper bound, as causal chunks
-                           keep fewer), and 0 for cuDNN flash attention, which keeps only a
-                           log-sum-exp, 4·N)
-                           F_act = 2F plain (pre-activation, activation), 4F gated (gate, up,
-                           activation, product); heads and F divided by tensor
-      remat full           s·D (each block's input) + one block's "none" activations, recomputed
-      remat dots           the matmul outputs: s·(2·N·H + 2·K·H + D + F_mm) + 4·N·T for QKᵀ, plus
-                           one block's "none" activations; F_mm = F plain, 2F gated
-      remat dots_no_batch  as dots without the batched attention matmuls (QKᵀ, PV)
-                    times B·T·L, plus the head: 3 × B·T·V float32 logits (logits, softmax, their
-                    gradient), or B·chunk·V with train.loss_chunk_size.
-  working set     one layer's backward temporaries ≈ one block's "none" activations.
+  grad_accum      k > 1: one more float32 buffer like the parameters (the scan's running sum of gradients)
+  activations     L × what the backward pass reads of one block under the remat policy, plus the working set
+                  of the layer whose backward is running (that block's residuals without remat). "What the
+                  backward reads" is not a formula: it is the residuals of jax.vjp of one TransformerBlock,
+                  traced abstractly (jax.make_jaxpr, shapes only) at the per-device shape (B, T, D, the heads
+                  and d_ff divided by tensor) under jax.checkpoint with the model's policy; the block's input
+                  counts (under scan_layers it is stacked L times), the parameters do not (counted above),
+                  their compute-dtype copies do. So it follows the layers as written (float32 norm
+                  statistics, RoPE tables, the gated FFN's pieces, each attention implementation's own
+                  residuals) and each remat policy exactly as jax applies it. cuDNN attention cannot be
+                  traced without a GPU; elsewhere a stand-in with jax's cuDNN residuals (q, k, v, the output
+                  and float32 softmax statistics of B·N·T) takes its place.
+  logits          2 × B·T·V float32 (the logits and their gradient, into which XLA fuses the softmax), or
+                  B·chunk·V with loss_chunk_size.
 
-The test (tests/test_memory.py) compares the total with XLA's memory_analysis of the compiled train
-step on CPU: within ±30% for remat none, within ±2% for parameters + optimizer state (the step's
-arguments). XLA:CPU's buffer assignment does not show the savings of rematerialisation (its temp
-size grows slightly with remat), so the remat rows are the model above, checked on CPU only for
-their order (full < dots_no_batch ≤ dots < none).
+Checked (tests/test_memory.py) against XLA's memory_analysis of the compiled train step on CPU, float32, scanned
+layers: within ±15% for every remat policy at a few small shapes (0.97-1.13 measured). XLA:CPU without scan_layers keeps every activation
+whatever the policy (its buffer assignment shows no saving), so the check uses scanned layers, as the GPU
+benchmark does. On a GPU the bench prints this estimate beside the allocator's peak.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import functools
+from typing import Any, Iterator
 
 from transformer.spec import ModelConfig
 from transformer.spec import matmul_params, param_counts
 
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def _per_token_layer(cfg: ModelConfig, seq_len: int, tensor: int) -> dict[str, float]:
-    """Bytes kept per token and layer for each remat policy (tensor-parallel parts divided)."""
-    s = _BYTES[cfg.dtype]
-    D, N, K, H, F, T = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head, cfg.d_ff, seq_len
-    heads = (2 * N * H + 2 * K * H) / tensor
-    f_act = (4 if cfg.gated else 2) * F / tensor
-    f_mm = (2 if cfg.gated else 1) * F / tensor
-    flash = cfg.attention_impl == "cudnn"
-    buffers = {"chunked": 1}.get(cfg.attention_impl, 3)
-    scores = (4 * N / tensor) if flash else 4 * buffers * N * T / tensor
-    none = s * (4 * D + heads + f_act) + scores
-    qk_scores = 0 if flash else 4 * N * T / tensor
-    dots_no_batch = s * (heads + D + f_mm)
-    return {"none": none, "full": s * D, "dots": dots_no_batch + qk_scores, "dots_no_batch": dots_no_batch}
+# The working set of the layer whose backward is running, as shares of one layer's residuals without remat:
+# RECOMPUTED_LIVE of what it recomputes (those residuals less the ones the policy saved; XLA fuses the rest into
+# its consumers) and GRADIENT_LIVE for the gradients of its activations. Empirical, not derived: with them the
+# total reads 0.97-1.13 of XLA's memory analysis in the 18 CPU cases of tests/test_memory.py (float32) and
+# +4%, +6%, +8% of the three allocator peaks measured on an H100 on 2026-11-26 (BENCHMARKS.md), which were
+# seen when they were chosen and so are no independent check; new peaks are (the bench prints both).
+RECOMPUTED_LIVE = 0.55
+GRADIENT_LIVE = 0.4
 
 
 def _sharded_param_count(cfg: ModelConfig, fsdp: int, tensor: int) -> float:
@@ -67,41 +58,159 @@ def _sharded_param_count(cfg: ModelConfig, fsdp: int, tensor: int) -> float:
     return (token + head + blocks) / (fsdp * tensor) + position / fsdp + other
 
 
+def _local_block_config(cfg: ModelConfig, tensor: int) -> ModelConfig:
+    """The block one device computes: query heads, key/value heads (when they split) and d_ff over tensor."""
+    if tensor == 1:
+        return cfg
+    kv = cfg.kv_heads // tensor if cfg.kv_heads % tensor == 0 else cfg.kv_heads
+    return cfg.replace(num_heads=max(1, cfg.num_heads // tensor), num_kv_heads=max(1, kv),
+                       d_ff=max(1, cfg.d_ff // tensor), head_dim=cfg.dim_per_head)
+
+
+def _flash_standin() -> Any:
+    """cuDNN attention's stand-in off the GPU, for tracing only: the einsum's values, cuDNN's residuals (jax's
+    _dot_product_attention_fwd_rule keeps q, k, v, the output and float32 statistics of shape (B, N, T))."""
+    import jax
+    import jax.numpy as jnp
+
+    from transformer.layers.attention import ATTENTION_IMPLEMENTATIONS
+
+    einsum = ATTENTION_IMPLEMENTATIONS["einsum"]
+
+    def standin(q_BTNH, k_BSKH, v_BSKH, **flags):
+        @jax.custom_vjp
+        def attend(q, k, v):
+            return einsum(q, k, v, **flags)
+
+        def forward(q, k, v):
+            out = attend(q, k, v)
+            B, T, N, _ = q.shape
+            return out, (q, k, v, out, jnp.zeros((B, N, T), jnp.float32))
+
+        def backward(res, dout):
+            q, k, v, _, _ = res
+            return q, k, v
+
+        attend.defvjp(forward, backward)
+        return attend(q_BTNH, k_BSKH, v_BSKH)
+
+    return standin
+
+
+@contextlib.contextmanager
+def _traceable_attention(cfg: ModelConfig) -> Iterator[None]:
+    """cuDNN attention replaced by _flash_standin while tracing, where jax has no cuDNN (any non-GPU backend)."""
+    import jax
+
+    from transformer.layers.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
+
+    if resolve_attention_impl(cfg) != "cudnn" or jax.default_backend() == "gpu":
+        yield
+        return
+    real = ATTENTION_IMPLEMENTATIONS["cudnn"]
+    ATTENTION_IMPLEMENTATIONS["cudnn"] = _flash_standin()
+    try:
+        yield
+    finally:
+        ATTENTION_IMPLEMENTATIONS["cudnn"] = real
+
+
+@functools.lru_cache(maxsize=256)
+def block_residual_bytes(cfg: ModelConfig, batch: int, seq_len: int, *, causal: bool = True,
+                         cross_attention: bool = False) -> float:
+    """Bytes the backward pass reads of one TransformerBlock of `cfg` (its remat policy) on a (batch, seq_len)
+    input: the residuals of jax.vjp traced abstractly, each array once; the block's input counts, its
+    parameters and the other inputs (positions, segment ids, context, a position bias: not per layer) do not."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.extend.core import Literal
+
+    from transformer.layers import positional
+    from transformer.layers.dtypes import compute_dtypes
+    from transformer.models.blocks import REMAT_POLICIES, TransformerBlock
+
+    dtype, _ = compute_dtypes(cfg)
+    block = TransformerBlock(cfg, causal=causal, cross_attention=cross_attention)
+    x = jax.ShapeDtypeStruct((batch, seq_len, cfg.d_model), dtype)
+    ints = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+    context = x if cross_attention else None
+    bias = (jax.ShapeDtypeStruct((1, cfg.num_heads, seq_len, seq_len), jnp.float32)
+            if cfg.positional in positional.BIAS else None)
+    others = (ints, ints, context, ints if cross_attention else None, bias)
+    with _traceable_attention(cfg):
+        params = jax.eval_shape(lambda *a: block.init(jax.random.PRNGKey(0), *a), x, *others)
+
+        def residuals(p, x, *rest):  # differentiated in the parameters and the input only
+            apply = lambda p, x: block.apply(p, x, *rest)
+            if cfg.remat != "none":
+                apply = jax.checkpoint(apply, policy=REMAT_POLICIES[cfg.remat])
+            return jax.vjp(apply, p, x)
+
+        closed, shapes = jax.make_jaxpr(residuals, return_shape=True)(params, x, *others)
+    residuals = closed.jaxpr.outvars[len(closed.jaxpr.outvars) - len(jax.tree.leaves(shapes[1])):]
+    n_params = len(jax.tree.leaves(params))
+    not_per_layer = set(closed.jaxpr.invars[:n_params]) | set(closed.jaxpr.invars[n_params + 1:])
+    total, seen = 0.0, set()
+    for v in residuals:
+        if isinstance(v, Literal) or v in seen or v in not_per_layer or v in closed.jaxpr.constvars:
+            continue
+        seen.add(v)
+        total += float(np.prod(v.aval.shape)) * v.aval.dtype.itemsize
+    return total
+
+
+def _stacks(cfg: ModelConfig) -> list[tuple[int, bool, bool]]:
+    """(layers, causal, cross-attention) of each block stack of the family."""
+    if cfg.family == "encoder_decoder":
+        return [(cfg.encoder_layers, False, False), (cfg.num_layers, True, True)]
+    return [(cfg.num_layers, cfg.family == "decoder", False)]
+
+
 def estimate(cfg: ModelConfig, *, batch_size: int, seq_len: int, mesh_shape: tuple[int, int, int] = (1, 1, 1),
-             loss_chunk_size: int = 0) -> dict[str, Any]:
-    """Bytes per device: params, grads, optimizer, activations, logits, total (and the inputs used).
+             loss_chunk_size: int = 0, grad_accum_steps: int = 1) -> dict[str, Any]:
+    """Bytes per device: params, grads, optimizer, grad_accum, activations, logits, total (and the inputs used).
 
     batch_size is global; mesh_shape is (data, fsdp, tensor) with the default rules (batch over
-    data·fsdp; embed over fsdp; heads, mlp, vocab over tensor).
+    data·fsdp; embed over fsdp; heads, mlp, vocab over tensor); grad_accum_steps splits each device's rows
+    into that many micro-batches, one of which is live at a time.
     """
     data, fsdp, tensor = mesh_shape
-    if batch_size % (data * fsdp):
-        raise ValueError(f"batch_size={batch_size} does not split over data*fsdp={data * fsdp} devices")
+    k = int(grad_accum_steps)
+    if batch_size % (data * fsdp * k):
+        raise ValueError(f"batch_size={batch_size} does not split over data*fsdp={data * fsdp} devices "
+                         f"and grad_accum_steps={k} micro-batches")
     params = 4.0 * _sharded_param_count(cfg, fsdp, tensor)
-    tokens = batch_size // (data * fsdp) * seq_len
-    per = _per_token_layer(cfg, seq_len, tensor)
-    kept = per[cfg.remat] * cfg.num_layers * tokens
-    working = per["none"] * tokens if cfg.remat != "none" else 0.0
-    working += per["none"] * tokens  # the layer whose backward is running: its gradients' temporaries
-    logit_rows = tokens if not loss_chunk_size else tokens // seq_len * loss_chunk_size
-    logits = 3 * 4.0 * logit_rows * cfg.vocab_size / tensor
-    out = {"params": params, "grads": params, "optimizer": 2 * params, "activations": kept + working,
-           "logits": logits}
+    rows = batch_size // (data * fsdp * k)
+    local = _local_block_config(cfg, tensor)
+    kept = working = 0.0
+    for layers, causal, cross in _stacks(cfg):
+        per_layer = block_residual_bytes(local, rows, seq_len, causal=causal, cross_attention=cross)
+        kept += layers * per_layer
+        whole = block_residual_bytes(local.replace(remat="none"), rows, seq_len, causal=causal,
+                                     cross_attention=cross)
+        working = max(working, RECOMPUTED_LIVE * (whole - per_layer) + GRADIENT_LIVE * whole)
+    logit_rows = rows * (loss_chunk_size or seq_len)
+    logits = 2 * 4.0 * logit_rows * cfg.vocab_size / tensor
+    out = {"params": params, "grads": params, "optimizer": 2 * params, "grad_accum": params if k > 1 else 0.0,
+           "activations": kept + working, "logits": logits}
     out["total"] = sum(out.values())
-    out.update(batch_per_device=batch_size // (data * fsdp), seq_len=seq_len, remat=cfg.remat,
-               mesh=dict(zip(("data", "fsdp", "tensor"), mesh_shape)))
+    out.update(batch_per_device=batch_size // (data * fsdp), micro_batch_per_device=rows, seq_len=seq_len,
+               remat=cfg.remat, grad_accum_steps=k, mesh=dict(zip(("data", "fsdp", "tensor"), mesh_shape)))
     return out
 
 
 def estimate_from_config(config: Any, vocab_size: int, num_devices: int) -> dict[str, Any]:
-    """`estimate` for a full training config (model, data.seq_len, train.batch_size, mesh)."""
+    """`estimate` for a full training config (model, data.seq_len, train.batch_size, loss_chunk_size,
+    grad_accum_steps, mesh)."""
     from transformer.training import sharding
     from transformer.training.resolve import model_config
 
     cfg = model_config(config, vocab_size)
     return estimate(cfg, batch_size=config.train.batch_size, seq_len=config.data.seq_len,
                     mesh_shape=sharding.mesh_shape(config.mesh, num_devices),
-                    loss_chunk_size=config.train.get("loss_chunk_size", 0))
+                    loss_chunk_size=config.train.get("loss_chunk_size", 0),
+                    grad_accum_steps=config.train.get("grad_accum_steps", 1))
 
 
 def format_bytes(n: float) -> str:
