@@ -274,6 +274,36 @@ def non_embedding_share(m: dict) -> float:
     return m["params_non_embedding"] / m["params"]
 
 
+EMBEDDING_FLOOR = 0.5  # a run with less than this share of its parameters outside the embeddings measures them
+
+
+def embedding_dominated(runs: list[dict], sweep: SweepSpec, *, new: bool = False) -> str | None:
+    """The note on the grid runs (sweep documents' run dicts: params, params_non_embedding, d_model) most of whose
+    parameters are embeddings (None: none). `new`: the sweep has no sweep.json yet — where the median grid run is
+    such a run, and neither sweep.min_non_embedding_fraction nor sweep.allow_embedding_dominated is set, a
+    ConfigError saying what to change (a sweep already recorded keeps the note: its runs are trained)."""
+    grid_runs = [r for r in runs if r["role"] == "grid" and r.get("params_non_embedding")]
+    low = {r["d_model"]: r["params_non_embedding"] / r["params"] for r in grid_runs
+           if r["params_non_embedding"] / r["params"] < EMBEDDING_FLOOR}
+    if not low:
+        return None
+    shares = sorted(r["params_non_embedding"] / r["params"] for r in grid_runs)
+    median = shares[len(shares) // 2]
+    named = ", ".join(f"d{d} {share:.0%}" for d, share in sorted(low.items()))
+    what = (f"of {len(grid_runs)} grid runs, {sum(r['d_model'] in low for r in grid_runs)} keep less than "
+            f"{EMBEDDING_FLOOR:.0%} of their parameters outside the embeddings ({named}; median run "
+            f"{median:.0%}) with the {vocab_size(sweep.base):,}-entry vocabulary")
+    if (new and median < EMBEDDING_FLOOR and not sweep.allow_embedding_dominated
+            and not sweep.min_non_embedding_fraction):
+        raise ConfigError(f"{what}: most runs would measure their embeddings, not the model; set "
+                          f"sweep.min_non_embedding_fraction={EMBEDDING_FLOOR:g} (leaves the narrow shapes out), "
+                          f"use wider d_models or more layers (sweep.num_layers), a smaller vocabulary or tied "
+                          f"embeddings, or a GPU-sized sweep (configs/sweeps/gpu_quick.py); "
+                          f"sweep.allow_embedding_dominated=True runs it anyway")
+    return (f"{what}: their losses say more about the embeddings than about the model; the fit's non_embedding "
+            f"convention (beside the headline) shows how much that moves the exponent")
+
+
 def _floor_advice(sweep: SweepSpec) -> str:
     return (f"with the {vocab_size(sweep.base):,}-entry vocabulary; use wider d_models, more layers "
             f"(sweep.num_layers), a smaller vocabulary or tied embeddings, or lower sweep.min_non_embedding_fraction")

@@ -188,7 +188,8 @@ def design(config: Any, rows: dict[str, dict] | None = None, prediction: dict | 
     recorded = lambda runs: preview or all(r.run_id in rows for r in runs)
     lr_of, lr_fit = grid.lr_rule(s), None
     runs: list[Run] = []
-    plan = lambda **kw: _numbered(Plan(runs, notes, spec=s, **kw))
+    plan = lambda **kw: _numbered(Plan(runs, notes + [n for n in [grid.embedding_dominated(
+        [r.describe() for r in runs], s)] if n], spec=s, **kw))
     if s.lr_calibration.d_models:
         cal, lr_fit, cal_notes = calibration(s, rows, lr_of, preview)
         runs += cal

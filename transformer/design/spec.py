@@ -154,6 +154,10 @@ class SweepSpec:
                                        # the token/position embeddings; an untied head counts as non-embedding)
                                        # are at least this share of its total N: narrower ladder shapes are left
                                        # out (a note), a size a setting names explicitly is a ConfigError
+    allow_embedding_dominated: bool = False  # a NEW sweep whose grid runs have, at the median, most of their
+                                       # parameters in the embeddings (share outside < 0.5, grid.EMBEDDING_FLOOR)
+                                       # is refused unless this is True or min_non_embedding_fraction is set;
+                                       # fewer such runs are a note (grid.embedding_dominated)
     sizes_per_budget: int = 4
     size_span: float = 10.0            # largest / smallest N within a budget
     prior_exponent: float = 0.5        # a in N_opt = G · C^a
@@ -378,6 +382,7 @@ def sweep_defaults() -> dict[str, Any]:
 # estimates and max_hours change the design only where the sweep chooses its budgets, and then the chosen
 # (recorded) sweep.budgets or sweep.sizes_per_budget differ, which is refused.
 RERUN_SETTINGS = ("max_retries", "claim_timeout_s", "multirun", "workers_per_device", "max_hours",
+                  "allow_embedding_dominated",
                   "estimate_flops_per_second", "estimate_step_overhead_s", "estimate_run_overhead_s",
                   "estimate_compile_s", "estimate_setup_s", "estimate_source", "estimate_pack_overlap",
                   "estimate_device_memory_gb", "slurm")

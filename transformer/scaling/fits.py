@@ -290,6 +290,9 @@ def fit_all(
                            "draws": draw_lists(draws3)}
     result["conventions"] = _conventions(used, names, headline, a2, a3, isoflop_window, isoflop_method,
                                          approach3_near, sigma["sigma"], samples, rng, kind)
+    if {"params_non_embedding", "params_total"} <= set(used.extra_P):  # the runs' share outside the embeddings
+        share = used.extra_P["params_non_embedding"] / used.extra_P["params_total"]
+        result["non_embedding_share"] = {"min": float(share.min()), "max": float(share.max())}
     result["frontier"], predictions = frontier.with_predictions(a2, draws2, a3, predict_flops, kind)
     if predict_flops:
         result["predictions"] = predictions

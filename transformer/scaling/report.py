@@ -81,6 +81,13 @@ def summary(fit: dict[str, Any]) -> str:
         lines.append("beside the headline: N without the vocabulary's padding rows (convention unpadded): approach2 "
                      + (f"a = {c2['a']:.3f}{_ci(c2, 'a')}" if c2.get("a") is not None else "a = n/a")
                      + (f" (headline a = {a2['a']:.3f})" if a2.get("a") is not None else ""))
+    share, non_emb = fit.get("non_embedding_share"), fit["conventions"].get("non_embedding")
+    if share and non_emb and head["convention"] != "non_embedding" and share["max"] - share["min"] > 0.1:
+        c2, a2 = non_emb["approach2"], fit["approach2"]  # embeddings weigh differently across the sizes
+        lines.append(f"beside the headline: the share of N outside the embeddings varies from {share['min']:.0%} "
+                     f"to {share['max']:.0%} across the points; non-embedding N (convention non_embedding): "
+                     + (f"approach2 a = {c2['a']:.3f}{_ci(c2, 'a')}" if c2.get("a") is not None else "approach2 a = n/a")
+                     + (f" (headline a = {a2['a']:.3f})" if a2.get("a") is not None else ""))
     sigma = fit["noise"]
     lines.append(f"loss noise: sigma = {sigma['sigma']:.4f} in ln L from {sigma['source']}" if sigma["sigma"]
                  else f"loss noise: {sigma['source']}: no intervals")

@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 from transformer import files
+from transformer.design import grid
 from transformer.design.spec import SweepSpec, design_changes
 from transformer.spec import ConfigError
 from transformer.sweeps import claims, execute
@@ -70,7 +71,8 @@ def check_recorded(workdir: str, doc: dict[str, Any]) -> bool:
     later stage was designed from went missing: its run trains again, and the next design must give the recorded
     runs). Fills doc's data_identity from the recorded one where it cannot be computed yet."""
     path = os.path.join(workdir, "sweep.json")
-    if not os.path.exists(path):
+    if not os.path.exists(path):  # a new sweep: refused here where most of its runs would measure embeddings
+        grid.embedding_dominated(doc["runs"], SweepSpec.of(doc), new=True)
         return True
     old_doc = execute.load_sweep(workdir)
     changed = design_changes(old_doc.get("sweep", {}), doc["sweep"])
