@@ -42,24 +42,40 @@ if [[ $STAGES == *decode* ]]; then
     2>&1 | tee "$OUT/decode.log" | tail -15
 fi
 if [[ $STAGES == *bench* ]]; then
+  # The MFU matrix (issue 30 §3), each setting under its own limit, compilation included; every JSON carries mfu,
+  # mfu_causal_half and memory_estimate_error (the estimator against the allocator's peak). Settings estimated above
+  # ~55 GB need XLA_PYTHON_CLIENT_MEM_FRACTION (jax takes 75% by default). BENCH_SETTINGS="name|env|flags;..."
+  # replaces the list.
   BENCH="python3 -m experiments.bench --json --steps=20"
   LLAMA="--config=configs/lm.py:llama_1b --config.model.vocab_size=32768 --config.data.seq_len=2048
-    --config.train.compute_dtype=bfloat16 --config.model.attention_impl=cudnn --config.model.scan_layers=True
-    --config.train.loss_chunk_size=512"
-  # the MFU matrix (issue 30 §3): remat policies and batch, each setting under 60 s (compilation included)
-  SETTINGS=("dots_no_batch_attention 8" "dots_no_batch 8" "dots_no_batch_attention 16")
-  [[ -n ${BENCH_SETTINGS:-} ]] && IFS=, read -ra SETTINGS <<< "$BENCH_SETTINGS"  # e.g. "none 8,full 16"
+    --config.train.compute_dtype=bfloat16 --config.model.attention_impl=cudnn --config.model.scan_layers=True"
+  GPT2="--config=configs/lm.py:gpt2_small --config.data.seq_len=1024 --config.train.compute_dtype=bfloat16
+    --config.model.scan_layers=True"
+  SETTINGS=(
+    "llama_b16_dnba_nochunk|XLA_PYTHON_CLIENT_MEM_FRACTION=0.95|$LLAMA --config.train.batch_size=16 --config.model.remat=dots_no_batch_attention --config.train.loss_chunk_size=0 --profile_dir=$OUT/prof_llama --profile_steps=3"
+    "llama_b8_none|XLA_PYTHON_CLIENT_MEM_FRACTION=0.95|$LLAMA --config.train.batch_size=8 --config.model.remat=none --config.train.loss_chunk_size=512"
+    "gpt2_b32|-|$GPT2 --config.train.batch_size=32 --profile_dir=$OUT/prof_gpt2 --profile_steps=3"
+  )
+  [[ -n ${BENCH_SETTINGS:-} ]] && IFS=';' read -ra SETTINGS <<< "$BENCH_SETTINGS"
   for setting in "${SETTINGS[@]}"; do
-    read -r r b <<< "$setting"
-    log "bench llama_1b remat=$r batch=$b"
-    timeout 60 $BENCH $LLAMA --config.model.remat=$r --config.train.batch_size=$b \
-      > "$OUT/bench_llama_1b_${r}_$b.json" 2> "$OUT/bench_llama_1b_${r}_$b.err"; echo "rc=$?"
-    cat "$OUT/bench_llama_1b_${r}_$b.json"; tail -3 "$OUT/bench_llama_1b_${r}_$b.err"
+    IFS='|' read -r name envs flags <<< "$setting"
+    [[ $envs == - ]] && envs=""
+    log "bench $name: $envs $flags"
+    env $envs timeout "${BENCH_SECONDS:-75}" $BENCH $flags > "$OUT/bench_$name.json" 2> "$OUT/bench_$name.err"; echo "rc=$?"
+    python3 - "$OUT/bench_$name.json" "$name" <<'PY'
+import json, sys
+try:
+    b = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"{sys.argv[2]}: no result ({type(e).__name__}); see its .err"); sys.exit(0)
+prof = (b.get("profile") or {}).get("share") or {}
+print(f"{sys.argv[2]}: {b['tokens_per_second']:,.0f} tok/s, step {b['step_seconds'] * 1e3:.0f} ms, MFU {b['mfu']:.1%} "
+      f"(causal half {b.get('mfu_causal_half', float('nan')):.1%}), peak {b.get('memory_peak_bytes', 0) / 1e9:.1f} GB, "
+      f"estimate error {b.get('memory_estimate_error', float('nan')):+.1%}, compile {b['compile_seconds']:.0f} s"
+      + (", profile " + ", ".join(f"{k} {v:.0%}" for k, v in prof.items()) if prof else ""))
+PY
+    tail -2 "$OUT/bench_$name.err"
   done
-  log "bench gpt2_small seq 1024 batch 16 bf16 (auto attention)"
-  timeout 90 $BENCH --config=configs/lm.py:gpt2_small --config.data.seq_len=1024 --config.train.batch_size=16 \
-    --config.train.compute_dtype=bfloat16 > "$OUT/bench_gpt2_small.json" 2> "$OUT/bench_gpt2_small.err"; echo "rc=$?"
-  cat "$OUT/bench_gpt2_small.json"; tail -3 "$OUT/bench_gpt2_small.err"
 fi
 if [[ $STAGES == *gpu* ]]; then
   log "gpu: the GPU-only tests"
