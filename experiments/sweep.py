@@ -119,7 +119,8 @@ def _group_worker(workdir: str, doc: dict, group: list[dict]) -> None:
     setup_jax(ml_collections.ConfigDict(todo[0]["config"]))
     import transformer.interop.hf_warm_start  # noqa: F401  (as a single run's worker)
     try:
-        code = run_groups.train_group_runs(workdir, doc, todo, progress.Progress(doc["runs"], {}), verbose=True)
+        code = run_groups.train_group_runs(workdir, doc, todo, progress.Progress(doc["runs"], {}, settings=doc["sweep"]),
+                                           verbose=True)
     except RecordError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1)
@@ -129,10 +130,13 @@ def _group_worker(workdir: str, doc: dict, group: list[dict]) -> None:
 
 def _dry_run(workdir: str, config, parallel: int) -> None:
     """What the command would do now, from the same planning path (next_stage) without writing: the same refusals
-    (another sweep's DIR), the runs recorded, the stage designed from them, the prediction, what would train."""
+    (another sweep's DIR), the runs recorded, the stage designed from them, the prediction, what would train. Where
+    the sweep chooses (--parallel=0) and no GPU is visible, the estimate packs the runs on the GPU
+    sweep.estimate_device_memory_gb assumes."""
     from transformer.design import plan
 
-    ns = next_stage.next_stage(workdir, config, write=False, retry_failed=_RETRY.value)
+    sched, slots_for, assumed = runner.schedule(config.settings(), parallel, assume=_PARALLEL.value == 0)
+    ns = next_stage.next_stage(workdir, config, write=False, retry_failed=_RETRY.value, schedule=sched)
     if _LAUNCHER.value == "slurm":  # the script the command would submit now: the runs of this stage that are ready
         ready = runner.ready_to_submit(workdir, ns.doc, ns.rows)
         if ready:
@@ -144,10 +148,9 @@ def _dry_run(workdir: str, config, parallel: int) -> None:
             print(f"# nothing to submit: " + (f"every run of {workdir} is recorded; the command fits" if not ns.todo
                                               else "the pending runs wait for runs not yet recorded"))
         return
-    later = next_stage.later_runs(plan.design(config, preview=True), ns.doc)
+    later = next_stage.later_runs(plan.design(config, preview=True, schedule=sched), ns.doc)
     fitted = not ns.todo and os.path.isdir(workdir) and outcome.current_fit(workdir, ns.doc) is not None
-    slots_for, assumed = runner.slot_planner(ns.doc, parallel, assume=True)
-    progress.print_dry_run(workdir, ns, later, slots_for, fitted, assumed)
+    progress.print_dry_run(workdir, ns, later, slots_for, fitted, assumed, sched)
 
 
 def main(argv: list[str]) -> None:
@@ -191,7 +194,8 @@ def main(argv: list[str]) -> None:
     if code == runner.STOPPED:  # doc: the next stage as designed now (nothing of it written)
         from transformer.design import plan
         todo, _ = runner.pending_runs(workdir, doc["runs"])
-        later = next_stage.later_runs(plan.design(config, preview=True), doc)
+        later = next_stage.later_runs(plan.design(config, preview=True,
+                                                  schedule=runner.schedule(config.settings(), parallel)[0]), doc)
         left = progress.remaining(todo, later, doc["waiting"])
         again = " ".join(shlex.quote(a) for a in _without(sys.argv[1:], _CONTINUE))
         print(f"stopped after {_STAGES.value} stage{'s' if _STAGES.value > 1 else ''} (--stages={_STAGES.value}); "

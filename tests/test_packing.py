@@ -234,7 +234,7 @@ def test_the_prior_eta_packs_each_stage_on_its_workers():
             for i in range(6)]
     one = progress.Progress(runs, {}, settings=s)
     assert one.eta() == (pytest.approx(36.0), "prior: sweep.estimate_*")
-    four = progress.Progress(runs, {}, settings=s, place=lambda units: (min(4, len(units)), 1))
+    four = progress.Progress(runs, {}, settings=s, pack=lambda rs: ([[r] for r in rs], min(4, len(rs)), 1))
     assert four.eta_seconds() == pytest.approx(6.0 + 6.0)  # stage A's 4 runs at once, then B's 2
 
 

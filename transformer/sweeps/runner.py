@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 import warnings
-from typing import Any, Callable, Container, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
+from transformer.design.estimate import Schedule
 from transformer.design.spec import SweepSpec
 from transformer.sweeps import claims, execute, next_stage, packing, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
@@ -100,21 +101,24 @@ def check_slots(config: Any, parallel: int) -> None:
     gpus = packing.visible_gpus()
     if not gpus or parallel == 1:
         return
-    runs = [{"config": r.config} for r in plan.design(spec, preview=True).runs]
+    runs = [{"config": r.config} for r in plan.design(spec, preview=True,
+                                                      schedule=schedule(spec.settings(), parallel)[0]).runs]
     units = units_of(runs, unit_key(spec.settings()))
     packing.place(parallel, gpus, [packing.unit_memory([r["config"] for r in u]) for u in units],
                   spec.workers_per_device)
 
 
-def slot_planner(doc: dict[str, Any], parallel: int,
+def slot_planner(settings: Mapping[str, Any], parallel: int,
                  assume: bool = False) -> tuple[Callable[[list], list[packing.Slot]], bool]:
     """(units → their worker_slots, whether the GPU is one sweep.estimate_device_memory_gb assumes): what the ETA
-    and the dry run pack each stage on. `assume` (the dry run): where no GPU is visible and the runs would train in
-    this process, one GPU of that memory, shared as --parallel=0 would share it (none where it is 0)."""
+    and the estimate pack each stage on. `settings`: the sweep's (sweep.json's "sweep"). `assume` (the dry run
+    where the sweep chooses, --parallel=0): where no GPU is visible, one GPU of that memory, shared as --parallel=0
+    would share it (none where it is 0)."""
     gpus, assumed, cores = packing.visible_gpus(), False, None
-    gb = float(doc["sweep"].get("estimate_device_memory_gb") or 0.0)
-    if assume and not gpus and parallel == 1 and gb:  # another machine's GPU: not limited by this one's cores
+    gb = float(settings.get("estimate_device_memory_gb") or 0.0)
+    if assume and not gpus and gb:  # another machine's GPU: not limited by this one's cores
         gpus, parallel, assumed, cores = [packing.Gpu("(assumed)", int(gb * 1e9))], 0, True, 2 * packing.MAX_AUTO_WORKERS
+    doc = {"sweep": settings}
     known: dict[tuple[str, ...], list[packing.Slot]] = {}
 
     def slots_for(units: list) -> list[packing.Slot]:
@@ -124,6 +128,37 @@ def slot_planner(doc: dict[str, Any], parallel: int,
         return known[ids]
 
     return slots_for, assumed
+
+
+def schedule(settings: Mapping[str, Any], parallel: int,
+             assume: bool = False) -> tuple[Schedule, Callable[[list], list[packing.Slot]], bool]:
+    """(how the sweep's runs will train, for the estimate sweep.max_hours bounds and the ETA: design/estimate's
+    Schedule, each stage's units on the slots `slot_planner` gives them; its slots_for; whether the GPU is
+    assumed). Without a GPU and with --parallel=1: one after another in this process."""
+    slots_for, assumed = slot_planner(settings, parallel, assume)
+    key = unit_key(settings)
+
+    def pack(runs: Sequence[Mapping[str, Any]]) -> tuple[list[list[Mapping[str, Any]]], int, int]:
+        units = units_of(runs, key)
+        slots = slots_for(units)
+        return units, len(slots), packing.devices(slots)
+
+    return Schedule(pack, _how(settings, parallel, assumed)), slots_for, assumed
+
+
+def _how(settings: Mapping[str, Any], parallel: int, assumed: bool) -> str:
+    """The words for how the runs will train, in the estimate line and the sweep.max_hours refusal."""
+    if assumed:
+        return (f"packed stage by stage on one GPU of {settings['estimate_device_memory_gb']:g} GB as --parallel=0 "
+                f"shares it (sweep.estimate_device_memory_gb: no GPU is visible here)")
+    gpus = packing.visible_gpus()
+    if parallel == 1:
+        return Schedule().how
+    if not gpus:
+        return f"in {parallel} worker processes"
+    names = ", ".join(g.name for g in gpus)
+    return (f"packed stage by stage on GPU {names} (" + ("--parallel=0: as many workers as fit" if parallel == 0
+                                                         else f"--parallel={parallel} workers") + ")")
 
 
 worker_env = packing.worker_env  # (slot, alone) -> (environment, CPU affinity); tests replace it
@@ -308,13 +343,14 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
     from transformer.sweeps import outcome
 
     spec = SweepSpec.of(config)
-    preview, progress, trained = plan.design(spec, preview=True), None, 0  # the whole sweep from the priors: ETA
+    sched = schedule(spec.settings(), parallel)[0]  # how the runs train: what sweep.max_hours bounds, the ETA's
+    preview, progress, trained = plan.design(spec, preview=True, schedule=sched), None, 0  # every stage: the ETA
     while True:
         if stages is not None and trained >= stages:  # stop where anything is left to do (nothing written)
-            peek = next_stage.next_stage(workdir, spec, write=False)
+            peek = next_stage.next_stage(workdir, spec, write=False, schedule=sched)
             if peek.todo or peek.plan.waiting:
                 return STOPPED, peek.doc
-        ns = next_stage.next_stage(workdir, spec, write=True, retry_failed=retry_failed)
+        ns = next_stage.next_stage(workdir, spec, write=True, retry_failed=retry_failed, schedule=sched)
         if retry_failed:
             print(f"retrying {len(ns.retried)} failed runs", flush=True)
             retry_failed = False
@@ -329,10 +365,8 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
         if ns.plan.waiting:
             print(f"stage: {len(ns.todo)} runs, then {ns.plan.waiting} decides the next stage", flush=True)
         later = later_runs(preview, doc)
-        if progress is None:  # kept across stages; its prior ETA packs each stage as the slots would
-            slots_for = slot_planner(doc, parallel)[0]
-            progress = Progress(doc["runs"], {}, later, max(parallel, 1), settings=doc["sweep"],
-                                place=lambda units: (len(s := slots_for(units)), packing.devices(s)))
+        if progress is None:  # kept across stages; its ETA packs each stage as the slots would
+            progress = Progress(doc["runs"], {}, later, max(parallel, 1), settings=doc["sweep"], pack=sched.pack)
         code = (run_parallel(workdir, doc, parallel, progress, later) if parallel != 1
                 else run_in_process(workdir, doc, verbose, progress, later))
         trained += 1
