@@ -119,8 +119,8 @@ def _group_worker(workdir: str, doc: dict, group: list[dict]) -> None:
     setup_jax(ml_collections.ConfigDict(todo[0]["config"]))
     import transformer.interop.hf_warm_start  # noqa: F401  (as a single run's worker)
     try:
-        code = run_groups.train_group_runs(workdir, doc, todo, progress.Progress(doc["runs"], {}, settings=doc["sweep"]),
-                                           verbose=True)
+        lines = progress.Progress(doc["runs"], {}, settings=doc["sweep"])
+        code = run_groups.train_group_runs(workdir, doc, todo, lines, verbose=True)
     except RecordError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1)

@@ -263,8 +263,8 @@ def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], slots_for: Calla
     slots_for = slots_for or (lambda units: [packing.Slot(0, None, 1)])
     slots = slots_for(units_of(ns.todo or later, unit_key(doc["sweep"])))
     seconds, basis = Progress(doc["runs"], ns.rows, later, settings=doc["sweep"], pack=schedule.pack).eta()
-    if not ns.rows:  # nothing trained yet: the sweep's one-time set-up is still ahead
-        seconds += doc["sweep"].get("estimate_setup_s", 0.0)
+    setup = 0.0 if ns.rows else doc["sweep"].get("estimate_setup_s", 0.0)  # nothing trained yet: the set-up is ahead
+    seconds += setup
     print(f"{_runs(len(ns.todo))} would train now (stage {_stages(ns.todo)}): {' '.join(r['run_id'] for r in ns.todo)}"
           if ns.todo else "no run would train before the prediction")
     if later:
@@ -274,7 +274,7 @@ def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], slots_for: Calla
         print(f"{_runs(len(done))} recorded in {workdir}/results.jsonl")
     where = ""
     if slots[0].gpu is not None:  # several runs share a device: what that buys against one at a time
-        one = Progress(doc["runs"], ns.rows, later, 1, settings=doc["sweep"]).eta()[0]
+        one = Progress(doc["runs"], ns.rows, later, 1, settings=doc["sweep"]).eta()[0] + setup
         where = (f" with {packing.describe(slots)}" + (f" (sweep.estimate_device_memory_gb="
                  f"{doc['sweep']['estimate_device_memory_gb']:g}: no GPU is visible here)" if assumed else "")
                  + f"; one at a time: about {_duration(one)}")

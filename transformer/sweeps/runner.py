@@ -117,7 +117,8 @@ def slot_planner(settings: Mapping[str, Any], parallel: int,
     gpus, assumed, cores = packing.visible_gpus(), False, None
     gb = float(settings.get("estimate_device_memory_gb") or 0.0)
     if assume and not gpus and gb:  # another machine's GPU: not limited by this one's cores
-        gpus, parallel, assumed, cores = [packing.Gpu("(assumed)", int(gb * 1e9))], 0, True, 2 * packing.MAX_AUTO_WORKERS
+        gpus, parallel, assumed = [packing.Gpu("(assumed)", int(gb * 1e9))], 0, True
+        cores = 2 * packing.MAX_AUTO_WORKERS
     doc = {"sweep": settings}
     known: dict[tuple[str, ...], list[packing.Slot]] = {}
 
@@ -149,16 +150,15 @@ def schedule(settings: Mapping[str, Any], parallel: int,
 def _how(settings: Mapping[str, Any], parallel: int, assumed: bool) -> str:
     """The words for how the runs will train, in the estimate line and the sweep.max_hours refusal."""
     if assumed:
-        return (f"packed stage by stage on one GPU of {settings['estimate_device_memory_gb']:g} GB as --parallel=0 "
-                f"shares it (sweep.estimate_device_memory_gb: no GPU is visible here)")
-    gpus = packing.visible_gpus()
+        return (f"packed on an assumed {settings['estimate_device_memory_gb']:g} GB GPU, stage by stage "
+                f"(--parallel=0; sweep.estimate_device_memory_gb: no GPU is visible here)")
     if parallel == 1:
         return Schedule().how
+    gpus = packing.visible_gpus()
     if not gpus:
-        return f"in {parallel} worker processes"
-    names = ", ".join(g.name for g in gpus)
-    return (f"packed stage by stage on GPU {names} (" + ("--parallel=0: as many workers as fit" if parallel == 0
-                                                         else f"--parallel={parallel} workers") + ")")
+        return f"in {parallel} worker processes, stage by stage"
+    return (f"packed on GPU {', '.join(g.name for g in gpus)}, stage by stage ("
+            + ("--parallel=0: as many workers as fit" if parallel == 0 else f"--parallel={parallel}") + ")")
 
 
 worker_env = packing.worker_env  # (slot, alone) -> (environment, CPU affinity); tests replace it
