@@ -19,6 +19,7 @@ fits when it was the last one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -66,12 +67,33 @@ def _indices(values: list[str], total: int) -> list[int]:
     return indices
 
 
+@contextlib.contextmanager
+def _stops_the_sweep(run_ids: str):
+    """Worker mode: an environment failure (execute.environment_failure: a module not installed, in the set-up or
+    the training) is this process's `error:` line and exit execute.ENVIRONMENT_EXIT, which the runner and the
+    SLURM step turn into the sweep's one error; the run is not recorded."""
+    try:
+        yield
+    except Exception as e:
+        stop = e if isinstance(e, execute.EnvironmentFailure) else execute.environment_failure(e, run_ids)
+        if stop is None:
+            raise
+        print(f"error: {stop}", file=sys.stderr, flush=True)
+        raise SystemExit(execute.ENVIRONMENT_EXIT) from None
+
+
 def _worker(workdir: str, values: list[str]) -> None:
     doc = runner.load_sweep(workdir)
     indices = _indices(values, len(doc["runs"]))
-    if len(indices) > 1:
-        return _group_worker(workdir, doc, [doc["runs"][i] for i in indices])
-    run = doc["runs"][indices[0]]
+    with _stops_the_sweep(", ".join(doc["runs"][i]["run_id"] for i in indices)):
+        if len(indices) > 1:
+            return _group_worker(workdir, doc, [doc["runs"][i] for i in indices])
+        return _run_worker(workdir, doc, doc["runs"][indices[0]])
+
+
+def _run_worker(workdir: str, doc: dict, run: dict) -> None:
+    """Worker mode for one run: claimed, trained and recorded (runner.train_run); exit 3 when preempted,
+    CLAIMED_ELSEWHERE when another runner holds it, 1 when it failed."""
     code = 0
     if run["run_id"] in {r["run_id"] for r in runner.results.read_results(workdir)}:
         print(f"{run['run_id']} is already recorded; nothing to do", flush=True)
@@ -81,10 +103,10 @@ def _worker(workdir: str, values: list[str]) -> None:
         if held is None:
             print(f"{run['run_id']} is claimed by another runner; nothing to do", flush=True)
             raise SystemExit(runner.CLAIMED_ELSEWHERE)
-        setup_jax(ml_collections.ConfigDict(run["config"]))
-        requeue_signal = slurm.arm_requeue()  # a SLURM task: checkpoint and requeue itself before its time limit
-        import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
         with held:
+            setup_jax(ml_collections.ConfigDict(run["config"]))
+            requeue_signal = slurm.arm_requeue()  # a SLURM task: checkpoint and requeue itself before its time limit
+            import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
             try:
                 row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
                                              max_retries=doc["sweep"].get("max_retries", 0))

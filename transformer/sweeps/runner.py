@@ -205,7 +205,9 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
     """Runs the pending runs in worker processes, each training one unit (`units`: a run, or a sweep.multirun
     group) in a slot (`worker_slots`: `parallel` workers; 0: as many per GPU as fit) and recording its own result
     (progress and later as run_in_process's). A unit that ran out of device memory beside other workers on its
-    GPU trains again alone on it (its failed row removed)."""
+    GPU trains again alone on it (its failed row removed). A worker stopped by an environment failure (a module not
+    installed: execute.ENVIRONMENT_EXIT) stops the others (they checkpoint) and raises its EnvironmentFailure, its
+    run not recorded."""
     todo_runs, recorded = pending_runs(workdir, doc["runs"])
     todo = units(workdir, doc, todo_runs)
     slots = worker_slots(doc, todo, parallel)
@@ -215,7 +217,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
     progress.event(f"{len(todo_runs)} runs to go in {workdir}, {packing.describe(slots)}")
     procs: dict[int, tuple[subprocess.Popen, list[dict[str, Any]], packing.Slot]] = {}  # slot -> (process, unit, slot)
     alone: set[str] = set()  # run ids that train alone on a GPU (they ran out of memory beside others)
-    stop = {"signal": None}
+    stop: dict[str, Any] = {"signal": None, "failure": None}  # a signal, or a worker's EnvironmentFailure
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, _frame):
@@ -227,7 +229,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
         signal.signal(s, on_signal)
     cache = results.Cache(workdir)  # one read of results.jsonl per change, not per pending run and poll
     try:
-        while (todo and stop["signal"] is None) or procs:
+        while (todo and stop["signal"] is None and stop["failure"] is None) or procs:
             recorded = cache.rows()
             running = [q for _, u, _ in procs.values() for q in u]
             for src in orphaned_sources(workdir, doc, [r for u in todo for r in u], running, recorded):
@@ -236,7 +238,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
                 todo.insert(0, [src])
             ready = [u for u in todo if all(branch_ready(r, running, recorded) for r in u)]
             for slot in slots:
-                if slot.index in procs or not ready or stop["signal"] is not None:
+                if slot.index in procs or not ready or stop["signal"] is not None or stop["failure"] is not None:
                     continue
                 unit = ready[0]
                 on_gpu = [u for _, u, q in procs.values() if slot.gpu is not None and q.gpu == slot.gpu]
@@ -256,6 +258,16 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
                 if p.poll() is None:
                     continue
                 del procs[i]
+                if p.returncode == execute.ENVIRONMENT_EXIT or (stop["failure"] is not None
+                                                                 and p.returncode == -signal.SIGTERM):
+                    if stop["failure"] is None:  # a module not installed: every run would fail so
+                        log = os.path.join(workdir, "runs", unit[0]["run_id"], "worker.log")
+                        stop["failure"] = execute.logged_environment_failure(log, unit[0]["run_id"])
+                        for q, _, _ in procs.values():
+                            q.send_signal(signal.SIGTERM)  # the others checkpoint (exit 3) or, starting, end
+                    for run in unit:  # not recorded: the command rerun after the fix trains it
+                        progress.finished(run, None, "(stopped: the sweep's environment lacks what it needs)")
+                    continue
                 again = _finish_unit(workdir, doc, unit, slot, p.returncode, cache, progress, alone)
                 if again:
                     alone.update(r["run_id"] for r in again)
@@ -263,6 +275,8 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    if stop["failure"] is not None:
+        raise stop["failure"]
     return 3 if stop["signal"] is not None else 0
 
 
