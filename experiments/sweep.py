@@ -19,6 +19,7 @@ fits when it was the last one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -66,12 +67,33 @@ def _indices(values: list[str], total: int) -> list[int]:
     return indices
 
 
+@contextlib.contextmanager
+def _stops_the_sweep(run_ids: str):
+    """Worker mode: an environment failure (execute.environment_failure: a module not installed, in the set-up or
+    the training) is this process's `error:` line and exit execute.ENVIRONMENT_EXIT, which the runner and the
+    SLURM step turn into the sweep's one error; the run is not recorded."""
+    try:
+        yield
+    except Exception as e:
+        stop = e if isinstance(e, execute.EnvironmentFailure) else execute.environment_failure(e, run_ids)
+        if stop is None:
+            raise
+        print(f"error: {stop}", file=sys.stderr, flush=True)
+        raise SystemExit(execute.ENVIRONMENT_EXIT) from None
+
+
 def _worker(workdir: str, values: list[str]) -> None:
     doc = runner.load_sweep(workdir)
     indices = _indices(values, len(doc["runs"]))
-    if len(indices) > 1:
-        return _group_worker(workdir, doc, [doc["runs"][i] for i in indices])
-    run = doc["runs"][indices[0]]
+    with _stops_the_sweep(", ".join(doc["runs"][i]["run_id"] for i in indices)):
+        if len(indices) > 1:
+            return _group_worker(workdir, doc, [doc["runs"][i] for i in indices])
+        return _run_worker(workdir, doc, doc["runs"][indices[0]])
+
+
+def _run_worker(workdir: str, doc: dict, run: dict) -> None:
+    """Worker mode for one run: claimed, trained and recorded (runner.train_run); exit 3 when preempted,
+    CLAIMED_ELSEWHERE when another runner holds it, 1 when it failed."""
     code = 0
     if run["run_id"] in {r["run_id"] for r in runner.results.read_results(workdir)}:
         print(f"{run['run_id']} is already recorded; nothing to do", flush=True)
@@ -81,10 +103,10 @@ def _worker(workdir: str, values: list[str]) -> None:
         if held is None:
             print(f"{run['run_id']} is claimed by another runner; nothing to do", flush=True)
             raise SystemExit(runner.CLAIMED_ELSEWHERE)
-        setup_jax(ml_collections.ConfigDict(run["config"]))
-        requeue_signal = slurm.arm_requeue()  # a SLURM task: checkpoint and requeue itself before its time limit
-        import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
         with held:
+            setup_jax(ml_collections.ConfigDict(run["config"]))
+            requeue_signal = slurm.arm_requeue()  # a SLURM task: checkpoint and requeue itself before its time limit
+            import transformer.interop.hf_warm_start  # noqa: F401  train.init_from may name a Hugging Face checkpoint
             try:
                 row, code = runner.train_run(workdir, run, doc["mode"], verbose=True,
                                              max_retries=doc["sweep"].get("max_retries", 0))
@@ -119,7 +141,8 @@ def _group_worker(workdir: str, doc: dict, group: list[dict]) -> None:
     setup_jax(ml_collections.ConfigDict(todo[0]["config"]))
     import transformer.interop.hf_warm_start  # noqa: F401  (as a single run's worker)
     try:
-        code = run_groups.train_group_runs(workdir, doc, todo, progress.Progress(doc["runs"], {}), verbose=True)
+        lines = progress.Progress(doc["runs"], {}, settings=doc["sweep"])
+        code = run_groups.train_group_runs(workdir, doc, todo, lines, verbose=True)
     except RecordError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1)
@@ -129,10 +152,13 @@ def _group_worker(workdir: str, doc: dict, group: list[dict]) -> None:
 
 def _dry_run(workdir: str, config, parallel: int) -> None:
     """What the command would do now, from the same planning path (next_stage) without writing: the same refusals
-    (another sweep's DIR), the runs recorded, the stage designed from them, the prediction, what would train."""
+    (another sweep's DIR), the runs recorded, the stage designed from them, the prediction, what would train. Where
+    the sweep chooses (--parallel=0) and no GPU is visible, the estimate packs the runs on the GPU
+    sweep.estimate_device_memory_gb assumes."""
     from transformer.design import plan
 
-    ns = next_stage.next_stage(workdir, config, write=False, retry_failed=_RETRY.value)
+    sched, slots_for, assumed = runner.schedule(config.settings(), parallel, assume=_PARALLEL.value == 0)
+    ns = next_stage.next_stage(workdir, config, write=False, retry_failed=_RETRY.value, schedule=sched)
     if _LAUNCHER.value == "slurm":  # the script the command would submit now: the runs of this stage that are ready
         ready = runner.ready_to_submit(workdir, ns.doc, ns.rows)
         if ready:
@@ -144,10 +170,9 @@ def _dry_run(workdir: str, config, parallel: int) -> None:
             print(f"# nothing to submit: " + (f"every run of {workdir} is recorded; the command fits" if not ns.todo
                                               else "the pending runs wait for runs not yet recorded"))
         return
-    later = next_stage.later_runs(plan.design(config, preview=True), ns.doc)
+    later = next_stage.later_runs(plan.design(config, preview=True, schedule=sched), ns.doc)
     fitted = not ns.todo and os.path.isdir(workdir) and outcome.current_fit(workdir, ns.doc) is not None
-    slots_for, assumed = runner.slot_planner(ns.doc, parallel, assume=True)
-    progress.print_dry_run(workdir, ns, later, slots_for, fitted, assumed)
+    progress.print_dry_run(workdir, ns, later, slots_for, fitted, assumed, sched)
 
 
 def main(argv: list[str]) -> None:
@@ -191,7 +216,8 @@ def main(argv: list[str]) -> None:
     if code == runner.STOPPED:  # doc: the next stage as designed now (nothing of it written)
         from transformer.design import plan
         todo, _ = runner.pending_runs(workdir, doc["runs"])
-        later = next_stage.later_runs(plan.design(config, preview=True), doc)
+        later = next_stage.later_runs(plan.design(config, preview=True,
+                                                  schedule=runner.schedule(config.settings(), parallel)[0]), doc)
         left = progress.remaining(todo, later, doc["waiting"])
         again = " ".join(shlex.quote(a) for a in _without(sys.argv[1:], _CONTINUE))
         print(f"stopped after {_STAGES.value} stage{'s' if _STAGES.value > 1 else ''} (--stages={_STAGES.value}); "

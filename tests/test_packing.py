@@ -234,8 +234,39 @@ def test_the_prior_eta_packs_each_stage_on_its_workers():
             for i in range(6)]
     one = progress.Progress(runs, {}, settings=s)
     assert one.eta() == (pytest.approx(36.0), "prior: sweep.estimate_*")
-    four = progress.Progress(runs, {}, settings=s, place=lambda units: (min(4, len(units)), 1))
+    four = progress.Progress(runs, {}, settings=s, pack=lambda rs: ([[r] for r in rs], min(4, len(rs)), 1))
     assert four.eta_seconds() == pytest.approx(6.0 + 6.0)  # stage A's 4 runs at once, then B's 2
+
+
+def test_max_hours_bounds_the_estimate_of_how_the_sweep_will_train_stage_by_stage():
+    """Issue 30: sweep.max_hours bounded the one-process sum even where the runs share a GPU, so gpu_quick at the
+    H100's measured rates would be refused although packed it fits. Now it bounds the estimate of the schedule the
+    sweep will train on (design/estimate.Schedule, from runner.schedule): each stage's units packed on its workers,
+    the stages summed (a stage trains once the one before is recorded), plus the set-up; the note and the refusal
+    say which."""
+    from configs.sweeps import quick
+    from transformer.design import estimate
+    from transformer.design.spec import SweepSpec
+
+    c = quick.get_config()
+    c.sweep.max_hours, c.sweep.min_sizes = 0.0, 4  # no limit yet; 4 sizes a budget, never fewer
+    s = SweepSpec.of(c)
+    runs = plan.design(s, preview=True).runs
+    spec = plan.design(s, preview=True).spec
+    four = plan.Schedule(lambda rs: ([[r] for r in rs], 4, 1), "on 4 workers sharing one device")
+    listed = [estimate.listed(r, spec) for r in runs]
+    by_stage = [[r for r in listed if r["stage"] == st] for st in dict.fromkeys(r["stage"] for r in listed)]
+    assert len(by_stage) == 4  # 3 budgets and the validation run
+    expected = sum(plan.packed_seconds([plan.unit_seconds([r], spec.settings()) for r in st], 4, 1) for st in by_stage)
+    packed, one = plan.total_seconds(runs, spec, four), plan.total_seconds(runs, spec)
+    assert packed == pytest.approx(expected + spec.estimate_setup_s) and packed < one
+    c.sweep.max_hours = (packed + one) / 2 / 3600  # between the two
+    notes = plan.design(c, preview=True, schedule=four).notes
+    assert any(n.startswith(f"estimated time {packed / 60:.1f} min on 4 workers sharing one device, within")
+               for n in notes)
+    with pytest.raises(ConfigError, match=rf"is estimated at {one / 60:.1f} min in one process \(sweep.estimate_\*\), "
+                                          rf"over its limit of {(packed + one) / 120:.1f} min"):
+        plan.design(c, preview=True)
 
 
 def test_the_dry_run_says_what_sharing_a_gpu_buys(tmp_path):

@@ -27,9 +27,14 @@ B_opt = 0.292·C^0.327, around the 32k used here); both are extrapolations to th
 it: --config.sweep.lr_fit=DIR/lr_fit.json (an LR scan, configs/sweeps/lr_scan.py), or
 --config.sweep.lr_calibration.d_models=96,192 (over the time limit unless sweep.max_hours is raised).
 
-Time: sweep.max_hours = 0.1 (6 minutes); the dry run prints the estimate and a plan estimated above the limit is
-one error (exit 2) naming both. The rates are ESTIMATES from the only H100 measurements so far, to be replaced by
-the device's own (.ci/gpu_stages/gpu_quick.sh prints the fitted rates of its runs): H100_MEASURED below.
+Time: sweep.max_hours = 0.1 (6 minutes), compilation and set-up included; the dry run prints the estimate and a plan
+estimated above the limit is one error (exit 2) naming both. The rates are the device's own (H100_MEASURED below:
+the 13 runs of this sweep on one H100, one at a time, 2026-11-26). With them one run after another takes an
+estimated 6.4 minutes and does not fit; the sweep's default on a GPU (--parallel=0) has the runs of each stage share
+it in worker processes (transformer/sweeps/packing.py), and the limit bounds that packed estimate, stage by stage
+(design/estimate.py), about 4 minutes. A dry run without a GPU assumes one of estimate_device_memory_gb=80, as the
+H100; estimate_pack_overlap=0 (no share of a step's overhead filled by the other workers: not measured yet, so the
+device is counted busy for all of each step).
 
 Data: the built-in corpus (the device builds it from its own Python's standard library, ~30 MB, ~10M tokens with
 8,192 pieces) is read many times by the larger runs (the dry run prints the epochs of every run and the most in each
@@ -52,27 +57,20 @@ from configs import lm
 from configs.sweeps import common
 from transformer.spec import ConfigError
 
-H100_BF16_PEAK = 989e12  # FLOP/s, H100 SXM dense bf16
-
-# The H100 measurements the estimate is derived from: BENCHMARKS.md, "GPU: one H100, 2026-11-26" (one NVIDIA H100
-# 80GB HBM3, jax 0.11.2, bf16, experiments.bench medians): (layers, training FLOPs per step with attention,
-# seconds per step), both at 16,384 tokens per step.
-H100_MEASURED = {
-    "llama_1b": (16, 5.7378e9 * 16384, 16384 / 70_781),        # 0.89B, seq 2048 × 8: 41.1% MFU, 231 ms per step
-    "gpt2_small": (12, 6.2462e8 * 16384, 16384 / 437_725),     # 86M, seq 1024 × 16: 27.7% MFU, 37 ms per step
-}
-
-
-def step_model(measured: dict = H100_MEASURED) -> tuple[float, float]:
-    """(R, τ) of the rate model "seconds per step = FLOPs per step / R + layers · τ" through the two measurements:
-    a sustained matmul rate plus a fixed cost per layer and step (kernel launches and memory-bound work that small
-    widths do not amortise), so MFU falls with model size as measured (41% at 0.89B, 28% at 86M). It gives
-    R = 4.43e14 FLOP/s (44.8% of peak) and τ = 1.19 ms; the third measurement (0.89B at 32,768 tokens per step,
-    435 ms) it predicts at 444 ms (+2%). For the models here (d96–d224, 8 layers, 32,768 tokens per step) it
-    predicts 5–13% MFU: an extrapolation 10–50× below the measured sizes."""
-    (l1, f1, t1), (l2, f2, t2) = measured.values()
-    inv_r = (t1 * l2 - t2 * l1) / (f1 * l2 - f2 * l1)
-    return 1.0 / inv_r, (t1 - f1 * inv_r) / l1
+# The H100 rates the estimate uses, measured by this sweep's own run on one NVIDIA H100 80GB HBM3 (2026-11-26, jax
+# 0.11.2, 13 runs one at a time; docs/figures/gpu_quick_h100/gpu_quick_summary.txt, the fit of each run's
+# train_seconds = steps·(FLOPs/R + t0) + c and the medians of its summary.json times; docs/results/
+# 2026-11-26-gpu-quick-h100.md). They replace the estimates from the 1B and GPT-2 small benches (R = 4.43e14, 9.54 ms
+# per step, 6 s compilation, 3 s per run, 30 s set-up), which put the sweep at 4.5 minutes where its runs took 6.2.
+H100_MEASURED = dict(
+    estimate_flops_per_second=2.89e14,  # R, sustained (29% of the bf16 peak) at 1.7M-54M parameters, 32k tokens/step
+    estimate_step_overhead_s=0.0108,    # t0 per step at 8 layers (1.35 ms per layer): small kernels, launches
+    estimate_compile_s=7.9,             # per run, median (7-12 s: the first run of each shape compiles cold)
+    estimate_run_overhead_s=5.1,        # per run besides steps and compilation: evaluation 2.38 s + the rest 2.76 s
+    estimate_setup_s=10.0,              # once: the sweep command's time outside its runs (start-up, designs, fits)
+    estimate_source="measured: this sweep on one H100 80GB HBM3, 13 runs one at a time, 2026-11-26 "
+                    "(docs/figures/gpu_quick_h100/gpu_quick_summary.txt)",
+)
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -95,21 +93,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     base.train.decay_fraction = 0.2
     base.train.final_lr_fraction = 0.0
     num_layers = 3 if cpu else 8
-    rate, per_layer = step_model()
-    if cpu:  # measured by this variant's own run on the shared 2-core CPU VM (load ~5), 2026-11-27
+    if cpu:  # measured by this variant's own run on the shared 2-core CPU VM (load ~5), 2026-11-27; one process
         estimate = dict(estimate_flops_per_second=1.8e10, estimate_step_overhead_s=0.009,
                         estimate_run_overhead_s=3.0, estimate_compile_s=10.0, estimate_setup_s=45.0,
                         estimate_source="measured on the shared 2-core CPU VM, 2026-11-27 (.ci/gpu_stages/"
                                         "gpu_quick_summary.py)")
-    else:
-        estimate = dict(
-            estimate_flops_per_second=rate, estimate_step_overhead_s=num_layers * per_layer,
-            # compilation of each run's train and eval steps: 3-8 s at 0.89B on the H100 (BENCHMARKS.md), 8 layers here
-            estimate_compile_s=6.0,
-            estimate_run_overhead_s=3.0,  # model init, data pipeline start, eval, 2-3 checkpoints of a small state
-            estimate_setup_s=30.0,        # JAX and CUDA start-up, the SentencePiece model and token cache, two fits
-            estimate_source=f"ESTIMATES from one H100 80GB HBM3, 2026-11-26 (BENCHMARKS.md: llama_1b 41%, GPT-2 "
-                            f"small 28% MFU), R + {num_layers} layers x tau per step; replace with the device's")
+    else:  # the runs share the GPU (--parallel=0); a dry run without one assumes an H100's 80 GB
+        estimate = dict(**H100_MEASURED, estimate_device_memory_gb=80.0, estimate_pack_overlap=0.0)
     return common.make(dict(
         name="gpu_quick_cpu" if cpu else "gpu_quick",
         budgets=(),          # chosen by the sweep (design/budgets.py): 4.1e14, 8.19e14, 1.64e15 with 8,192 pieces

@@ -5,9 +5,9 @@ tokenizer do not suit a 6k or 32k one. Given the ladder measured with the run's 
 sweep.num_budgets budgets sweep.budget_ratio apart, the first the smallest of ANCHOR · budget_ratio^j (j an integer,
 so the choice is stable and the byte tokenizer's quick sweep keeps its 1e11, 2e11, 4e11) at which every budget's
 sizes_per_budget sizes all have at least sweep.min_steps steps and straddle the prior optimum N_opt = G·C^a
-(grid.budget_sizes, the check an explicit budget gets, here without dropping a size). sweep.max_hours then bounds the whole sweep's estimated
-time (sweep.estimate_*, every stage from the priors): a plan that does not fit is one ConfigError that says what
-it would take. No JAX.
+(grid.budget_sizes, the check an explicit budget gets, here without dropping a size). sweep.max_hours then bounds
+the whole sweep's estimated time (sweep.estimate_*, every stage from the priors, packed as the sweep will train:
+design/estimate.py): a plan that does not fit is one ConfigError that says what it would take. No JAX.
 """
 from __future__ import annotations
 
@@ -68,11 +68,13 @@ def smallest(s: SweepSpec) -> tuple[SweepSpec, tuple[float, str] | None]:
                       f"tokenizer: {tried[1] if tried else 'no candidate'}; change sweep.d_models")
 
 
-def resolve(s: SweepSpec, seconds_of: Callable[[SweepSpec], float]) -> tuple[SweepSpec, list[str]]:
+def resolve(s: SweepSpec, seconds_of: Callable[[SweepSpec], float],
+            how: str = "in one process") -> tuple[SweepSpec, list[str]]:
     """(the spec with concrete budgets and validate_flops, notes saying how they were chosen and the estimated
     time). `seconds_of(spec)`: the estimated seconds of the whole sweep designed from the priors (plan.design's
-    preview); called with max_hours=0. Chosen budgets that exceed sweep.max_hours are tried again with fewer sizes
-    per budget, down to sweep.min_sizes. ConfigError when no budget works or the plan exceeds sweep.max_hours."""
+    preview), stage by stage as it will train (`how` says how: estimate.Schedule); called with max_hours=0.
+    Chosen budgets that exceed sweep.max_hours are tried again with fewer sizes per budget, down to
+    sweep.min_sizes. ConfigError when no budget works or the plan exceeds sweep.max_hours."""
     limit = s.max_hours * 3600
     if s.budgets:
         s = with_budgets(s, s.budgets)
@@ -93,11 +95,11 @@ def resolve(s: SweepSpec, seconds_of: Callable[[SweepSpec], float]) -> tuple[Swe
     if s.max_hours and seconds > limit:
         raise ConfigError(
             f"sweep.max_hours={s.max_hours:g}: the sweep (budgets {', '.join(format_flops(c) for c in s.budgets)}, "
-            f"{s.sizes_per_budget} sizes each) is estimated at {_duration(seconds)} in one process (sweep.estimate_*), "
+            f"{s.sizes_per_budget} sizes each) is estimated at {_duration(seconds)} {how} (sweep.estimate_*), "
             f"over its limit of {_duration(limit)}; raise sweep.max_hours, or shrink it: fewer sweep.num_budgets, a "
             f"lower sweep.min_steps, a smaller "
             f"base.train.batch_size or data.seq_len, or a smaller vocabulary")
-    notes.append(f"estimated time {_duration(seconds)} in one process"
+    notes.append(f"estimated time {_duration(seconds)} {how}"
                  + (f", within sweep.max_hours={s.max_hours:g} h" if s.max_hours else ""))
     return s, notes
 

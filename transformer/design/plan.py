@@ -27,11 +27,13 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from transformer.design import budgets, grid
+from transformer.design.estimate import (  # the time estimate; re-exported: plan's names since before
+    ONE_PROCESS, Schedule, device_seconds, estimate_seconds, packed_seconds, total_seconds, unit_seconds)
 from transformer.design.grid import Run, Shape, format_flops, size_of
 from transformer.design.lr_stages import Plan, calibration, scan_plan
 from transformer.design.spec import SweepSpec
@@ -40,7 +42,7 @@ from transformer.scaling.points import from_arrays
 from transformer.spec import ConfigError, TrainSpec, model_spec
 
 __all__ = ["Plan", "design", "estimate_seconds", "device_seconds", "unit_seconds", "packed_seconds", "total_seconds",
-           "check_run", "centre", "baseline_grid", "validation_run", "prior_prediction"]
+           "Schedule", "ONE_PROCESS", "check_run", "centre", "baseline_grid", "validation_run", "prior_prediction"]
 
 RECENTER_SLOPE_RANGE = 0.2   # a re-centring power law's exponent stays within prior_exponent ± this
 
@@ -175,14 +177,16 @@ def prior_prediction(s: SweepSpec) -> dict:
 
 
 def design(config: Any, rows: dict[str, dict] | None = None, prediction: dict | None = None, *,
-           preview: bool = False) -> Plan:
+           preview: bool = False, schedule: Schedule = ONE_PROCESS) -> Plan:
     """The runs designed from `rows` (run_id → results row) so far; see the module docstring. `config`: a sweep
     config (ConfigDict or mapping with `sweep` and `base`) or its SweepSpec. The plan's `spec` is the resolved
-    spec (the budgets the sweep chose, validate_flops from validate_ratio)."""
+    spec (the budgets the sweep chose, validate_flops from validate_ratio). `schedule`: how the runs will train
+    (estimate.Schedule, from the sweeps layer: packed on a GPU's workers, or one after another in one process),
+    which the whole sweep's estimate that sweep.max_hours bounds follows."""
     s = SweepSpec.of(config)
     if s.mode == "lr_scan":
         return _numbered(dataclasses.replace(scan_plan(s, rows or {}, preview), spec=s))
-    s, notes = budgets.resolve(s, lambda c: total_seconds(design(c, preview=True).runs, c))
+    s, notes = budgets.resolve(s, lambda c: total_seconds(design(c, preview=True).runs, c, schedule), schedule.how)
     notes = [n for n in [grid.left_out(s)] if n] + notes
     rows = rows or {}
     recorded = lambda runs: preview or all(r.run_id in rows for r in runs)
@@ -250,51 +254,3 @@ def check_run(config: dict) -> None:
 def _numbered(plan: Plan) -> Plan:
     plan.runs = [dataclasses.replace(r, index=i) for i, r in enumerate(plan.runs)]
     return plan
-
-
-def estimate_seconds(run: Run, sweep: SweepSpec) -> float:
-    """The time estimate of one run (sweep.estimate_*: its steps, its overhead and its compilation); a branch
-    trains from its start step."""
-    step = run.batch_size * run.seq_len * run.flops_per_token / sweep.estimate_flops_per_second
-    return ((run.steps - run.start_step) * (step + sweep.estimate_step_overhead_s) + sweep.estimate_run_overhead_s
-            + sweep.estimate_compile_s)
-
-
-def device_seconds(run: Mapping[str, Any], sweep: Mapping[str, Any]) -> float:
-    """The part of a run's estimate during which it holds its device, when other workers share it: each step's
-    compute and the share of its overhead the others' steps cannot fill (1 − sweep.estimate_pack_overlap); not its
-    start-up. `run` as sweep.json lists it, `sweep` its settings (SweepSpec.settings())."""
-    step = run["batch_size"] * run["seq_len"] * run["flops_per_token"] / sweep["estimate_flops_per_second"]
-    overhead = (1.0 - sweep.get("estimate_pack_overlap", 0.0)) * sweep["estimate_step_overhead_s"]
-    return (run["steps"] - (run.get("start_step") or 0)) * (step + overhead)
-
-
-def unit_seconds(runs: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any]) -> tuple[float, float]:
-    """(seconds trained by itself, device seconds) of one unit of work: a run (its `estimated_seconds`), or a
-    sweep.multirun group of R runs of one shape, one program whose steps cost R runs' compute but one step's
-    overhead and one start-up: n·(R·c + s) + o."""
-    alone = sum(float(r["estimated_seconds"]) for r in runs)
-    device = sum(device_seconds(r, sweep) for r in runs)
-    if len(runs) > 1:
-        n = runs[0]["steps"] - (runs[0].get("start_step") or 0)
-        s, extra = sweep["estimate_step_overhead_s"], len(runs) - 1
-        alone -= extra * (n * s + sweep["estimate_run_overhead_s"])
-        device -= extra * n * (1.0 - sweep.get("estimate_pack_overlap", 0.0)) * s
-    return alone, device
-
-
-def packed_seconds(units: Sequence[tuple[float, float]], workers: int, devices: int) -> float:
-    """The estimated wall time of units of work, each (alone, device) seconds (unit_seconds), trained by `workers`
-    workers sharing `devices` devices: the longest of the devices' busy time (Σ device / devices), the workers'
-    time (Σ alone / workers: a worker's start-up and its steps' overhead overlap the others' work) and the longest
-    unit. One worker per device: Σ alone / devices, as one process each."""
-    if not units:
-        return 0.0
-    return max(sum(d for _, d in units) / max(devices, 1), sum(a for a, _ in units) / max(workers, 1),
-               max(a for a, _ in units))
-
-
-def total_seconds(runs: list[Run], sweep: SweepSpec) -> float:
-    """The estimated seconds of a sweep of `runs` trained one after another in one process, its one-time set-up
-    (sweep.estimate_setup_s) included: what sweep.max_hours bounds."""
-    return float(sum(estimate_seconds(r, sweep) for r in runs)) + sweep.estimate_setup_s

@@ -201,9 +201,10 @@ class SweepSpec:
     workers_per_device: int = 0        # --parallel=0 on GPUs: worker processes sharing each GPU; 0: as many as the
                                        # runs' memory estimates allow (transformer/sweeps/packing.py)
 
-    # Time estimate (the dry run, the chosen budgets, the ETA): per run, steps × (tokens_per_step · flops_per_token
-    # / estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s + estimate_compile_s; the
-    # whole sweep adds estimate_setup_s once (max_hours bounds the sum).
+    # Time estimate (the dry run, the chosen budgets, the ETA; design/estimate.py): per run, steps × (tokens_per_step
+    # · flops_per_token / estimate_flops_per_second + estimate_step_overhead_s) + estimate_run_overhead_s +
+    # estimate_compile_s; each stage's runs packed as the sweep will train them, the stages summed, and
+    # estimate_setup_s once (max_hours bounds that).
     estimate_flops_per_second: float = 2.5e10
     estimate_step_overhead_s: float = 0.004
     estimate_run_overhead_s: float = 8.0
@@ -213,7 +214,8 @@ class SweepSpec:
     estimate_source: str = ""          # where the rates above come from (device, date), printed with the estimate
     # Several workers on one device (--parallel; docs/sweeps.md "Several runs on one GPU"): the share of the step
     # overhead that the other workers' steps fill, 0 (none: the device time of a step is all of it) to 1; and the
-    # device memory the dry run assumes where it sees no GPU (0: it estimates one run at a time only).
+    # device memory a dry run with --parallel=0 assumes where it sees no GPU, its estimate (and the max_hours
+    # check) then packed as on that GPU (0: one run at a time).
     estimate_pack_overlap: float = 0.0
     estimate_device_memory_gb: float = 0.0
 

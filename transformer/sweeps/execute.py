@@ -4,7 +4,8 @@ its DIR/results.jsonl row, and what that row says: the one failure rule (`verdic
 
 Used by the runner (transformer/sweeps/runner.py: one run after another, worker processes), by run groups
 (transformer/sweeps/run_groups.py: sweep.multirun) and by the SLURM steps; it imports none of them, so the
-dependency runs one way. Those executors only schedule: the config, the claim and the verdict are made here.
+dependency runs one way. Those executors only schedule: the config, the claim, the verdict, and what stops the
+whole sweep (an EnvironmentFailure: a module no retry installs) are made here.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, Collection
 
 from transformer import environment
 from transformer.scaling import verdict as verdict_rule
-from transformer.spec import MissingInputError
+from transformer.spec import ConfigError, MissingInputError
 from transformer.sweeps import claims, results
 
 SHAPE_KEYS = ("d_model", "num_layers", "num_heads", "head_dim", "d_ff")
@@ -80,6 +81,58 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
 
 
 CLAIMED_ELSEWHERE = 4  # exit code of a worker whose run another runner holds
+ENVIRONMENT_EXIT = 7   # exit code of a worker stopped by an EnvironmentFailure (its `error:` line ends its log)
+OWN_PACKAGES = ("transformer", "experiments", "configs")  # an import of these that fails is a bug, not the machine
+
+
+class EnvironmentFailure(ConfigError):
+    """A run failed for want of something in the environment that no retry can fix and that every later run needs
+    too (a Python module or a shared library that is not installed): the sweep stops at the first one with this one
+    `error:` line (exit 2), and the run stays unrecorded, so that the same command rerun after the fix trains it."""
+
+
+def environment_failure(error: BaseException, run_id: str) -> EnvironmentFailure | None:
+    """The EnvironmentFailure `error` (or an exception it was raised from or during) is, for run `run_id`: an
+    ImportError of a package outside this project (ModuleNotFoundError: not installed; `cannot import name`: another
+    version), or a shared library that cannot be loaded (`cannot open shared object file`: a missing CUDA library);
+    None for anything else. An import of this project's own modules that fails is a bug (it keeps its traceback),
+    and errors of the XLA runtime, CUDA's included, are retried: on the H100 a `ptxas exited with non-zero error
+    code 15` trained on its retry."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text, name = str(error), getattr(error, "name", None) or ""
+        if isinstance(error, ImportError) and name.split(".")[0] in OWN_PACKAGES:
+            return None
+        if isinstance(error, ModuleNotFoundError) and name:
+            what = f"the Python module {name!r} is not installed ({text})"
+            fix = (f"install the package that provides it (e.g. pip install {name.split('.')[0]}; on the lent GPU "
+                   f"machine .ci/gpu_wheels.sh fetches the wheels .ci/gpu_check.sh installs)")
+        elif isinstance(error, (ImportError, OSError)) and "cannot open shared object file" in text:
+            what = f"a shared library is missing ({type(error).__name__}: {text})"
+            fix = "install the package that provides it (a CUDA library: the jax[cuda13] extra's wheels)"
+        elif isinstance(error, ImportError):
+            what = f"{type(error).__name__}: {text}"
+            fix = f"install the version of {name or 'the package'} pyproject.toml names"
+        else:
+            error = error.__cause__ or error.__context__
+            continue
+        return EnvironmentFailure(f"run {run_id} could not train: {what}; {fix}, then rerun the command: the sweep "
+                                  f"stopped at this run, which is not recorded, and the rerun trains it")
+    return None
+
+
+def logged_environment_failure(log: str, run_id: str) -> EnvironmentFailure:
+    """The EnvironmentFailure a worker process (or SLURM task) stopped with, exit ENVIRONMENT_EXIT: the last
+    `error:` line of its `log`."""
+    try:
+        with open(log, errors="replace") as f:
+            lines = [ln.strip() for ln in f if ln.startswith("error: ")]
+    except OSError:
+        lines = []
+    return EnvironmentFailure(lines[-1].removeprefix("error: ") if lines else
+                              f"run {run_id}: its worker stopped for want of something in its environment (exit "
+                              f"{ENVIRONMENT_EXIT}); see {log}")
 
 
 def run_config(workdir: str, run: dict[str, Any], doc: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -117,13 +170,20 @@ def held_by_sweep(info: dict[str, Any]) -> bool:
 def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = False,
               max_retries: int = 0) -> tuple[dict[str, Any] | None, int]:
     """Trains (or resumes) one run in this process and records it. A run that raises is tried again
-    (resuming from its checkpoints) up to `max_retries` times before it is recorded as failed.
+    (resuming from its checkpoints) up to `max_retries` times before it is recorded as failed; one that raises an
+    environment failure (`environment_failure`: a module not installed) raises it at once, EnvironmentFailure,
+    recording nothing: every executor (in process, a worker, a group, a SLURM task) stops the sweep there.
 
     Returns (the run's row, None when the run was preempted; and an exit code: 0 ok, 1 failed or diverged,
     3 preempted). The row is the one another process recorded where one came first.
     """
-    from transformer.training.loop import train  # imported late: the caller sets up JAX first
-
+    try:
+        from transformer.training.loop import train  # imported late: the caller sets up JAX first
+    except ImportError as e:
+        stop = environment_failure(e, run["run_id"])
+        if stop is not None:
+            raise stop from e
+        raise
     t0 = time.time()
     config = run_config(workdir, run)
     seed_branch(workdir, run, verbose)
@@ -135,6 +195,9 @@ def train_run(workdir: str, run: dict[str, Any], mode: str, verbose: bool = Fals
         except Exception as e:  # a failing run is retried, then recorded, and the sweep goes on
             if verbose:
                 traceback.print_exc()
+            stop = environment_failure(e, run["run_id"])
+            if stop is not None:  # no retry fixes it, and every later run would fail the same way
+                raise stop from e
             if attempt < max_retries:
                 print(f"{run['run_id']} failed ({type(e).__name__}: {str(e)[:200]}); retry {attempt + 1} of "
                       f"{max_retries}", flush=True)

@@ -132,26 +132,28 @@ def design_rows(workdir: str, config: Any = None, *, write: bool = True, retry_f
 
 
 def next_stage(workdir: str, config: Any, *, write: bool, retry_failed: bool = False,
-               predict: bool = True) -> NextStage:
+               predict: bool = True, schedule: Any = None) -> NextStage:
     """What the sweep does next (module docstring); `config`: a sweep config (ConfigDict or mapping) or its
-    SweepSpec; `predict=False` stops at a plan that waits for the prediction. ConfigError where DIR holds another
-    sweep."""
+    SweepSpec; `predict=False` stops at a plan that waits for the prediction; `schedule`: how its runs will train,
+    which sweep.max_hours bounds (design/estimate.Schedule: runner.schedule; default one after another in one
+    process). ConfigError where DIR holds another sweep."""
     from transformer.data import identity
     from transformer.design import plan
     from transformer.spec import DataSpec
     from transformer.sweeps import outcome
 
     spec = SweepSpec.of(config)
+    schedule = schedule or plan.ONE_PROCESS
     data_identity = identity.peek(DataSpec.of(spec.base["data"]))  # None until the data is built
     prediction = outcome.load_prediction(workdir) if os.path.isdir(workdir) else None
     if write:  # a DIR that holds another sweep is refused before anything is written (the rows' repair included)
         ahead = design_rows(workdir, spec, write=False, retry_failed=retry_failed)[0]
-        check_recorded(workdir, {**sweep_document(spec, plan.design(spec, ahead, prediction)),
+        check_recorded(workdir, {**sweep_document(spec, plan.design(spec, ahead, prediction, schedule=schedule)),
                                  "data_identity": data_identity})
     rows, recovered, retried = design_rows(workdir, spec, write=write, retry_failed=retry_failed)
     made = None
     while True:
-        p = plan.design(spec, rows, prediction)
+        p = plan.design(spec, rows, prediction, schedule=schedule)
         doc = {**sweep_document(spec, p), "data_identity": data_identity}
         if write:
             write_sweep(workdir, doc)

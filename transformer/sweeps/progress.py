@@ -7,44 +7,48 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from transformer.data import token_cache
+from transformer.design import estimate
 from transformer.design.grid import format_flops
 from transformer.sweeps import packing
 from transformer.spec import DataSpec
 
 
-def trained_flops(run: dict[str, Any]) -> float:
-    """The FLOPs a run (as sweep.json lists it) trains: all of them, or a branch's from its start step."""
-    steps = max(int(run["steps"]), 1)
-    return float(run["flops"]) * (steps - int(run.get("start_step") or 0)) / steps
-
-
 class Progress:
     """One line per event: done/running/failed/total, what happened, and an ETA for the whole sweep: the runs of
     the stages designed so far not yet finished (those running less the time they have run) plus `later`, the runs
-    of the stages not designed yet (next_stage.later_runs: the priors' guess), divided among `parallel` workers.
-    Each run is costed at the measured rate once a run of this sweep has finished — seconds per trained FLOP of its
-    ok runs (wall_seconds / trained_flops, recorded before this command or finished in it) × the run's trained
-    FLOPs — and before that at the prior's estimate (estimated_seconds: sweep.estimate_*); the line says which.
-    With the sweep's `settings` (sweep.json's "sweep") the prior's estimate is stage by stage (a stage trains
-    after the one before), each stage's units (sweep.multirun: a group is one) packed on its workers
-    (plan.packed_seconds): `place(units)` gives (workers, devices) for a stage's units (the runner's slots; default
-    `parallel` workers on `devices` devices, one device per worker when None). `clock`: seconds (time.time; a fake
-    one in tests)."""
+    of the stages not designed yet (next_stage.later_runs: the priors' guess), by the one estimate the plan is
+    checked with (design/estimate.py: per run steps·(FLOPs/R + t0) + compilation + the rest, stage after stage,
+    each stage's units packed as `pack` packs them). Once runs of this sweep have finished ok, that estimate is
+    calibrated on them: × Σ their wall_seconds / Σ what the estimate expected of them as they trained
+    (estimate.expected_seconds; recorded before this command or finished in it), so a run's fixed costs stay fixed
+    and its steps scale (before: seconds per trained FLOP, which counted the first run's compilation as if it grew
+    with FLOPs: 22 min said for 5 left on the H100). The line says which: "prior: sweep.estimate_*" or
+    "measured: K runs". `settings`: sweep.json's "sweep" (sweep.multirun's groups are units; the rates the device
+    bound needs); `pack`: a stage's runs → (units, workers, devices) (runner.schedule: the runner's slots; default
+    the units on `parallel` workers on `devices` devices, one device per worker when None). `clock`: seconds
+    (time.time; a fake one in tests)."""
 
     def __init__(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict],
                  later: Sequence[dict[str, Any]] = (), parallel: int = 1, clock: Callable[[], float] = time.time,
                  settings: Mapping[str, Any] | None = None, devices: int | None = None,
-                 place: Callable[[list[list[dict[str, Any]]]], tuple[int, int]] | None = None):
-        self.clock, self.settings, self.place = clock, settings, place
+                 pack: estimate.Pack | None = None):
+        self.clock, self.settings, self._pack = clock, dict(settings or {}), pack
         self.workers(parallel, devices)
-        self.measured: dict[str, tuple[float, float]] = {}  # run_id -> (wall seconds, trained FLOPs), ok runs
+        self.measured: dict[str, float] = {}  # run_id -> wall seconds, ok runs
         self.started_at: dict[str, float] = {}
         self.stage(runs, recorded, later)
 
     def workers(self, parallel: int, devices: int | None = None) -> None:
-        """`parallel` workers on `devices` devices (None: one each) train what is left."""
+        """`parallel` workers on `devices` devices (None: one each) train what is left (without a `pack`)."""
         self.parallel = max(int(parallel), 1)
         self.devices = max(int(devices), 1) if devices else self.parallel
+
+    def pack(self, runs: Sequence[dict[str, Any]]) -> tuple[list[list[dict[str, Any]]], int, int]:
+        """A stage's runs → (its units, workers, devices): `pack`'s, else its units on this Progress's workers."""
+        if self._pack is not None:
+            return self._pack(runs)
+        key = unit_key(self.settings) if self.settings else (lambda r: None)
+        return units_of(runs, key), self.parallel, self.devices
 
     def stage(self, runs: Sequence[dict[str, Any]], recorded: dict[str, dict],
               later: Sequence[dict[str, Any]] = ()) -> None:
@@ -58,49 +62,28 @@ class Progress:
                 self._measure(self.runs[rid], row)
 
     def _measure(self, run: dict[str, Any], row: dict[str, Any]) -> None:
-        wall, flops = row.get("wall_seconds") or 0.0, trained_flops(run)
-        if row.get("status") == "ok" and wall > 0 and flops > 0:
-            self.measured[run["run_id"]] = (float(wall), flops)
+        wall = row.get("wall_seconds") or 0.0
+        if row.get("status") == "ok" and wall > 0:
+            self.measured[run["run_id"]] = float(wall)
 
-    def seconds_per_flop(self) -> float | None:
-        """The measured rate (None before a run of this sweep has finished ok)."""
-        if not self.measured:
+    def calibration(self) -> float | None:
+        """Σ measured / Σ expected seconds over this sweep's finished ok runs (None before one has finished): what
+        the estimate is multiplied by."""
+        done = [rid for rid in self.measured if rid in self.runs]
+        if not done:
             return None
-        return sum(w for w, _ in self.measured.values()) / sum(f for _, f in self.measured.values())
+        expected = estimate.expected_seconds(list(self.runs.values()), self.settings, self.pack)
+        total = sum(expected[rid] for rid in done)
+        return sum(self.measured[rid] for rid in done) / total if total > 0 else None
 
     def eta(self) -> tuple[float, str]:
         """(seconds left for the whole sweep, what they are from: "measured: K runs" or "prior: sweep.estimate_*")."""
-        rate, now = self.seconds_per_flop(), self.clock()
-        if not rate and self.settings is not None:
-            return self._packed_prior(now), "prior: sweep.estimate_*"
-        cost = (lambda r: rate * trained_flops(r)) if rate else (lambda r: float(r["estimated_seconds"]))
-        seconds = sum(cost(r) for r in self.later)
-        for rid, r in self.runs.items():
-            if rid not in self.status:
-                seconds += max(cost(r) - (now - self.started_at[rid] if rid in self.running else 0.0), 0.0)
-        return seconds / self.parallel, (f"measured: {len(self.measured)} run{'s' * (len(self.measured) != 1)}" if rate
-                                      else "prior: sweep.estimate_*")
-
-    def _packed_prior(self, now: float) -> float:
-        """The prior's seconds left: per stage, its runs not finished (less what the running ones have run) as units
-        (sweep.multirun: one per group) of plan.unit_seconds, packed on the stage's workers and devices; summed."""
-        from transformer.design.plan import packed_seconds, unit_seconds
-
+        scale, now = self.calibration(), self.clock()
         pending = [r for rid, r in self.runs.items() if rid not in self.status] + self.later
-        key = unit_key(self.settings)
-        total = 0.0
-        for stage in dict.fromkeys(r.get("stage", "") for r in pending):
-            units = units_of([r for r in pending if r.get("stage", "") == stage], key)
-            items = []
-            for unit in units:
-                alone, device = unit_seconds(unit, self.settings)
-                ran = max((now - self.started_at[r["run_id"]] for r in unit if r["run_id"] in self.running),
-                          default=0.0)
-                left = max(alone - ran, 0.0)
-                items.append((left, device * left / alone if alone > 0 else 0.0))
-            workers, devices = self.place(units) if self.place else (self.parallel, self.devices)
-            total += packed_seconds(items, workers, devices)
-        return total
+        ran = {rid: now - self.started_at[rid] for rid in self.running if rid in self.started_at}
+        seconds = estimate.sweep_seconds(pending, self.settings, self.pack, scale=scale or 1.0, ran=ran)
+        n = len([rid for rid in self.measured if rid in self.runs])
+        return seconds, (f"measured: {n} run{'s' * (n != 1)}" if scale else "prior: sweep.estimate_*")
 
     def eta_seconds(self) -> float:
         return self.eta()[0]
@@ -170,10 +153,13 @@ def _train_split_tokens(data: dict, known: dict) -> int | None:
     return known[key]
 
 
-def print_table(doc: dict, states: dict[str, str] | None = None, later: Sequence[dict] = ()) -> None:
+def print_table(doc: dict, states: dict[str, str] | None = None, later: Sequence[dict] = (),
+                schedule: estimate.Schedule = estimate.ONE_PROCESS) -> None:
     """The dry run's table: the runs of `doc` (with their state: `states`, e.g. ok / failed / train) and `later`
     (the stages not designed yet, as the priors design them: state "later"), each with epochs (passes over the
-    training split's tokens) and the time estimate; warns where the data repeats."""
+    training split's tokens) and the time estimate (each run alone); warns where the data repeats. The estimate
+    line gives the whole sweep's as `schedule` trains it (what sweep.max_hours bounds), and one at a time beside a
+    packed one."""
     known: dict = {}
     runs, states = [*doc["runs"], *later], {**(states or {}), **{r["run_id"]: "later" for r in later}}
     # each row of seq_len targets reads seq_len + 1 tokens of the split, as the run's summary counts them
@@ -204,8 +190,10 @@ def print_table(doc: dict, states: dict[str, str] | None = None, later: Sequence
         print(f"time limit: sweep.max_hours={s['max_hours']:g} h ({_duration(s['max_hours'] * 3600)})")
     total_flops = sum(r["flops"] for r in runs)
     compile_s, setup_s = s.get("estimate_compile_s", 0.0), s.get("estimate_setup_s", 0.0)
-    seconds = sum(r["estimated_seconds"] for r in runs) + setup_s
-    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(seconds)} in one process at "
+    one = sum(r["estimated_seconds"] for r in runs) + setup_s
+    seconds = estimate.sweep_seconds(runs, s, schedule.pack) + setup_s
+    print(f"total {format_flops(total_flops)} FLOPs; estimated {_duration(seconds)} {schedule.how}"
+          + (f" (one at a time: {_duration(one)})" if schedule.how != estimate.ONE_PROCESS.how else "") + " at "
           f"{s['estimate_flops_per_second']:.3g} FLOP/s sustained + {s['estimate_step_overhead_s'] * 1e3:.3g} ms per "
           f"step + {s['estimate_run_overhead_s']:.3g} s per run"
           + (f" + {compile_s:.3g} s compilation per run" if compile_s else "")
@@ -217,7 +205,7 @@ def epochs_line(runs: Sequence[dict], epochs: Sequence[float]) -> str:
     """'epochs, the most in each stage: C1e11 0.098, C2e11 0.2, validate 1.6' (passes over the training split)."""
     most: dict[str, float] = {}
     for r, e in zip(runs, epochs):
-        most[r["stage"] or "-"] = max(most.get(r["stage"] or "-", 0.0), e)
+        most[r.get("stage") or "-"] = max(most.get(r.get("stage") or "-", 0.0), e)
     return "epochs (passes over the training split), the most in each stage: " + ", ".join(
         f"{stage} {e:.2g}" for stage, e in most.items())
 
@@ -247,17 +235,18 @@ def remaining(todo: Sequence[dict], later: Sequence[dict], waiting: str | None =
 
 
 def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], slots_for: Callable[[list], list] | None = None,
-                  fitted: bool = False, assumed: bool = False) -> None:
+                  fitted: bool = False, assumed: bool = False,
+                  schedule: estimate.Schedule = estimate.ONE_PROCESS) -> None:
     """What the command would do now, from next_stage without writing (`ns`): the table, the rows it would record
     or drop first, the prediction it would make first, the runs it would train now (the real run's todo) and
-    those of the stages not designed yet (`later`), with the time left (Progress's ETA: at the measured rate
-    where runs of the sweep have finished; before, each stage packed on the workers `slots_for(units)` gives it:
-    runner.slot_planner, default one in this process, and against one at a time where they share a GPU, which
+    those of the stages not designed yet (`later`), with the time left (Progress's ETA, each stage packed as
+    `schedule` packs it, from the slots `slots_for(units)` gives: runner.schedule, default one in this process;
+    calibrated on the sweep's finished runs where it has some; against one at a time where runs share a GPU, which
     sweep.estimate_device_memory_gb may only assume: `assumed`). `fitted`: the fit DIR holds was made from these
     rows (a finished sweep's rerun prints it)."""
     doc = ns.doc
     states = {**{rid: row["status"] for rid, row in ns.rows.items()}, **{r["run_id"]: "train" for r in ns.todo}}
-    print_table(doc, states, later)
+    print_table(doc, states, later, schedule)
     if ns.recovered:
         print(f"{_runs(len(ns.recovered))} finished without a results row; the command records them from their run "
               f"directories first: {', '.join(ns.recovered)}")
@@ -273,10 +262,9 @@ def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], slots_for: Calla
         return
     slots_for = slots_for or (lambda units: [packing.Slot(0, None, 1)])
     slots = slots_for(units_of(ns.todo or later, unit_key(doc["sweep"])))
-    seconds, basis = Progress(doc["runs"], ns.rows, later, settings=doc["sweep"],
-                              place=lambda units: (len(s := slots_for(units)), packing.devices(s))).eta()
-    if not ns.rows:  # nothing trained yet: the sweep's one-time set-up is still ahead
-        seconds += doc["sweep"].get("estimate_setup_s", 0.0)
+    seconds, basis = Progress(doc["runs"], ns.rows, later, settings=doc["sweep"], pack=schedule.pack).eta()
+    setup = 0.0 if ns.rows else doc["sweep"].get("estimate_setup_s", 0.0)  # nothing trained yet: the set-up is ahead
+    seconds += setup
     print(f"{_runs(len(ns.todo))} would train now (stage {_stages(ns.todo)}): {' '.join(r['run_id'] for r in ns.todo)}"
           if ns.todo else "no run would train before the prediction")
     if later:
@@ -286,7 +274,7 @@ def print_dry_run(workdir: str, ns: Any, later: Sequence[dict], slots_for: Calla
         print(f"{_runs(len(done))} recorded in {workdir}/results.jsonl")
     where = ""
     if slots[0].gpu is not None:  # several runs share a device: what that buys against one at a time
-        one = Progress(doc["runs"], ns.rows, later, 1, settings=doc["sweep"]).eta()[0]
+        one = Progress(doc["runs"], ns.rows, later, 1, settings=doc["sweep"]).eta()[0] + setup
         where = (f" with {packing.describe(slots)}" + (f" (sweep.estimate_device_memory_gb="
                  f"{doc['sweep']['estimate_device_memory_gb']:g}: no GPU is visible here)" if assumed else "")
                  + f"; one at a time: about {_duration(one)}")

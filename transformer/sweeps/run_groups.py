@@ -29,7 +29,8 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
                      verbose: bool = False) -> int:
     """Claims the runs of `group` and trains them as one program (sweep.multirun; loop.train_runs). Runs
     another runner holds are left to it; if the group fails or its runs' checkpoints are at different
-    steps, its runs train one by one, resuming from the group's checkpoints. Returns 3 if preempted."""
+    steps, its runs train one by one, resuming from the group's checkpoints; an environment failure (execute:
+    a module not installed) stops the sweep, nothing recorded. Returns 3 if preempted."""
     from transformer.training.loop import train_runs  # imported late: the caller sets up JAX first
 
     held = []
@@ -52,6 +53,9 @@ def train_group_runs(workdir: str, doc: dict[str, Any], group: Sequence[dict[str
             except Exception as e:  # the runs go on alone, from the group's checkpoints
                 if verbose:
                     traceback.print_exc()
+                stop = execute.environment_failure(e, runs[0]["run_id"])
+                if stop is not None:  # a module not installed: alone they would fail the same way (execute)
+                    raise stop from e
                 progress.event(f"group of {len(runs)} runs did not finish ({type(e).__name__}: {str(e)[:200]}); "
                                f"training them one by one")
         code, preempted = 0, "(preempted: rerun the command to resume)"

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 import warnings
-from typing import Any, Callable, Container, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
+from transformer.design.estimate import Schedule
 from transformer.design.spec import SweepSpec
 from transformer.sweeps import claims, execute, next_stage, packing, results, run_groups
 from transformer.sweeps.execute import (  # one run's execution; re-exported: the runner's names since before
@@ -100,21 +101,25 @@ def check_slots(config: Any, parallel: int) -> None:
     gpus = packing.visible_gpus()
     if not gpus or parallel == 1:
         return
-    runs = [{"config": r.config} for r in plan.design(spec, preview=True).runs]
+    runs = [{"config": r.config} for r in plan.design(spec, preview=True,
+                                                      schedule=schedule(spec.settings(), parallel)[0]).runs]
     units = units_of(runs, unit_key(spec.settings()))
     packing.place(parallel, gpus, [packing.unit_memory([r["config"] for r in u]) for u in units],
                   spec.workers_per_device)
 
 
-def slot_planner(doc: dict[str, Any], parallel: int,
+def slot_planner(settings: Mapping[str, Any], parallel: int,
                  assume: bool = False) -> tuple[Callable[[list], list[packing.Slot]], bool]:
     """(units → their worker_slots, whether the GPU is one sweep.estimate_device_memory_gb assumes): what the ETA
-    and the dry run pack each stage on. `assume` (the dry run): where no GPU is visible and the runs would train in
-    this process, one GPU of that memory, shared as --parallel=0 would share it (none where it is 0)."""
+    and the estimate pack each stage on. `settings`: the sweep's (sweep.json's "sweep"). `assume` (the dry run
+    where the sweep chooses, --parallel=0): where no GPU is visible, one GPU of that memory, shared as --parallel=0
+    would share it (none where it is 0)."""
     gpus, assumed, cores = packing.visible_gpus(), False, None
-    gb = float(doc["sweep"].get("estimate_device_memory_gb") or 0.0)
-    if assume and not gpus and parallel == 1 and gb:  # another machine's GPU: not limited by this one's cores
-        gpus, parallel, assumed, cores = [packing.Gpu("(assumed)", int(gb * 1e9))], 0, True, 2 * packing.MAX_AUTO_WORKERS
+    gb = float(settings.get("estimate_device_memory_gb") or 0.0)
+    if assume and not gpus and gb:  # another machine's GPU: not limited by this one's cores
+        gpus, parallel, assumed = [packing.Gpu("(assumed)", int(gb * 1e9))], 0, True
+        cores = 2 * packing.MAX_AUTO_WORKERS
+    doc = {"sweep": settings}
     known: dict[tuple[str, ...], list[packing.Slot]] = {}
 
     def slots_for(units: list) -> list[packing.Slot]:
@@ -124,6 +129,36 @@ def slot_planner(doc: dict[str, Any], parallel: int,
         return known[ids]
 
     return slots_for, assumed
+
+
+def schedule(settings: Mapping[str, Any], parallel: int,
+             assume: bool = False) -> tuple[Schedule, Callable[[list], list[packing.Slot]], bool]:
+    """(how the sweep's runs will train, for the estimate sweep.max_hours bounds and the ETA: design/estimate's
+    Schedule, each stage's units on the slots `slot_planner` gives them; its slots_for; whether the GPU is
+    assumed). Without a GPU and with --parallel=1: one after another in this process."""
+    slots_for, assumed = slot_planner(settings, parallel, assume)
+    key = unit_key(settings)
+
+    def pack(runs: Sequence[Mapping[str, Any]]) -> tuple[list[list[Mapping[str, Any]]], int, int]:
+        units = units_of(runs, key)
+        slots = slots_for(units)
+        return units, len(slots), packing.devices(slots)
+
+    return Schedule(pack, _how(settings, parallel, assumed)), slots_for, assumed
+
+
+def _how(settings: Mapping[str, Any], parallel: int, assumed: bool) -> str:
+    """The words for how the runs will train, in the estimate line and the sweep.max_hours refusal."""
+    if assumed:
+        return (f"packed on an assumed {settings['estimate_device_memory_gb']:g} GB GPU, stage by stage "
+                f"(--parallel=0; sweep.estimate_device_memory_gb: no GPU is visible here)")
+    if parallel == 1:
+        return Schedule().how
+    gpus = packing.visible_gpus()
+    if not gpus:
+        return f"in {parallel} worker processes, stage by stage"
+    return (f"packed on GPU {', '.join(g.name for g in gpus)}, stage by stage ("
+            + ("--parallel=0: as many workers as fit" if parallel == 0 else f"--parallel={parallel}") + ")")
 
 
 worker_env = packing.worker_env  # (slot, alone) -> (environment, CPU affinity); tests replace it
@@ -170,7 +205,9 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
     """Runs the pending runs in worker processes, each training one unit (`units`: a run, or a sweep.multirun
     group) in a slot (`worker_slots`: `parallel` workers; 0: as many per GPU as fit) and recording its own result
     (progress and later as run_in_process's). A unit that ran out of device memory beside other workers on its
-    GPU trains again alone on it (its failed row removed)."""
+    GPU trains again alone on it (its failed row removed). A worker stopped by an environment failure (a module not
+    installed: execute.ENVIRONMENT_EXIT) stops the others (they checkpoint) and raises its EnvironmentFailure, its
+    run not recorded."""
     todo_runs, recorded = pending_runs(workdir, doc["runs"])
     todo = units(workdir, doc, todo_runs)
     slots = worker_slots(doc, todo, parallel)
@@ -180,7 +217,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
     progress.event(f"{len(todo_runs)} runs to go in {workdir}, {packing.describe(slots)}")
     procs: dict[int, tuple[subprocess.Popen, list[dict[str, Any]], packing.Slot]] = {}  # slot -> (process, unit, slot)
     alone: set[str] = set()  # run ids that train alone on a GPU (they ran out of memory beside others)
-    stop = {"signal": None}
+    stop: dict[str, Any] = {"signal": None, "failure": None}  # a signal, or a worker's EnvironmentFailure
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, _frame):
@@ -192,7 +229,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
         signal.signal(s, on_signal)
     cache = results.Cache(workdir)  # one read of results.jsonl per change, not per pending run and poll
     try:
-        while (todo and stop["signal"] is None) or procs:
+        while (todo and stop["signal"] is None and stop["failure"] is None) or procs:
             recorded = cache.rows()
             running = [q for _, u, _ in procs.values() for q in u]
             for src in orphaned_sources(workdir, doc, [r for u in todo for r in u], running, recorded):
@@ -201,7 +238,7 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
                 todo.insert(0, [src])
             ready = [u for u in todo if all(branch_ready(r, running, recorded) for r in u)]
             for slot in slots:
-                if slot.index in procs or not ready or stop["signal"] is not None:
+                if slot.index in procs or not ready or stop["signal"] is not None or stop["failure"] is not None:
                     continue
                 unit = ready[0]
                 on_gpu = [u for _, u, q in procs.values() if slot.gpu is not None and q.gpu == slot.gpu]
@@ -221,6 +258,16 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
                 if p.poll() is None:
                     continue
                 del procs[i]
+                if p.returncode == execute.ENVIRONMENT_EXIT or (stop["failure"] is not None
+                                                                 and p.returncode == -signal.SIGTERM):
+                    if stop["failure"] is None:  # a module not installed: every run would fail so
+                        log = os.path.join(workdir, "runs", unit[0]["run_id"], "worker.log")
+                        stop["failure"] = execute.logged_environment_failure(log, unit[0]["run_id"])
+                        for q, _, _ in procs.values():
+                            q.send_signal(signal.SIGTERM)  # the others checkpoint (exit 3) or, starting, end
+                    for run in unit:  # not recorded: the command rerun after the fix trains it
+                        progress.finished(run, None, "(stopped: the sweep's environment lacks what it needs)")
+                    continue
                 again = _finish_unit(workdir, doc, unit, slot, p.returncode, cache, progress, alone)
                 if again:
                     alone.update(r["run_id"] for r in again)
@@ -228,6 +275,8 @@ def run_parallel(workdir: str, doc: dict[str, Any], parallel: int, progress: Pro
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    if stop["failure"] is not None:
+        raise stop["failure"]
     return 3 if stop["signal"] is not None else 0
 
 
@@ -308,13 +357,14 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
     from transformer.sweeps import outcome
 
     spec = SweepSpec.of(config)
-    preview, progress, trained = plan.design(spec, preview=True), None, 0  # the whole sweep from the priors: ETA
+    sched = schedule(spec.settings(), parallel)[0]  # how the runs train: what sweep.max_hours bounds, the ETA's
+    preview, progress, trained = plan.design(spec, preview=True, schedule=sched), None, 0  # every stage: the ETA
     while True:
         if stages is not None and trained >= stages:  # stop where anything is left to do (nothing written)
-            peek = next_stage.next_stage(workdir, spec, write=False)
+            peek = next_stage.next_stage(workdir, spec, write=False, schedule=sched)
             if peek.todo or peek.plan.waiting:
                 return STOPPED, peek.doc
-        ns = next_stage.next_stage(workdir, spec, write=True, retry_failed=retry_failed)
+        ns = next_stage.next_stage(workdir, spec, write=True, retry_failed=retry_failed, schedule=sched)
         if retry_failed:
             print(f"retrying {len(ns.retried)} failed runs", flush=True)
             retry_failed = False
@@ -329,10 +379,8 @@ def run_sweep(workdir: str, config: Any, parallel: int = 1, verbose: bool = Fals
         if ns.plan.waiting:
             print(f"stage: {len(ns.todo)} runs, then {ns.plan.waiting} decides the next stage", flush=True)
         later = later_runs(preview, doc)
-        if progress is None:  # kept across stages; its prior ETA packs each stage as the slots would
-            slots_for = slot_planner(doc, parallel)[0]
-            progress = Progress(doc["runs"], {}, later, max(parallel, 1), settings=doc["sweep"],
-                                place=lambda units: (len(s := slots_for(units)), packing.devices(s)))
+        if progress is None:  # kept across stages; its ETA packs each stage as the slots would
+            progress = Progress(doc["runs"], {}, later, max(parallel, 1), settings=doc["sweep"], pack=sched.pack)
         code = (run_parallel(workdir, doc, parallel, progress, later) if parallel != 1
                 else run_in_process(workdir, doc, verbose, progress, later))
         trained += 1

@@ -3,7 +3,8 @@
 A step: (1) if the sweep's jobs (DIR/slurm/jobs.jsonl) are still queued, say so, with why they pend, and submit
 nothing; (2) record the runs whose tasks ended without a results row (reconcile: the task logs' last line,
 sacct or scontrol): a failed setup line or a worker that died is a failed row with the log's tail, a preempted
-or cancelled task is submitted again (at most slurm.max_submits times); (3) stop if a run failed (fix the
+or cancelled task is submitted again (at most slurm.max_submits times), a worker stopped by an environment failure
+(a module not installed: execute.EnvironmentFailure) stops the sweep with its error, unrecorded; (3) stop if a run failed (fix the
 cause, rerun with --retry_failed); (4) design the next stage (next_stage.next_stage), validate its runs locally as
 the training's resolve step does, check the partition (sinfo) and submit its arrays and a driver job that
 reruns the command when they have ended; (5) or, everything recorded, say so (the caller fits).
@@ -127,7 +128,10 @@ def _classify(code: int | None, phase: str | None, state: tuple[str, int | None]
 def reconcile(workdir: str, doc: dict[str, Any]) -> list[str]:
     """Records the runs whose SLURM tasks ended without a results row: a failure as a failed row (its log's
     tail and exit code), an interruption as nothing (the run is submitted again) unless the run was submitted
-    slurm.max_submits times. Returns the run ids recorded as failed."""
+    slurm.max_submits times. Returns the run ids recorded as failed. A task whose worker stopped for an environment
+    failure (execute.ENVIRONMENT_EXIT: a module not installed) records nothing: the first time it is seen it is
+    raised (the EnvironmentFailure of its log's `error:` line: the sweep stops, exit 2) and noted in jobs.jsonl, so
+    that the command rerun after the fix submits its run again."""
     subs = submissions(workdir)
     recorded = {r["run_id"] for r in results.read_results(workdir)}
     by_id = {r["run_id"]: r for r in doc["runs"]}
@@ -144,12 +148,17 @@ def reconcile(workdir: str, doc: dict[str, Any]) -> list[str]:
     if not unrecorded:
         return []
     ended = slurm_query.ended_tasks({a for a, _ in unrecorded.values()})
-    failed = []
+    failed, stopped = [], []
+    reported = {t for s in subs for t in s.get("environment", [])}
     max_submits = int(doc["sweep"]["slurm"].get("max_submits", 3))
     for rid, (array, i) in unrecorded.items():
         task = f"{array}_{i}"
         log = os.path.join(slurm_dir(workdir), f"{task}.out")
         code, phase, tail = _log_end(log)
+        if phase == "worker" and code == execute.ENVIRONMENT_EXIT:  # not recorded: submitted again after the fix
+            if task not in reported:
+                stopped.append((task, log, rid))
+            continue
         error = _classify(code, phase, ended.get(task), tail, log)
         if error is None and count[rid] >= max_submits:
             error = (f"submitted {count[rid]} times (sweep.slurm.max_submits), each task ended without a result; "
@@ -162,6 +171,10 @@ def reconcile(workdir: str, doc: dict[str, Any]) -> list[str]:
         row["slurm_task"] = task
         if results.append_result(workdir, row):
             failed.append(rid)
+    if stopped:  # reported once: the command rerun after the fix submits those runs again
+        _append(workdir, {"environment": [t for t, _, _ in stopped], "time": time.time()})
+        task, log, rid = stopped[0]
+        raise execute.logged_environment_failure(log, rid)
     return failed
 
 
