@@ -80,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.eval_every = 200
     c.train.eval_steps = 8
     c.train.eval_tasks = ""           # likelihood-scored tasks at every evaluation: "arc_easy,hellaswag,NAME=FILE.jsonl"
+    c.train.eval_tasks_limit = 0      # documents per task (0: all; the first ones in file order)
     c.train.checkpoint_every = 200
     c.train.keep_checkpoints = 3
     c.train.compute_dtype = "float32"  # float32 | bfloat16 (the one compute-dtype setting); parameters stay float32

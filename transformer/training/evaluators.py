@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from transformer.training import metric_keys
+from transformer.training import metric_keys, multirun, scoring
 from transformer.training.evaluation import Evaluator
 
 
@@ -53,10 +53,10 @@ class Evaluators:
 
 
 def build(setup: Any, eval_fn: Callable, batch_sharding: Any, process_index: int, process_count: int,
-          task_evaluators: list[tuple[str, Callable[[Any], dict]]] = ()) -> Evaluators:
+          runs: int = 0) -> Evaluators:
     """The run's registry (the module docstring): `setup` a run_setup.Setup (its task, spec, data, rows,
-    token_bytes_V and eval_sets), `eval_fn` the jitted eval step (vmapped for a group), `task_evaluators`
-    [(name, evaluate)] of train.eval_tasks."""
+    token_bytes_V, eval_sets and eval_tasks), `eval_fn` the jitted eval step (vmapped for a group of `runs` > 0
+    runs, whose parameters are stacked)."""
     evaluators = Evaluators()
     common = dict(token_bytes_V=setup.token_bytes_V, data=setup.data, rows=setup.rows)
     evaluators.add("eval", Evaluator(eval_fn, setup.task, setup.spec, batch_sharding, process_index, process_count,
@@ -65,6 +65,11 @@ def build(setup: Any, eval_fn: Callable, batch_sharding: Any, process_index: int
         evaluators.add(metric_keys.EVAL_SET_PREFIX + s.name,
                        Evaluator(eval_fn, setup.task, setup.spec, batch_sharding, process_index, process_count,
                                  cache=(s.path, s.split), keys=metric_keys.eval_set_keys(s.name), **common))
-    for name, evaluate in task_evaluators:
-        evaluators.add(metric_keys.TASK_PREFIX + name, evaluate)
+    if setup.eval_tasks:  # one scoring step for every task: rows of the run's batch shape
+        params_sharding = multirun.with_run_axis(setup.shardings.params) if runs else setup.shardings.params
+        scorer = scoring.Scorer(setup.model, setup.task, setup.spec.data.seq_len, setup.spec.train.batch_size,
+                                params_sharding=params_sharding, batch_sharding=batch_sharding, rows=setup.rows,
+                                runs=runs)
+        for prepared in setup.eval_tasks:
+            evaluators.add(metric_keys.TASK_PREFIX + prepared.task.name, scoring.TaskEvaluator(scorer, prepared))
     return evaluators

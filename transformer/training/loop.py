@@ -72,8 +72,8 @@ class Loop:
         self.train_jit, self.eval_fn = steps.jit_steps(train_step, steps.make_eval_step(setup.model, setup.task),
                                                        setup.shardings, setup.mesh, setup.rules,
                                                        runs=self.R if grouped else 0)
-        self.evaluators = evaluators.build(setup, self.eval_fn, self.batch_s, jax.process_index(),  # one registry
-                                           jax.process_count())  # per run: its own split, data.eval_sets, tasks
+        self.evaluators = evaluators.build(setup, self.eval_fn, self.batch_s, jax.process_index(),  # one registry:
+                                           jax.process_count(), runs=self.R if grouped else 0)  # own split, sets, tasks
         self.train_fn: Any = None
         self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose,
                                                self.t.steps, self.t.max_skipped_fraction)

@@ -15,7 +15,7 @@ import os
 import types
 from typing import Any, Mapping
 
-from transformer.data import get_tokenizer
+from transformer.data import choice_tasks, get_tokenizer
 from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models import resolve as resolve_names
 from transformer.spec import (AUTO_WARMUP, ConfigError, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec,
@@ -102,11 +102,13 @@ def check_plain(config: Any) -> None:
     mistake there is reported before a dataset is prepared or a tokenizer trained."""
     d = plain_config(config)
     data = DataSpec.of(d["data"])
-    TrainSpec.from_config(d["train"])
+    train = TrainSpec.from_config(d["train"])
     task = run_task(d["model"].get("family", "decoder"), d["train"].get("task", ""))
-    if data.eval_set_list and task != "lm":
-        raise ConfigError(f"data.eval_sets needs a next-token model (model.family='decoder', train.task='lm'); this "
-                          f"run trains train.task={task!r}: leave data.eval_sets empty")
+    for setting, given in (("data.eval_sets", data.eval_set_list), ("train.eval_tasks", train.eval_tasks)):
+        if given and task != "lm":
+            raise ConfigError(f"{setting} needs a next-token model (model.family='decoder', train.task='lm'); this "
+                              f"run trains train.task={task!r}: leave {setting} empty")
+    choice_tasks.parse(train.eval_tasks)  # every task found (its documents are read when the run sets up)
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:
