@@ -4,6 +4,7 @@
       [--predict_flops=C[,C2,...]] [--bootstrap=K] [--seed=S] [--headline=CONVENTION]
       [--isoflop_method=akima|parabola] [--isoflop_window=W] [--approach3_near=F] [--drop_highest=K]
       [--n_kind=params|params_non_embedding] [--predict_points=N:D[,N:D...] | --predict_points_csv=FILE]
+      [--metric=eval_loss|eval_bits_per_byte|eval/NAME/bits_per_byte|tasks/NAME/bits_per_byte]  (--sweep only)
 
 Writes OUT/fit.json and OUT/*.png and prints a short summary, with the frontier's backtest (fit.json["frontier"]
 ["backtest"]) and the predictions' calibrated intervals (docs/fitting.md). Example, one setting of Porian et al.'s
@@ -43,6 +44,9 @@ _METHOD = flags.DEFINE_enum("isoflop_method", None, list(isoflop.METHODS),
 _NEAR = flags.DEFINE_float("approach3_near", fits.APPROACH3_NEAR, "Approach 3 fits points within this "
                            "factor in N of their budget's optimum (0: all points).", lower_bound=0.0)
 _OUT = DEFINE_path("out", None, "Output directory for fit.json and the figures.")
+_METRIC = flags.DEFINE_string("metric", "eval_loss", "What a sweep's fit fits as the loss: eval_loss, "
+                              "eval_bits_per_byte, a named set's eval/NAME/bits_per_byte (data.eval_sets) or a task's "
+                              "tasks/NAME/bits_per_byte (train.eval_tasks).")
 _DROP_HIGHEST = flags.DEFINE_integer("drop_highest", 0, "Leave out the K highest-loss points.", lower_bound=0)
 _BOOTSTRAP = flags.DEFINE_integer("bootstrap", 200, "Loss-noise draws for 95% intervals (0: none).",
                                   lower_bound=0)
@@ -95,9 +99,11 @@ def main(argv: list[str]) -> None:
         _fail("--out=DIR is required")
     if _WHERE.value and _POINTS.value is None:
         _fail("--where filters the rows of --points=FILE.csv; a sweep directory has one setting")
+    if _METRIC.value != "eval_loss" and _SWEEP.value is None:
+        _fail("--metric picks what a sweep's runs recorded; a CSV's loss column is what --points fits")
     try:
         if _SWEEP.value is not None:
-            points = points_lib.read_sweep(_SWEEP.value, n_kind=_N_KIND.value)
+            points = points_lib.read_sweep(_SWEEP.value, n_kind=_N_KIND.value, metric=_METRIC.value)
         else:
             points = points_lib.read_csv(_POINTS.value, where=points_lib.parse_where(_WHERE.value))
         fit = report.run_fit(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from transformer.training import metric_keys, multirun, scoring
+from transformer.spec import metric_keys
+from transformer.training import multirun, scoring
 from transformer.training.evaluation import Evaluator
 
 

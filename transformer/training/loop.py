@@ -29,8 +29,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.tasks import get_task
-from transformer.training import (evaluators, guards, metric_keys, multirun, nonfinite, run_claim, run_setup,
-                                  sharding, steps)
+from transformer.spec import metric_keys
+from transformer.training import evaluators, guards, multirun, nonfinite, run_claim, run_setup, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.profiler import ProfileWindow
 from transformer.training.guards import Preempted

@@ -13,7 +13,8 @@ import jax
 from transformer import environment, files
 from transformer.data import identity, token_cache
 from transformer.spec import ConfigError, ModelConfig, TrainSpec, padding_params, section_defaults
-from transformer.training import hardware, metric_keys, optimizer, sharding
+from transformer.spec import metric_keys
+from transformer.training import hardware, optimizer, sharding
 
 
 def write_json(path: str, obj: Any) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from transformer.data import choice_tasks, scoring_rows
 from transformer.data.batches import RowBlocks
 from transformer.spec import ConfigError
-from transformer.training import metric_keys
+from transformer.spec import metric_keys
 from transformer.training.steps import global_batch
 
 

@@ -1,4 +1,5 @@
-"""The row keys of evaluations beyond the run's own split (standard library only), defined once:
+"""The row keys of evaluations beyond the run's own split (standard library only), defined once (here, in the
+bottom layer: training writes them, scaling reads them back from a sweep's rows to fit them: `value`):
 
   eval/NAME/loss, eval/NAME/bits_per_byte          a named evaluation set (data.eval_sets)
   tasks/NAME/acc, tasks/NAME/acc_norm, tasks/NAME/bits_per_byte, tasks/NAME/docs
@@ -56,3 +57,12 @@ def flat(groups: dict[str, Any]) -> dict[str, Any]:
         for name, metrics in (groups.get(group) or {}).items():
             out.update({f"{prefix}{name}/{metric}": value for metric, value in metrics.items()})
     return out
+
+
+def value(record: dict[str, Any], metric: str) -> Any:
+    """A results row's (or summary's) value of `metric`: a top-level key (eval_loss, eval_bits_per_byte, ...) or a
+    row key of a named set or task (eval/NAME/bits_per_byte, tasks/NAME/bits_per_byte), read from the nested
+    "eval_sets" / "tasks"; None when the record lacks it."""
+    if metric.startswith(tuple(SUMMARY_GROUPS.values())):
+        return flat(record).get(metric)
+    return record.get(metric)
