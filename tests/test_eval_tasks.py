@@ -75,3 +75,19 @@ def test_a_task_that_cannot_be_read_is_refused_before_anything_is_written(corpus
     with pytest.raises(ConfigError, match="train.eval_tasks needs a next-token model"):
         loop.train(c, workdir, verbose=False)
     assert not os.path.exists(workdir)
+
+
+def test_the_command_refuses_bad_input_in_one_line(tiny_lm_run, tmp_path):
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cases = ((f"--workdir={tmp_path}/none", f"--tasks=toy={write_task(str(tmp_path / 't.jsonl'))}", "does not exist"),
+             (f"--workdir={tiny_lm_run}", "--tasks=toy=/no/such.jsonl", "no such file"),
+             (f"--workdir={tiny_lm_run}", "--tasks=t.jsonl", "no such file"),
+             (f"--workdir={tiny_lm_run}", f"--tasks=toy={tmp_path}/t.jsonl", "--batch_size=0", "must be a positive"))
+    for *args, says in cases:
+        done = subprocess.run([sys.executable, "-m", "experiments.evaluate", *args], cwd=repo, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": repo})
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode == 2 and len(lines) == 1 and says in lines[0], (args, done.stderr[-500:])
