@@ -83,9 +83,7 @@ def test_the_command_refuses_bad_input_in_one_line(tiny_lm_run, tmp_path):
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cases = ((f"--workdir={tmp_path}/none", f"--tasks=toy={write_task(str(tmp_path / 't.jsonl'))}", "does not exist"),
-             (f"--workdir={tiny_lm_run}", "--tasks=toy=/no/such.jsonl", "no such file"),
-             (f"--workdir={tiny_lm_run}", "--tasks=t.jsonl", "no such file"),
-             (f"--workdir={tiny_lm_run}", f"--tasks=toy={tmp_path}/t.jsonl", "--batch_size=0", "must be a positive"))
+             (f"--workdir={tiny_lm_run}", "--tasks=toy=/no/such.jsonl", "no such file"))
     for *args, says in cases:
         done = subprocess.run([sys.executable, "-m", "experiments.evaluate", *args], cwd=repo, capture_output=True,
                               text=True, env={**os.environ, "PYTHONPATH": repo})
