@@ -63,3 +63,49 @@ def test_the_command_fits_a_metric_and_refuses_it_for_a_csv(tmp_path):
                               f"--out={tmp_path / 'o'}", "--metric=eval_bits_per_byte"], cwd=REPO, env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "--metric picks what a sweep's runs recorded" in refused.stderr
+
+
+def _sweep_with_accuracy(root: str) -> list[dict]:
+    """_sweep_with_metrics' sweep whose task accuracy is a known sigmoid of its bits per byte (plus noise)."""
+    from transformer.scaling import two_step
+
+    rows = _sweep_with_metrics(root)
+    truth = {"floor": 0.25, "height": 0.5, "k": 8.0, "x0": 4.2}
+    rng = np.random.default_rng(0)
+    for r in rows:
+        x = r["tasks"]["toy"]["bits_per_byte"]
+        r["tasks"]["toy"]["acc"] = None if x is None else float(two_step.accuracy_at(truth, x) + rng.normal(0, 0.003))
+    with open(os.path.join(root, "results.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return rows
+
+
+def test_the_two_step_sigmoid_recovers_its_law(tmp_path):
+    from transformer.scaling import two_step
+
+    rows = _sweep_with_accuracy(str(tmp_path / "sweep"))
+    x_P, acc_P = two_step.pairs(str(tmp_path / "sweep"), "tasks/toy/bits_per_byte", "tasks/toy/acc")
+    assert len(x_P) == len(rows) - 1 and np.ptp(x_P) > 0.8
+    sig = two_step.fit_sigmoid(x_P, acc_P)
+    assert sig["floor"] == pytest.approx(0.25, abs=0.03) and sig["x0"] == pytest.approx(4.2, abs=0.1)
+    with pytest.raises(ConfigError, match="at least 6"):
+        two_step.fit_sigmoid(x_P[:3], acc_P[:3])
+
+
+@pytest.mark.slow
+def test_the_two_step_law_maps_the_predicted_bits_per_byte_to_accuracy(tmp_path):
+    """Each prediction's accuracy is the sigmoid at the predicted bits per byte, its interval the mapped one."""
+    from transformer.scaling import two_step
+
+    _sweep_with_accuracy(str(tmp_path / "sweep"))
+    out = tmp_path / "fit"
+    done = subprocess.run([sys.executable, "-m", "experiments.fit", f"--sweep={tmp_path / 'sweep'}", f"--out={out}",
+                           "--metric=tasks/toy/bits_per_byte", "--accuracy_metric=tasks/toy/acc", "--bootstrap=50",
+                           "--predict_flops=3e13"], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    fit = json.loads((out / "fit.json").read_text())
+    (p,) = fit["two_step"]["predictions"]
+    assert p["accuracy"] == pytest.approx(float(two_step.accuracy_at(fit["two_step"]["sigmoid"], p["bits_per_byte"])))
+    lo, hi = p["accuracy_ci95"]
+    assert lo <= p["accuracy"] <= hi and "two-step law" in done.stdout
