@@ -51,6 +51,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.files = ""                 # local files: comma-separated globs of .txt/.jsonl/.jsonl.gz/.parquet (replaces tfds_name)
     c.data.eval_files = ""            # "" -> hold out data.eval_fraction of data.files (by a hash of each document)
     c.data.eval_fraction = 0.01
+    c.data.eval_sets = ""             # named evaluation sets: "name=globs;name2=heldout" (docs/evaluation.md)
     c.data.cache_dir = ""             # token cache (every source); "" -> next to a TFDS dataset, ~/.cache/transformer for files
     c.data.tokenizer = "bytes"        # bytes | sentencepiece | a SentencePiece .model path | a tokenizer.json path
     c.data.vocab_size = 1024          # sentencepiece only
@@ -78,6 +79,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.log_every = 10
     c.train.eval_every = 200
     c.train.eval_steps = 8
+    c.train.eval_tasks = ""           # likelihood-scored tasks at every evaluation: "arc_easy,hellaswag,NAME=FILE.jsonl"
+    c.train.eval_tasks_limit = 0      # documents per task (0: all; the first ones in file order)
     c.train.checkpoint_every = 200
     c.train.keep_checkpoints = 3
     c.train.compute_dtype = "float32"  # float32 | bfloat16 (the one compute-dtype setting); parameters stay float32

@@ -4,6 +4,8 @@
       [--predict_flops=C[,C2,...]] [--bootstrap=K] [--seed=S] [--headline=CONVENTION]
       [--isoflop_method=akima|parabola] [--isoflop_window=W] [--approach3_near=F] [--drop_highest=K]
       [--n_kind=params|params_non_embedding] [--predict_points=N:D[,N:D...] | --predict_points_csv=FILE]
+      [--metric=eval_loss|eval_bits_per_byte|eval/NAME/bits_per_byte|tasks/NAME/bits_per_byte]  (--sweep only)
+      [--accuracy_metric=tasks/NAME/acc]  (with --metric: the two-step law, transformer/scaling/two_step.py)
 
 Writes OUT/fit.json and OUT/*.png and prints a short summary, with the frontier's backtest (fit.json["frontier"]
 ["backtest"]) and the predictions' calibrated intervals (docs/fitting.md). Example, one setting of Porian et al.'s
@@ -22,7 +24,8 @@ from experiments import cli
 from experiments._paths import DEFINE_path
 from transformer.spec import ConfigError
 
-from transformer.scaling import at_points, conventions, fits, isoflop, report
+from transformer.files import write_json
+from transformer.scaling import at_points, conventions, fits, isoflop, report, two_step
 from transformer.scaling import points as points_lib
 
 _SWEEP = DEFINE_path("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
@@ -43,6 +46,12 @@ _METHOD = flags.DEFINE_enum("isoflop_method", None, list(isoflop.METHODS),
 _NEAR = flags.DEFINE_float("approach3_near", fits.APPROACH3_NEAR, "Approach 3 fits points within this "
                            "factor in N of their budget's optimum (0: all points).", lower_bound=0.0)
 _OUT = DEFINE_path("out", None, "Output directory for fit.json and the figures.")
+_ACCURACY = flags.DEFINE_string("accuracy_metric", None, "With --metric=tasks/NAME/bits_per_byte: the two-step law "
+                                "to this accuracy (e.g. tasks/NAME/acc), a sigmoid of the fitted metric "
+                                "(fit.json's two_step; predictions at --predict_flops).")
+_METRIC = flags.DEFINE_string("metric", "eval_loss", "What a sweep's fit fits as the loss: eval_loss, "
+                              "eval_bits_per_byte, a named set's eval/NAME/bits_per_byte (data.eval_sets) or a task's "
+                              "tasks/NAME/bits_per_byte (train.eval_tasks).")
 _DROP_HIGHEST = flags.DEFINE_integer("drop_highest", 0, "Leave out the K highest-loss points.", lower_bound=0)
 _BOOTSTRAP = flags.DEFINE_integer("bootstrap", 200, "Loss-noise draws for 95% intervals (0: none).",
                                   lower_bound=0)
@@ -95,9 +104,14 @@ def main(argv: list[str]) -> None:
         _fail("--out=DIR is required")
     if _WHERE.value and _POINTS.value is None:
         _fail("--where filters the rows of --points=FILE.csv; a sweep directory has one setting")
+    if _METRIC.value != "eval_loss" and _SWEEP.value is None:
+        _fail("--metric picks what a sweep's runs recorded; a CSV's loss column is what --points fits")
+    if _ACCURACY.value and (_SWEEP.value is None or _METRIC.value == "eval_loss"):
+        _fail("--accuracy_metric is the second step of a task law: give --sweep=DIR and --metric (the task's "
+              "bits per byte, e.g. --metric=tasks/arc_easy/bits_per_byte --accuracy_metric=tasks/arc_easy/acc)")
     try:
         if _SWEEP.value is not None:
-            points = points_lib.read_sweep(_SWEEP.value, n_kind=_N_KIND.value)
+            points = points_lib.read_sweep(_SWEEP.value, n_kind=_N_KIND.value, metric=_METRIC.value)
         else:
             points = points_lib.read_csv(_POINTS.value, where=points_lib.parse_where(_WHERE.value))
         fit = report.run_fit(
@@ -106,9 +120,21 @@ def main(argv: list[str]) -> None:
             isoflop_window=_ISOFLOP_WINDOW.value, isoflop_method=_METHOD.value, headline=_HEADLINE.value,
             predict_flops=_predict_flops(), approach3_near=_NEAR.value, predict_points=_predict_points(),
         )
+        if _ACCURACY.value:  # the two-step law, from the fit's predictions of the metric
+            fit["two_step"] = two_step.two_step(_SWEEP.value, _METRIC.value, _ACCURACY.value,
+                                                fit.get("predictions", []))
+            write_json(os.path.join(_OUT.value, "fit.json"), fit, indent=1, allow_nan=False)
     except ConfigError as e:  # the user's input; anything else is a bug and keeps its traceback
         _fail(str(e))
     print(report.summary(fit))
+    if "two_step" in fit:
+        sig = fit["two_step"]["sigmoid"]
+        print(f"two-step law: {_ACCURACY.value} = {sig['floor']:.3f} + {sig['height']:.3f} / (1 + exp({sig['k']:.3g} "
+              f"(x - {sig['x0']:.4g}))) on {sig['pairs']} evaluations (RMS residual {sig['rms_residual']:.3g})")
+        for p in fit["two_step"]["predictions"]:
+            if p["accuracy"] is not None:
+                print(f"  C = {p['flops']:.3g}: {_METRIC.value} {p['bits_per_byte']:.4f}, accuracy {p['accuracy']:.4f}"
+                      f" {p['accuracy_ci95'] or ''}")
     print(f"wrote {_OUT.value}/fit.json and {', '.join(fit.get('figures', []))}")
 
 

@@ -22,7 +22,8 @@ set, as a sweep sets it from sweep.json, must resolve to it: training/resolve.py
 sweep.json's `data_identity` with the data's now: sweeps/runner.write_sweep). Records written before the
 content-addressed source (a source without the "files:" prefix) still compare: see describe_change.
 `check_settings` refuses evaluation on training data before anything is read: data.eval_split equal to
-data.train_split, or data.eval_files naming a file of data.files (the same path, or the same content).
+data.train_split, or data.eval_files (or a set of data.eval_sets: eval_sets.check_files) naming a file of data.files
+(the same path, or the same content).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import os
 from typing import Any
 
 
-from transformer.data import corpus, documents, sources, token_cache, tokenizers
+from transformer.data import corpus, documents, eval_sets, sources, token_cache, tokenizers
 from transformer.data.tokenizers import Tokenizer
 from transformer.spec import ConfigError, DataSpec
 
@@ -46,9 +47,11 @@ def check_settings(data_cfg: DataSpec,
     data.tfds_name, sources.check_source.)"""
     data_cfg = DataSpec.of(data_cfg)
     sources.check_source(data_cfg)
+    if data_cfg.uses_files:
+        split = documents.split_files(data_cfg) if split is None else split
+    eval_sets.check_files(data_cfg, split)  # data.eval_sets: no file of data.files
     if not data_cfg.has_eval_files:
         return
-    split = documents.split_files(data_cfg) if split is None else split
     train, evals = split["train"][1], split["eval"][1]
     same_path = sorted(set(map(os.path.realpath, train)) & set(map(os.path.realpath, evals)))
     if same_path:

@@ -40,7 +40,8 @@ def _check(process_index: int, process_count: int) -> None:
 def make_lm_iterator(data_cfg: DataSpec, *, split: str, global_batch_size: int, seed: int,
                      process_index: int = 0, process_count: int = 1, shuffle: bool = True, repeat: bool = True,
                      transform: packed.RowTransform | None = None, transform_seed: int = 0,
-                     data: RunData | None = None, rows: batches.RowBlocks | None = None) -> batches.BatchIterator:
+                     data: RunData | None = None, rows: batches.RowBlocks | None = None,
+                     cache: tuple[str, str] | None = None) -> batches.BatchIterator:
     """A checkpointable iterator over this process's [B, T] LM batches (see the module docstring).
 
     Process p of n reads rows [p·B, (p+1)·B) of each global batch (B = global_batch_size // n), or `rows`. Its state
@@ -49,13 +50,17 @@ def make_lm_iterator(data_cfg: DataSpec, *, split: str, global_batch_size: int, 
     (weights 0). `transform`: a per-row random transform of the features (packed.RowTransform).
     `data`: the run's resolved data (identity.resolve_data: its tokenizer, its fingerprints), so nothing is
     re-derived; default: resolved here from `data_cfg`. `rows`: the rows of each global batch this process
-    feeds (batches.process_rows of the batch sharding), default rows [p·B, (p+1)·B).
+    feeds (batches.process_rows of the batch sharding), default rows [p·B, (p+1)·B). `cache`: (token cache
+    directory, its split) to read instead of `split` of the run's cache (a named evaluation set, eval_sets.py).
     """
     data_cfg = DataSpec.of(data_cfg)  # checked: data.seq_len, data.worker_count, the splits
     _check(process_index, process_count)
     rows = batches.default_rows(global_batch_size, process_index, process_count) if rows is None else rows
-    split_name = sources.cache_split(data_cfg, split)
-    path = (data if data is not None else resolve_data(data_cfg)).ensure_cache()
+    if cache is None:
+        split_name = sources.cache_split(data_cfg, split)
+        path = (data if data is not None else resolve_data(data_cfg)).ensure_cache()
+    else:
+        path, split_name = cache
     dataset = packed.make_packed_batches(
         path, split_name, seq_len=int(data_cfg.seq_len), global_batch_size=global_batch_size,
         seed=shuffle_seed(data_cfg, seed), row_blocks=rows, shuffle=shuffle, repeat=repeat, transform=transform,
@@ -63,7 +68,8 @@ def make_lm_iterator(data_cfg: DataSpec, *, split: str, global_batch_size: int, 
     meta = token_cache.read_meta(path)
     it = batches.BatchIterator(dataset, worker_count=int(data_cfg.worker_count),
                                split_tokens=int(meta[split_name]["tokens"]))
-    it.eval_train_overlap_documents = token_cache.overlap_documents(path)  # for summary.json
+    if cache is None:
+        it.eval_train_overlap_documents = token_cache.overlap_documents(path)  # for summary.json
     return it
 
 

@@ -11,6 +11,7 @@ sources.CACHE_SPLITS ("train", "eval"):
                    eval_train_overlap_documents: eval documents whose tokens (SHA-1) are also a train document's
                    (explicit data.eval_files with any is a ConfigError; summary.json reports the count), and
                    `manifest`: {file name: {"bytes": size, "sha256": digest}} of the four files above
+A named evaluation set (data/eval_sets.py) is a cache of one split, "eval" (meta.json's `splits`: ensure_split_cache).
 The cache is written into a temporary directory and renamed into place when complete, so a cache
 left half-written by a killed process is never read (and a directory without meta.json is rebuilt); the next
 build of that cache (it holds the build claim) removes the killed builder's temporary directory.
@@ -25,6 +26,7 @@ flipped bytes are not; an explicit verification of it is refused (it has no dige
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -33,7 +35,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import tqdm
@@ -45,6 +47,7 @@ from transformer.spec import ConfigError, DataSpec, MissingInputError
 
 SPLITS = sources.CACHE_SPLITS
 OVERLAP_KEY = "eval_train_overlap_documents"  # meta.json and summary.json: eval documents also in train
+SPLITS_KEY = "splits"  # meta.json of a cache of other splits than SPLITS (ensure_split_cache)
 _BATCH_BYTES = 1 << 22  # text handed to the tokenizer at once (its batch encoders run in parallel)
 
 
@@ -96,7 +99,7 @@ def document_hash(doc_tokens: np.ndarray) -> int:
     return int.from_bytes(hashlib.sha1(np.ascontiguousarray(doc_tokens).tobytes()).digest()[:8], "big")
 
 
-def _split_hashes(split: TokenSplit) -> np.ndarray:
+def split_hashes(split: TokenSplit) -> np.ndarray:
     """uint64 [D]: document_hash of each document of a built split."""
     o = split.offsets
     return np.asarray([document_hash(split.tokens[o[d]:o[d + 1]]) for d in range(len(o) - 1)], np.uint64)
@@ -106,17 +109,18 @@ def _overlap(hashes: dict[str, np.ndarray]) -> int:
     return int(np.isin(hashes["eval"], hashes["train"]).sum())
 
 
-def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_dir: str,
-                    dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray, dict]:
-    """Streams the split's documents through the tokenizer into out_dir/{split}.tokens; returns its counts,
-    each document's hash (uint64 [D], document_hash) and the manifest entries of its two files."""
+def _tokenize_split(texts: Iterator[str], empty_error: Callable[[], Exception], tokenizer: Tokenizer, split: str,
+                    out_dir: str, dtype: np.dtype, verbose: bool) -> tuple[dict, np.ndarray, dict]:
+    """Streams the split's documents (`texts`) through the tokenizer into out_dir/{split}.tokens; returns its
+    counts, each document's hash (uint64 [D], document_hash) and the manifest entries of its two files.
+    `empty_error()`: the error for a split without a document."""
     offsets, num_tokens, num_bytes, hashes, digest = [0], 0, 0, [], hashlib.sha256()
     bos, eos = np.array([tokenizer.bos_id], dtype), np.array([tokenizer.eos_id], dtype)
     start = time.perf_counter()
     # the bar is closed (its line ended) before an error propagates, so the error starts on a line of its own
     with tqdm.tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not verbose,
                    mininterval=1.0) as bar, open(os.path.join(out_dir, f"{split}.tokens"), "wb") as f:
-        for batch in _batches(sources.texts(data_cfg, split)):
+        for batch in _batches(texts):
             for ids in tokenizer.encode_batch(batch):
                 if len(ids) and int(ids.max()) >= tokenizer.vocab_size:
                     raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocab_size {tokenizer.vocab_size}")
@@ -131,7 +135,7 @@ def _tokenize_split(data_cfg: DataSpec, tokenizer: Tokenizer, split: str, out_di
             bar.update(num_tokens - bar.n)
     seconds = time.perf_counter() - start
     if len(offsets) == 1:
-        raise sources.empty_split_error(data_cfg, split)
+        raise empty_error()
     np.save(os.path.join(out_dir, f"{split}.offsets.npy"), np.asarray(offsets, np.int64))
     manifest = {f"{split}.tokens": {"bytes": num_tokens * dtype.itemsize, "sha256": digest.hexdigest()},
                 f"{split}.offsets.npy": _file_entry(os.path.join(out_dir, f"{split}.offsets.npy"))}
@@ -166,7 +170,25 @@ def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
     there (a racing builder won) keeps that one. A cache that was there is checked (`verify`: its sizes, and its
     digests the first time this process opens it). `source_fingerprint`: as cache_path."""
     source = source_fingerprint if source_fingerprint is not None else sources.fingerprint(data_cfg)
-    path = cache_path(data_cfg, tokenizer, source)
+    splits = {split: (functools.partial(sources.texts, data_cfg, split),
+                      functools.partial(sources.empty_split_error, data_cfg, split)) for split in SPLITS}
+    return _ensure(cache_path(data_cfg, tokenizer, source), tokenizer, source, splits, verbose,
+                   functools.partial(_check_overlap, data_cfg))
+
+
+def ensure_split_cache(root: str, source: str, tokenizer: Tokenizer, texts: Callable[[], Iterator[str]],
+                       empty_error: Callable[[], Exception], verbose: bool = True, split: str = "eval") -> str:
+    """A cache of one split (`split`, its documents `texts()`) under `root`/tokens/, keyed by (`source`, the
+    tokenizer), built and checked as ensure_cache's (data/eval_sets.py: a named evaluation set)."""
+    path = os.path.join(root, "tokens", cache_key(source, tokenizer.fingerprint))
+    return _ensure(path, tokenizer, source, {split: (texts, empty_error)}, verbose, None)
+
+
+Splits = dict[str, tuple[Callable[[], Iterator[str]], Callable[[], Exception]]]  # split -> (its texts, empty error)
+
+
+def _ensure(path: str, tokenizer: Tokenizer, source: str, splits: Splits, verbose: bool,
+            check_overlap: Callable[[int, int], None] | None) -> str:
     meta_path = os.path.join(path, "meta.json")
     if os.path.isfile(meta_path):
         verify(path)
@@ -174,7 +196,7 @@ def ensure_cache(data_cfg: DataSpec, tokenizer: Tokenizer, verbose: bool = True,
     _check_writable(os.path.dirname(path))
     claim = path + ".building"
     file_claims.build_once(lambda: os.path.isfile(meta_path), claim,
-                           lambda: _build(data_cfg, tokenizer, source, path, verbose),
+                           lambda: _build(tokenizer, source, path, splits, verbose, check_overlap),
                            stale_after_s=CLAIM_STALE_S, heartbeat_s=_CLAIM_REFRESH_S, poll_s=_CLAIM_POLL_S,
                            waiting=f"waiting for another process to build the token cache {path} (claim {claim})"
                            if verbose else None)
@@ -203,8 +225,11 @@ def remove_dead_builds(root: str, key: str) -> list[str]:
     return removed
 
 
-def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, verbose: bool) -> None:
-    """Tokenizes every split into a temporary directory renamed to `path` (under the caller's build claim)."""
+def _build(tokenizer: Tokenizer, source: str, path: str, splits: Splits, verbose: bool,
+           check_overlap: Callable[[int, int], None] | None) -> None:
+    """Tokenizes every split into a temporary directory renamed to `path` (under the caller's build claim); with
+    both SPLITS, the eval documents also in train are counted (`check_overlap(count, eval documents)` may refuse
+    them); a cache of other splits records its `splits`."""
     root = os.path.dirname(path)
     if os.path.isdir(path):  # not written by ensure_cache (no meta.json): never trust it
         shutil.rmtree(path)
@@ -219,15 +244,20 @@ def _build(data_cfg: DataSpec, tokenizer: Tokenizer, source: str, path: str, ver
                 "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id,
                 MANIFEST_KEY: {}}
         hashes = {}
-        for split in SPLITS:
-            meta[split], hashes[split], files = _tokenize_split(data_cfg, tokenizer, split, tmp, dtype, verbose)
+        for split, (texts, empty_error) in splits.items():
+            meta[split], hashes[split], files = _tokenize_split(texts(), empty_error, tokenizer, split, tmp, dtype,
+                                                                verbose)
             meta[MANIFEST_KEY].update(files)
-        overlap = _overlap(hashes)
-        _check_overlap(data_cfg, overlap, len(hashes["eval"]))
-        meta[OVERLAP_KEY] = overlap
-        if overlap and verbose:
-            print(f"warning: {overlap} of the {len(hashes['eval'])} eval documents are also train documents "
-                  f"(same text)", flush=True)
+        if tuple(splits) != SPLITS:
+            meta[SPLITS_KEY] = list(splits)
+        else:
+            overlap = _overlap(hashes)
+            if check_overlap is not None:
+                check_overlap(overlap, len(hashes["eval"]))
+            meta[OVERLAP_KEY] = overlap
+            if overlap and verbose:
+                print(f"warning: {overlap} of the {len(hashes['eval'])} eval documents are also train documents "
+                      f"(same text)", flush=True)
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2)
         umask = os.umask(0)
@@ -263,7 +293,7 @@ def overlap_documents(path: str) -> int:
     meta = read_meta(path)
     if OVERLAP_KEY in meta:
         return int(meta[OVERLAP_KEY])
-    meta[OVERLAP_KEY] = _overlap({s: _split_hashes(open_split(path, s)) for s in SPLITS})
+    meta[OVERLAP_KEY] = _overlap({s: split_hashes(open_split(path, s)) for s in SPLITS})
     try:  # an atomic replace: concurrent writers write the same content, a reader sees one whole file
         tmp = os.path.join(path, f"meta.json.tmp{os.getpid()}")
         with open(tmp, "w") as f:
@@ -285,7 +315,7 @@ def read_meta(path: str) -> dict:
                                 f"(rm -r {path})") from None
     except (OSError, ValueError) as e:
         raise _damaged(path, "meta.json", f"cannot be read ({e})") from None
-    if not isinstance(meta, dict) or any(k not in meta for k in ("dtype", *SPLITS)):
+    if not isinstance(meta, dict) or any(k not in meta for k in ("dtype", *meta.get(SPLITS_KEY, SPLITS))):
         raise _damaged(path, "meta.json", "lacks the cache's dtype or split counts")
     return meta
 

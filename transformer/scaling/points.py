@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.scaling import verdict
-from transformer.spec import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError, metric_keys
 
 N_KINDS = ("params", "params_non_embedding")
 CSV_REQUIRED = ("params", "tokens", "loss")
@@ -61,6 +61,7 @@ class Points:
     # A sweep's runs by the environment they were computed in (transformer/environment.brief, recorded in each
     # results row): [{"environment": ..., "runs": count}], most runs first; () where the source records none.
     environments: tuple[dict[str, Any], ...] = ()
+    metric: str = "eval_loss"  # what loss_P holds: a sweep's eval_loss, or the fitted metric (read_sweep's)
 
     def __len__(self) -> int:
         return len(self.loss_P)
@@ -273,13 +274,13 @@ def _finite_positive(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-def _read_curve(path: str, run_id: str, params: float) -> Curve | None:
-    """The run's evaluation curve (rows with a finite eval_loss), or None without metrics."""
+def _read_curve(path: str, run_id: str, params: float, metric: str = "eval_loss") -> Curve | None:
+    """The run's evaluation curve of `metric` (rows with a finite one), or None without metrics."""
     if not os.path.isfile(path):
         return None
     rows = [
         r for _, r in _read_jsonl(path)[0]
-        if all(_finite_positive(r.get(k)) for k in ("eval_loss", "tokens", "flops"))
+        if all(_finite_positive(r.get(k)) for k in (metric, "tokens", "flops"))
     ]
     if not rows:
         return None
@@ -291,7 +292,7 @@ def _read_curve(path: str, run_id: str, params: float) -> Curve | None:
         params=params,
         tokens_S=np.array([r["tokens"] for r in rows], dtype=float)[keep_S],
         flops_S=flops_S[keep_S],
-        loss_S=np.array([r["eval_loss"] for r in rows], dtype=float)[keep_S],
+        loss_S=np.array([r[metric] for r in rows], dtype=float)[keep_S],
     )
 
 
@@ -306,12 +307,15 @@ def _flops_no_attention(record: dict[str, Any]) -> float | None:
     return float(record["flops"]) - float(record["tokens"]) * 12.0 * layers * seq_len * heads * head_dim
 
 
-def read_sweep(directory: str, n_kind: str = "params") -> Points:
+def read_sweep(directory: str, n_kind: str = "params", metric: str = "eval_loss") -> Points:
     """Points from a sweep directory's results.jsonl (+ each run's metrics.jsonl curve, except wsd runs').
 
     Runs whose verdict (scaling/verdict.py: failed, or diverged, a finite loss above the uniform guess or above
     where the run started included) is not "ok" are excluded with a reason, as are lines that are not JSON (torn writes); a run listed twice keeps its last line. `n_kind` picks N: "params" (total) or
-    "params_non_embedding".
+    "params_non_embedding". `metric`: what is fitted as the loss, a results row's key (eval_loss,
+    eval_bits_per_byte) or a named set's or task's (spec.metric_keys: eval/NAME/bits_per_byte,
+    tasks/NAME/bits_per_byte): a run without a finite positive value is left out with the reason; a metric no row
+    has is a ConfigError naming the ones they have.
     """
     if n_kind not in N_KINDS:
         raise ConfigError(f"n_kind={n_kind!r} is not valid; choose one of {', '.join(N_KINDS)}")
@@ -338,8 +342,9 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         if status != verdict.OK:
             excluded.append({"id": run_id, "reason": f"status={status!r} (not 'ok')" + (f": {why}" if why else "")})
             continue
-        if not _finite_positive(record.get("eval_loss")):
-            excluded.append({"id": run_id, "reason": f"eval_loss={record.get('eval_loss')!r} is not finite"})
+        if not _finite_positive(metric_keys.value(record, metric)):
+            excluded.append({"id": run_id, "reason": f"{metric}={metric_keys.value(record, metric)!r} is not finite "
+                                                     f"and positive"})
             continue
         for key in (n_kind, "tokens", "flops"):
             if not _finite_positive(record.get(key)):
@@ -351,7 +356,7 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         params.append(float(record[n_kind]))
         tokens.append(float(record["tokens"]))
         flops.append(float(record["flops"]))
-        loss.append(float(record["eval_loss"]))
+        loss.append(float(metric_keys.value(record, metric)))
         budgets.append(record.get("budget"))
         if record.get("environment"):
             key = json.dumps(record["environment"], sort_keys=True)
@@ -362,18 +367,23 @@ def read_sweep(directory: str, n_kind: str = "params") -> Points:
         extras["params_unpadded"].append(record.get("params_unpadded"))  # runs since issue 19 record it
         # A wsd run's intermediate evaluations are not decayed (its branches' final points are): no curve.
         curve = None if record.get("schedule") == "wsd" else _read_curve(
-            os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1])
+            os.path.join(directory, "runs", run_id, "metrics.jsonl"), run_id, params[-1], metric)
         if curve is not None:
             curves.append(curve)
     if not ids:
-        raise ConfigError(f"{results}: no finished runs with status 'ok' and a finite eval_loss")
+        if metric != "eval_loss" and not any(metric_keys.value(r, metric) is not None for _, r in by_id.values()):
+            known = sorted({k for _, r in by_id.values() for k in metric_keys.flat(r)} | {"eval_loss",
+                                                                                       "eval_bits_per_byte"})
+            raise ConfigError(f"--metric={metric}: no run of {results} records it; recorded: {', '.join(known)}")
+        raise ConfigError(f"{results}: no finished runs with status 'ok' and a finite {metric}")
     points = from_arrays(params, tokens, loss, flops=flops, ids=ids, source=directory)
     budget_P = np.array(budgets, dtype=float) if all(_finite_positive(b) for b in budgets) else None
     extra_P = {k: np.array(v, dtype=float) for k, v in extras.items() if all(_finite_positive(x) for x in v)}
     by_count = sorted(environments.items(), key=lambda kv: -kv[1])
     return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P,
                                extra_P=extra_P,
-                               environments=tuple({"environment": json.loads(k), "runs": n} for k, n in by_count))
+                               environments=tuple({"environment": json.loads(k), "runs": n} for k, n in by_count),
+                               metric=metric)
 
 
 def load(source: str, n_kind: str = "params") -> Points:

@@ -45,6 +45,7 @@ def run_fit(
                        isoflop_window=isoflop_window, isoflop_method=isoflop_method, headline=headline,
                        predict_flops=predict_flops, approach3_near=approach3_near, predict_points=predict_points)
     fit["n_kind"] = n_kind
+    fit["metric"] = pts.metric  # what "loss" is throughout: eval_loss, or experiments.fit --metric's
     fit["environment"] = environment.record()  # this fit's; each run's is in its summary.json
     if pts.environments:
         fit["run_environments"] = list(pts.environments)

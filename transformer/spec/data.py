@@ -55,6 +55,52 @@ def join_globs(globs: list[str]) -> str:
     return ",".join(g.replace(",", "\\,") for g in globs)
 
 
+HELDOUT = "heldout"  # data.eval_sets: the run's own evaluation split (data.eval_split, eval_files or held out)
+_SET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def eval_set_entries(value: Any) -> tuple[tuple[str, str | tuple[str, ...]], ...]:
+    """The named evaluation sets of data.eval_sets: ((name, target), ...) in the order given, `target` HELDOUT (the
+    run's own evaluation split) or a tuple of globs of local files (the formats of data.files). `value`: a mapping
+    {name: globs or "heldout"} (globs as data.files takes them), or a string "name=globs;name=globs" ("" or {}:
+    none). A name is letters, digits, `_`, `.`, `-` (it keys the metrics: eval/NAME/loss). ConfigError otherwise."""
+    setting = "data.eval_sets"
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        pairs = []
+        for part in (p.strip() for p in value.split(";")):
+            if not part:
+                continue
+            name, eq, target = part.partition("=")
+            if not eq:
+                raise ConfigError(f"{setting}: {part!r} is not NAME=FILES; give e.g. "
+                                  f"'wiki=~/wiki/*.jsonl;own={HELDOUT}' (';' between sets)")
+            pairs.append((name.strip(), target.strip()))
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        raise ConfigError(f"{setting}={value!r} must be a mapping {{name: files}} or a string 'name=files;...'")
+    out, seen = [], set()
+    for name, target in pairs:
+        if not isinstance(name, str) or not _SET_NAME.match(name):
+            raise ConfigError(f"{setting}: the set name {name!r} must be letters, digits, '_', '.' or '-'")
+        if name in seen:
+            raise ConfigError(f"{setting}: the set name {name!r} is given twice")
+        seen.add(name)
+        if target == HELDOUT:
+            out.append((name, HELDOUT))
+            continue
+        globs = tuple(split_globs(target, f"{setting}.{name}"))
+        if not globs:
+            raise ConfigError(f"{setting}.{name} names no file; give globs of local files (the formats of "
+                              f"data.files) or {HELDOUT!r} (the run's own evaluation split)")
+        out.append((name, globs))
+    return tuple(out)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         what = "a positive integer" if minimum == 1 else f">= {minimum}, an integer"
@@ -76,6 +122,7 @@ class DataSpec:
     eval_split: str = "validation"
     files: str | tuple[str, ...] = ""        # globs: split_globs
     eval_files: str | tuple[str, ...] = ""
+    eval_sets: Any = ""                      # named evaluation sets: eval_set_entries
     eval_fraction: float = 0.01
     cache_dir: str = ""
     tokenizer: str = "bytes"
@@ -101,6 +148,7 @@ class DataSpec:
         object.__setattr__(self, "worker_count", _check_int("worker_count", self.worker_count, 0))
         object.__setattr__(self, "shuffle_seed", _check_int("shuffle_seed", self.shuffle_seed, 0))
         object.__setattr__(self, "vocab_size", _check_int("vocab_size", self.vocab_size, 1))
+        eval_set_entries(self.eval_sets)  # the names and globs checked
         for name in ("files", "eval_files"):
             value = getattr(self, name)
             split_globs(value, f"data.{name}")  # the type checked
@@ -127,6 +175,11 @@ class DataSpec:
     def eval_file_globs(self) -> list[str]:
         """The globs of data.eval_files (split_globs)."""
         return split_globs(self.eval_files, "data.eval_files")
+
+    @property
+    def eval_set_list(self) -> tuple[tuple[str, str | tuple[str, ...]], ...]:
+        """data.eval_sets as ((name, HELDOUT or its globs), ...) in the order given (eval_set_entries)."""
+        return eval_set_entries(self.eval_sets)
 
     @property
     def uses_files(self) -> bool:

@@ -130,6 +130,8 @@ class TrainSpec:
     task: str = ""
     init_from: str = ""
     grad_accum_steps: int = 1
+    eval_tasks: str = ""        # likelihood-scored tasks at every evaluation (data/choice_tasks.py)
+    eval_tasks_limit: int = 0   # documents per task (0: all)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_every", "eval_steps", "checkpoint_every",
@@ -146,7 +148,8 @@ class TrainSpec:
         _check_int("train.loss_chunk_size", self.loss_chunk_size, "an integer >= 0 (0: off)")
         _check_int("train.warmup_steps", self.warmup_steps, f"an integer between 0 and train.steps, or "
                    f"{AUTO_WARMUP} (the default)", low=AUTO_WARMUP)
-        for name in ("task", "init_from"):
+        _check_int("train.eval_tasks_limit", self.eval_tasks_limit, "an integer >= 0 (0: every document)")
+        for name in ("task", "init_from", "eval_tasks"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"train.{name}={getattr(self, name)!r} must be a string")
         # (setting, lowest, highest, lowest included, highest included, what is valid)

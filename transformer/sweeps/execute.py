@@ -73,7 +73,8 @@ def result_row(run: dict[str, Any], summary: dict[str, Any] | None, status: str,
                train_loss=s.get("train_loss"), wall_seconds=wall_seconds,
                tokens_per_second=s.get("tokens_per_second"), mfu=s.get("mfu"),
                compile_seconds=s.get("compile_seconds"), device=s.get("device"), initial_loss=initial,
-               vocab_size_unpadded=s.get("vocab_size_unpadded"), environment=environment.brief(s.get("environment")))
+               vocab_size_unpadded=s.get("vocab_size_unpadded"), environment=environment.brief(s.get("environment")),
+               eval_sets=s.get("eval_sets") or {}, tasks=s.get("tasks") or {})  # data.eval_sets, train.eval_tasks
     if status == OK:  # measured values (equal to the design's when the run reached its last step)
         row.update({k: s[k] for k in ("params", "params_non_embedding", "params_unpadded", "tokens", "flops")
                     if k in s})

@@ -29,17 +29,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.tasks import get_task
-from transformer.training import guards, multirun, nonfinite, run_claim, run_setup, sharding, steps
-from transformer.training.evaluation import Evaluator
+from transformer.spec import metric_keys
+from transformer.training import evaluators, guards, multirun, nonfinite, run_claim, run_setup, sharding, steps
 from transformer.training.metrics import MetricsWriter, read_metrics
 from transformer.training.profiler import ProfileWindow
 from transformer.training.guards import Preempted
 from transformer.training.run_io import Progress, abstract_batch, make_summary, write_json
 from transformer.training.steps import global_batch
 from transformer.training.run_setup import Runs, Setup
-
-# a run's last logged values go to its summary
-LAST_KEYS = ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte")
 
 
 def compile_step(step_fn: Any, state: Any, batch_spec: dict) -> Any:
@@ -75,15 +72,15 @@ class Loop:
         self.train_jit, self.eval_fn = steps.jit_steps(train_step, steps.make_eval_step(setup.model, setup.task),
                                                        setup.shardings, setup.mesh, setup.rules,
                                                        runs=self.R if grouped else 0)
-        self.evaluator = Evaluator(self.eval_fn, setup.task, setup.spec, self.batch_s, jax.process_index(),  # one
-                                   jax.process_count(), setup.token_bytes_V, setup.data, setup.rows)  # per run
+        self.evaluators = evaluators.build(setup, self.eval_fn, self.batch_s, jax.process_index(),  # one registry:
+                                           jax.process_count(), runs=self.R if grouped else 0)  # own split, sets, tasks
         self.train_fn: Any = None
         self.nonfinite = guards.NonFiniteGuard(self.t.nonfinite, runs.workdirs, grouped, runs.primary, self._diagnose,
                                                self.t.steps, self.t.max_skipped_fraction)
         histories = [read_metrics(w) if runs.primary and start_step else [] for w in runs.workdirs]  # to the ckpt
         for r, history in enumerate(histories):
             for row in history:
-                runs.last[r].update({k: row[k] for k in LAST_KEYS if k in row})
+                runs.last[r].update({k: v for k, v in row.items() if metric_keys.keeps_last(k)})
         self.spikes = guards.SpikeGuard([[row.get("train_loss") for row in h] for h in histories], runs.workdirs,
                                         runs.describe_batch, runs.primary)
         self.progress = Progress(self.t.steps, verbose and runs.primary)
@@ -195,7 +192,7 @@ class Loop:
 
     def _evaluate(self) -> dict:
         t0 = time.time()
-        out = self.evaluator(self.state.params)
+        out = self.evaluators(self.state.params)
         self.eval_seconds += time.time() - t0
         return out
 
@@ -226,7 +223,7 @@ class Loop:
             if evals is not None:
                 row.update({k: runs.pick(v, p) for k, v in evals.items()})
                 extra += f" | eval {row['eval_loss']:.4f}" if not runs.grouped else ""
-            runs.last[r].update({k: row[k] for k in LAST_KEYS if k in row})
+            runs.last[r].update({k: v for k, v in row.items() if metric_keys.keeps_last(k)})
             runs.writers[r].write(step, row)
         at = {r: p for p, r in enumerate(runs.live)}
         self.progress(step, [float(runs.part(m, at[r])["loss"]) if r in at else None for r in range(self.R)],
@@ -302,7 +299,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         completed = True
     finally:
         closers = [*([profile.close] if profile is not None else []),
-                   *([loop.evaluator.close] if loop is not None else []),
+                   *([loop.evaluators.close] if loop is not None else []),
                    *(ck.close for ck in runs.ckpts), *(w.close for w in runs.writers)]
         if nproc > 1:
             closers.append(lambda: multihost_utils.sync_global_devices("train_done"))

@@ -15,11 +15,11 @@ import os
 import types
 from typing import Any, Mapping
 
-from transformer.data import get_tokenizer
+from transformer.data import choice_tasks, get_tokenizer
 from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models import resolve as resolve_names
-from transformer.spec import (AUTO_WARMUP, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec, run_task,
-                              warmup_steps)
+from transformer.spec import (AUTO_WARMUP, ConfigError, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec,
+                              run_task, warmup_steps)
 from transformer.tasks import model_vocab_size
 from transformer.training import profiler, wandb_run
 from transformer.training.run_io import read_run_json
@@ -101,9 +101,14 @@ def check_plain(config: Any) -> None:
     """The checks that need nothing built or read (DataSpec, TrainSpec, the family's tasks): run first, so a
     mistake there is reported before a dataset is prepared or a tokenizer trained."""
     d = plain_config(config)
-    DataSpec.of(d["data"])
-    TrainSpec.from_config(d["train"])
-    run_task(d["model"].get("family", "decoder"), d["train"].get("task", ""))
+    data = DataSpec.of(d["data"])
+    train = TrainSpec.from_config(d["train"])
+    task = run_task(d["model"].get("family", "decoder"), d["train"].get("task", ""))
+    for setting, given in (("data.eval_sets", data.eval_set_list), ("train.eval_tasks", train.eval_tasks)):
+        if given and task != "lm":
+            raise ConfigError(f"{setting} needs a next-token model (model.family='decoder', train.task='lm'); this "
+                              f"run trains train.task={task!r}: leave {setting} empty")
+    choice_tasks.parse(train.eval_tasks)  # every task found (its documents are read when the run sets up)
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:

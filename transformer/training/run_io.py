@@ -13,6 +13,7 @@ import jax
 from transformer import environment, files
 from transformer.data import identity, token_cache
 from transformer.spec import ConfigError, ModelConfig, TrainSpec, padding_params, section_defaults
+from transformer.spec import metric_keys
 from transformer.training import hardware, optimizer, sharding
 
 
@@ -187,6 +188,7 @@ def make_summary(*, status: str, error: str | None, step: int, steps: int, count
         **{f"{k}_seconds": v for k, v in seconds.items()}, "tokens_per_second": tps,
         "mfu": (tps * fpt / (peak["flops"] * num_devices)) if (tps and peak["flops"]) else None,
         "device": jax.devices()[0].device_kind, "num_devices": num_devices,
-        "mesh": dict(zip(sharding.MESH_AXES, mesh_shape)), "environment": environment.record(), **extra,
+        "mesh": dict(zip(sharding.MESH_AXES, mesh_shape)), "environment": environment.record(),
+        **metric_keys.summary_groups(last), **extra,
     }
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}

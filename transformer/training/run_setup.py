@@ -15,12 +15,12 @@ import jax
 import numpy as np
 
 from transformer.spec import LR_ARITHMETIC, ConfigError, DataSpec, RunSpec, flops_per_token, param_counts
-from transformer.data import get_tokenizer, identity, record_tokenizer
+from transformer.data import eval_sets, get_tokenizer, identity, record_tokenizer
 from transformer.data.batches import process_rows
 from transformer.data.span_corruption import span_corruption_lengths
 from transformer.models import build_model
 from transformer.tasks import model_vocab_size
-from transformer.training import checkpointing, multirun, optimizer, run_claim, sharding
+from transformer.training import checkpointing, multirun, optimizer, run_claim, scoring, sharding
 from transformer.training.optimizer import make_schedule
 from transformer.training.resolve import check_plain, keep_recorded_warmup, resolve
 from transformer.training.run_io import check_workdir_config, check_workdir_writable, read_run_json, write_json
@@ -52,7 +52,7 @@ class Runs:
         self.live = list(range(R))
         self.status, self.errors = ["ok"] * R, [None] * R
         self.skipped: list = [None] * R
-        self.last: list[dict] = [{} for _ in range(R)]  # each run's last logged values (LAST_KEYS)
+        self.last: list[dict] = [{} for _ in range(R)]  # each run's last logged values (metric_keys.keeps_last)
         self.schedules = [make_schedule(s.train) for s in self.specs]
 
     def part(self, tree: Any, p: int) -> Any:
@@ -108,6 +108,8 @@ class Setup:
     rows: Any  # this process's rows of a global batch (data.batches.process_rows)
     vocab_size_unpadded: int  # the ids a token can have, before padding (summary.json)
     eval_train_overlap_documents: int | None  # eval documents that are also train documents (packed text)
+    eval_sets: list = dataclasses.field(default_factory=list)  # data.eval_sets opened (data.eval_sets.EvalSet)
+    eval_tasks: list = dataclasses.field(default_factory=list)  # train.eval_tasks prepared (scoring.PreparedTask)
 
     def fresh_state(self, spec: RunSpec, source: Source | None = None, announce: bool = False) -> Any:
         """Step 0: initialised from the run's seed with its peak learning rate, warm-started when asked (from
@@ -199,6 +201,11 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                           rows=rows, process_index=jax.process_index(), process_count=nproc, shuffle=True,
                           repeat=True) for s, r in zip(specs, resolved_runs)]
         data_its = [task.make_iterator(s, **a) for s, a in zip(specs, data_args)]
+        run_data = resolved_runs[0].data
+        sets = (eval_sets.open_sets(run_data, run_data.ensure_cache(False), verbose and primary)
+                if spec.data.eval_set_list else [])  # each tokenized once; a set of training data refused
+        tasks = scoring.prepare_tasks(t.eval_tasks, t.eval_tasks_limit, run_data.tokenizer, spec.data.seq_len,
+                                      verbose and primary)
     except BaseException:
         claims.release(remove_created=True)  # a data mistake leaves no workdir (nor a half-made run) behind
         raise
@@ -225,7 +232,8 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                   split_tokens_per_step=split_tokens_per_step(task.name, spec),
                   decay_start=decay_start, data=resolved_runs[0].data, rows=rows,
                   vocab_size_unpadded=model_vocab_size(spec, tokenizer),
-                  eval_train_overlap_documents=getattr(data_its[0], "eval_train_overlap_documents", None))
+                  eval_train_overlap_documents=getattr(data_its[0], "eval_train_overlap_documents", None),
+                  eval_sets=sets, eval_tasks=tasks)
     runs = Runs(configs=list(configs), specs=specs, workdirs=list(workdirs), resolved=resolved, data_args=data_args,
                 data_its=data_its, ckpts=ckpts, grouped=grouped, primary=primary, claims=claims,
                 init_sources=init_sources)

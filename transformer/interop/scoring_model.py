@@ -1,0 +1,77 @@
+"""A model to score or sample from, from a training run directory or a local Hugging Face model directory
+(experiments.evaluate, the lm-evaluation-harness adapter: interop/lm_eval_model.py).
+
+A run directory (config.json with model and train sections, checkpoints/) gives its parameters at a checkpoint
+(training/restore.load_run), its recorded tokenizer and its data.seq_len; a Hugging Face directory (config.json
+with a `model_type`, GPT-2, LLaMA, Qwen3 or GPT-NeoX: a decoder) is imported (hf.from_pretrained), its
+tokenizer.json read as the data.tokenizer of that name would be, and its length is the model's positions (capped
+at MAX_HF_LENGTH for positions without a table). Only decoders score here: an encoder or encoder–decoder is one
+ConfigError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from transformer.data.tokenizers import Tokenizer, load_tokenizer_file
+from transformer.spec import ConfigError, MissingInputError
+
+MAX_HF_LENGTH = 2048  # a Hugging Face model's default length where its positions are not a table (RoPE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringModel:
+    """model (a DecoderLM), params (on one device), its tokenizer, `seq_len` (the rows' length), and what it is
+    (`source`: "run" or "huggingface"; `step`: the run's checkpoint step, None for Hugging Face)."""
+    model: Any
+    params: Any
+    tokenizer: Tokenizer
+    seq_len: int
+    source: str
+    step: int | None
+    path: str
+
+
+def _is_run(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model" in config and "train" in config
+
+
+def load(path: str, *, step: int | None = None, seq_len: int = 0, setting: str = "--workdir") -> ScoringModel:
+    """The decoder in `path` (the module docstring); `seq_len` > 0 sets the rows' length (at most the model's
+    positions where they are a table)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        raise MissingInputError(f"{setting}={path} does not exist")
+    if _is_run(path):
+        from transformer.training.restore import load_run
+
+        run = load_run(path, step=step)
+        model, params, tokenizer, length = run.model, run.params, run.tokenizer, int(run.spec.data.seq_len)
+        source, at = "run", run.step
+    else:
+        from transformer.interop import hf
+
+        if step is not None:
+            raise ConfigError(f"--step={step}: {path} is a Hugging Face directory, which has no checkpoints")
+        model, params = hf.from_pretrained(path)
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            raise MissingInputError(f"{path} has no tokenizer.json: the model's text cannot be tokenized")
+        tokenizer = load_tokenizer_file(path, setting)
+        length = min(int(model.cfg.max_len), MAX_HF_LENGTH)
+        source, at = "huggingface", None
+    cfg = model.cfg
+    if cfg.family != "decoder":
+        raise ConfigError(f"{setting}={path}: a model.family={cfg.family!r} model; likelihood scoring needs a decoder")
+    limit = int(cfg.max_len) if cfg.positional in ("learned", "sinusoidal") else None
+    if seq_len:
+        if limit is not None and seq_len > limit:
+            raise ConfigError(f"--seq_len={seq_len} is longer than the model's {limit} positions")
+        length = seq_len
+    return ScoringModel(model, params, tokenizer, int(length), source, at, path)
