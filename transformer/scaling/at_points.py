@@ -105,7 +105,7 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
     n_P, d_P, l_P = points.params_P, points.tokens_P, points.loss_P
     bt = {"approach3": size_backtest(points, lambda train_KP: parametric.fit_batch(
               n_P, d_P, np.broadcast_to(l_P, train_KP.shape), train_KP), _loss),
-          "overtrain": size_backtest(points, lambda train_KP: [overtrain.fit(n_P[m], d_P[m], l_P[m]) for m in train_KP],
+          "overtrain": size_backtest(points, lambda train_KP: overtrain.fit_many(n_P, d_P, l_P, train_KP),
                                      overtrain.loss_at)}
     law = overtrain.fit(points.params_P, points.tokens_P, points.loss_P)
     chosen = "overtrain" if _median_abs(bt["overtrain"]) < _median_abs(bt["approach3"]) else "approach3"

@@ -76,9 +76,9 @@ def minimize(residuals: Residuals, x_Kn: np.ndarray, mask_KP: np.ndarray, *, del
             psi = np.clip(r, -delta, delta)
             w = np.minimum(1.0, delta / np.maximum(np.abs(r), 1e-300))  # ψ(r)/r: the IRLS weights
         psi, w = psi * m, w * m
-        g_Kn = np.einsum("kpi,kp->ki", j, psi)
+        g_Kn = (psi[:, None, :] @ j)[:, 0]
         free_Kn = (lo < hi) & ~((x <= lo) & (g_Kn > 0)) & ~((x >= hi) & (g_Kn < 0))
-        h_Knn = np.einsum("kpi,kp,kpj->kij", j, w, j) * free_Kn[:, :, None] * free_Kn[:, None, :]
+        h_Knn = ((j * w[..., None]).transpose(0, 2, 1) @ j) * free_Kn[:, :, None] * free_Kn[:, None, :]
         scale_K = np.max(np.abs(h_Knn), axis=(1, 2))
         diag_Kn = np.maximum(np.einsum("kii->ki", h_Knn), 1e-12 * scale_K[:, None] + 1e-300)
         diag_Kn = np.where(free_Kn, diag_Kn, 1.0)

@@ -57,27 +57,38 @@ def profile(u_P: np.ndarray, v_P: np.ndarray, loss_KP: np.ndarray, mask_KP: np.n
 
 def nnls3(g: np.ndarray, rhs: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """min over c ≥ 0 of cᵀGc − 2cᵀr + total for many 3×3 problems (..., 3, 3), (..., 3), (...): (c (..., 3), the
-    minimum (...)), by enumerating the supports."""
+    minimum (...)), by enumerating the supports (closed forms on the unit-diagonal scaled system)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         s = 1.0 / np.sqrt(np.einsum("...ii->...i", g))
         s = np.where(np.isfinite(s), s, 0.0)
-        gs = g * s[..., :, None] * s[..., None, :]
-        rs = rhs * s
-        best_c = np.zeros(rhs.shape)
-        best_f = np.array(total, float, copy=True)
-        for support in _SUPPORTS:
-            sub = np.ix_(support, support)
-            a = gs[(..., *sub)] if len(support) > 1 else gs[..., support[0], support[0]][..., None, None]
-            b = rs[..., list(support)]
-            det = np.linalg.det(a)
-            ok = np.abs(det) > _SINGULAR
-            c = np.linalg.solve(np.where(ok[..., None, None], a, np.eye(len(support))), b[..., None])[..., 0]
-            f = total - (c * b).sum(axis=-1)
-            ok &= np.all(c >= 0, axis=-1) & np.isfinite(f) & (f < best_f)
-            best_f = np.where(ok, f, best_f)
-            full = np.zeros(rhs.shape)
-            full[..., list(support)] = c
-            best_c = np.where(ok[..., None], full, best_c)
+        r = rhs * s
+        off = {(0, 1): g[..., 0, 1] * s[..., 0] * s[..., 1], (0, 2): g[..., 0, 2] * s[..., 0] * s[..., 2],
+               (1, 2): g[..., 1, 2] * s[..., 1] * s[..., 2]}
+        shape = r.shape[:-1]
+        best_c = np.zeros(r.shape)
+        best_f = np.broadcast_to(np.asarray(total, float), shape).copy()
+
+        def keep(c_list: list[np.ndarray], support: tuple[int, ...], ok: np.ndarray) -> None:
+            f = best_f if not c_list else total - sum(c * r[..., i] for c, i in zip(c_list, support))
+            ok = ok & np.isfinite(f) & (f < best_f) & np.all([c >= 0 for c in c_list], axis=0)
+            best_f[...] = np.where(ok, f, best_f)
+            for c, i in zip(c_list, support):
+                best_c[..., i] = np.where(ok, c, best_c[..., i])
+            for i in set(range(3)) - set(support):
+                best_c[..., i] = np.where(ok, 0.0, best_c[..., i])
+
+        for i in range(3):
+            keep([r[..., i]], (i,), s[..., i] > 0)
+        for i, j in ((0, 1), (0, 2), (1, 2)):
+            x = off[(i, j)]
+            det = 1.0 - x**2
+            keep([(r[..., i] - x * r[..., j]) / det, (r[..., j] - x * r[..., i]) / det], (i, j),
+                 (det > _SINGULAR) & (s[..., i] > 0) & (s[..., j] > 0))
+        a, b, c = off[(0, 1)], off[(0, 2)], off[(1, 2)]
+        det = 1.0 + 2 * a * b * c - a**2 - b**2 - c**2
+        inv = ((1 - c**2, b * c - a, a * c - b), (b * c - a, 1 - b**2, a * b - c), (a * c - b, a * b - c, 1 - a**2))
+        keep([(inv[i][0] * r[..., 0] + inv[i][1] * r[..., 1] + inv[i][2] * r[..., 2]) / det for i in range(3)],
+             (0, 1, 2), (det > _SINGULAR) & np.all(s > 0, axis=-1))
         return best_c * s, best_f
 
 
