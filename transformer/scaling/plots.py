@@ -102,10 +102,10 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
         ax.plot(budget["curve"]["params"], budget["curve"]["loss"], color=colour, lw=1.2, zorder=2)
         ax.scatter([budget["N_opt"]], [budget["loss_opt"]], marker="*", s=120, color=colour,
                    edgecolor="k", linewidth=0.6, zorder=3)
-    for budget in a2.get("budgets_excluded", []):
-        ax.scatter(budget["params"], budget["loss"], s=22, marker="x", color="C3", lw=0.8, zorder=2)
-    if a2.get("budgets_excluded"):
-        ax.scatter([], [], s=22, marker="x", color="C3", label="budgets left out (no interior minimum)")
+    if a2.get("budgets_excluded"):  # one artist for all of them (a CSV without budgets can leave out hundreds)
+        left_out = a2["budgets_excluded"]
+        ax.scatter([n for b in left_out for n in b["params"]], [l for b in left_out for l in b["loss"]], s=22,
+                   marker="x", color="C3", lw=0.8, zorder=2, label="budgets left out (no interior minimum)")
     ax.scatter([], [], marker="*", s=120, color="w", edgecolor="k",
                label=f"fitted minimum ({'Akima interpolation' if method == 'akima' else 'parabola'})")
     ax.set(xlabel=LABEL_N, ylabel=LABEL_LOSS,
