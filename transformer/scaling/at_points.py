@@ -58,7 +58,7 @@ def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
 
 def _loss(fit: dict[str, float] | parametric.LossFit, n: np.ndarray, d: np.ndarray) -> np.ndarray:
     get = fit.__getitem__ if isinstance(fit, dict) else lambda k: getattr(fit, k)
-    return get("E") + get("A") / np.power(n, get("alpha")) + get("B") / np.power(d, get("beta"))
+    return parametric.law_loss(get("E"), get("A"), get("B"), get("alpha"), get("beta"), n, d)
 
 
 def size_backtest(points: Points, fit_many: Callable[[np.ndarray], Sequence[Any]],
@@ -131,7 +131,7 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
             ok = [all(draws[k][i] is not None for k in keys) for i in range(len(draws["E"]))]
             cols = {k: np.array([v for v, good in zip(draws[k], ok) if good], float) for k in keys}
             with np.errstate(over="ignore", invalid="ignore"):
-                loss_K = cols["E"] + cols["A"] / n ** cols["alpha"] + cols["B"] / d ** cols["beta"]
+                loss_K = _loss(cols, n, d)
             loss_K = loss_K[np.isfinite(loss_K) & (loss_K > 0)]
             noise_ci = interval.from_draws(loss_K, draws_source)
             if noise_ci is not None:

@@ -96,8 +96,13 @@ def approach1(points: Points) -> dict[str, Any]:
     if len(np.unique(inner["params"])) < 2:
         return {**record, "a": None, "b": None,
                 "note": "the loss envelope holds fewer than 2 inner model sizes; approach 1 needs more"}
+    if len(group_budgets(inner["flops"])) < 2:  # a power law in C through one budget (measured FLOPs jitter)
+        return {**record, "a": None, "b": None, "note": "the loss envelope's inner points lie within one compute "
+                f"budget ({100 * BUDGET_RTOL:g}%); approach 1 needs at least 2 budgets"}
     a, n_coef = power_law(inner["flops"], inner["params"])
     b, d_coef = power_law(inner["flops"], inner["tokens"])
+    if not all(np.isfinite(v) for v in (a, b, n_coef, d_coef)):
+        return {**record, "a": None, "b": None, "note": "the power law through the envelope overflowed"}
     return {"a": a, "b": b, "N_coef": n_coef, "D_coef": d_coef, **record}
 
 
@@ -142,7 +147,7 @@ def residual_report(fit: dict[str, Any], points: Points, sigma: float | None) ->
     RMS is within 2σ (the form fits the points to their noise)."""
     if fit.get("E") is None:
         return {}
-    pred_P = fit["E"] + fit["A"] / points.params_P ** fit["alpha"] + fit["B"] / points.tokens_P ** fit["beta"]
+    pred_P = parametric.law_loss(*(fit[k] for k in ("E", "A", "B", "alpha", "beta")), points.params_P, points.tokens_P)
     r_P = np.log(points.loss_P) - np.log(pred_P)
     rms = float(np.sqrt(np.mean(r_P**2)))
     out: dict[str, Any] = {"residuals": {i: float(r) for i, r in zip(points.ids, r_P)},

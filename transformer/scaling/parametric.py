@@ -62,6 +62,14 @@ def single_threaded_blas() -> Iterator[None]:
             lib.scipy_openblas_set_num_threads(threads)
 
 
+def law_loss(e: np.ndarray | float, a: np.ndarray | float, b: np.ndarray | float, alpha: np.ndarray | float,
+             beta: np.ndarray | float, params: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
+    """E + A/N^α + B/D^β, broadcasting (e.g. K draws of the parameters against Q points), each term as
+    exp(ln A − α ln N) so that a coefficient of 0 gives 0 whatever its exponent (0/N^α is NaN where N^α overflows)."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return (e + np.exp(np.log(a) - alpha * np.log(params)) + np.exp(np.log(b) - beta * np.log(tokens)))
+
+
 @dataclasses.dataclass(frozen=True)
 class LossFit:
     """The fitted L(N, D) = E + A/N^α + B/D^β and its objective value."""
@@ -99,7 +107,7 @@ class LossFit:
 
     def loss(self, params: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Predicted loss L(N, D), broadcasting N and D."""
-        return self.E + self.A / np.power(params, self.alpha) + self.B / np.power(tokens, self.beta)
+        return law_loss(self.E, self.A, self.B, self.alpha, self.beta, params, tokens)
 
     def n_opt(self, flops: np.ndarray) -> np.ndarray:
         """Compute-optimal N for compute C, under C = 6·N·D."""

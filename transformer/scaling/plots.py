@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
-from transformer.scaling import interval
+from transformer.scaling import interval, parametric
 
 LABEL_C = "compute C (FLOPs)"
 LABEL_N = "parameters N"
@@ -240,7 +240,7 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
     a3 = fit["approach3"]
     if a3.get("a") is not None:
         n_G, d_G = a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"]
-        loss_G = a3["E"] + a3["A"] / n_G ** a3["alpha"] + a3["B"] / d_G ** a3["beta"]
+        loss_G = parametric.law_loss(*(a3[k] for k in ("E", "A", "B", "alpha", "beta")), n_G, d_G)
         ax.plot(flops_G, loss_G, color="C2", lw=1.2, label="approach 3: L(N_opt(C), D_opt(C))", zorder=2)
     if not law:
         _note(ax, f"no frontier: {front.get('note') or fit['approach2'].get('note', 'no budget minima')}", y=0.85,
@@ -286,7 +286,7 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     n_G = np.geomspace(pts["params"].min() / 3, pts["params"].max() * 3, 200)
     d_G = np.geomspace(pts["tokens"].min() / 3, pts["tokens"].max() * 3, 200)
     with np.errstate(over="ignore"):
-        loss_GG = a3["E"] + a3["A"] / n_G[None, :] ** a3["alpha"] + a3["B"] / d_G[:, None] ** a3["beta"]
+        loss_GG = parametric.law_loss(*(a3[k] for k in ("E", "A", "B", "alpha", "beta")), n_G[None, :], d_G[:, None])
     levels = contour_levels(loss_GG, pts["loss"])
     top = levels[-1]
     fig = figure.Figure(figsize=(7.5, 5.5), layout="constrained")
