@@ -135,7 +135,8 @@ def near_optimum(points: Points, approach2_result: dict[str, Any], near: float) 
     keep_P = np.zeros(len(points), bool)
     for idx in group_budgets(points.flops_P, budget_P=points.budget_P):
         c = float(np.exp(np.mean(np.log(points.flops_P[idx]))))
-        n_opt = n_opt_by_id.get(points.ids[idx[0]], approach2_result["N_coef"] * c ** approach2_result["a"])
+        with np.errstate(over="ignore"):  # (an overflow leaves the budget out of the selection)
+            n_opt = n_opt_by_id.get(points.ids[idx[0]], approach2_result["N_coef"] * np.float64(c) ** approach2_result["a"])
         keep_P[idx] = np.abs(np.log(points.params_P[idx] / n_opt)) <= np.log(near)
     if keep_P.sum() < 5:
         return np.ones(len(points), bool), f"all points (fewer than 5 within {near:g}x of an optimum)"
@@ -264,6 +265,7 @@ def fit_all(
         "noise": sigma,
         "points": main.as_records(),
         "points_excluded": list(used.excluded),
+        "input_notes": list(points.notes),
         "approach1": approach1(main),
         "approach2": a2,
         "approach3": a3,
