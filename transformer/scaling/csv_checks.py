@@ -123,15 +123,15 @@ def _names_a_setting(rows: list[dict[str, str]], column: str) -> bool:
     return any(seen.setdefault(_cell(r, "params"), _cell(r, column)) != _cell(r, column) for r in rows)
 
 
-def text_columns(header: Sequence[str], rows: list[dict[str, str]],
+def text_columns(header: Sequence[str], rows: list[dict[str, str]], kept: list[dict[str, str]],
                  where: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(the setting columns, the identifier columns) among the text columns of `rows` (the rows kept). A column
-    whose values differ on every row (a run's name) is an identifier; one where some model size appears under two
-    of its values names a setting (dataset, experiment: one per fit); any other (a model's name, a comment) is
-    ignored. A column `where` selects on is a setting."""
+    """(the setting columns, the identifier columns) among the text columns of the file's `rows`. A column whose
+    values differ on every row `kept` (a run's name) is an identifier; one where some model size of the file appears
+    under two of its values names a setting (dataset, experiment: one per fit); any other (a model's name, a
+    comment) is ignored. A column `where` selects on is a setting."""
     texts = [c for c in header if c not in NUMERIC and any(not _is_number(_cell(r, c)) for r in rows)]
-    identifiers = [c for c in texts if c not in where and len(rows) > 1
-                   and len({_cell(r, c) for r in rows}) == len(rows)]
+    identifiers = [c for c in texts if c not in where and len(kept) > 1
+                   and len({_cell(r, c) for r in kept}) == len(kept)]
     setting = [c for c in texts if c not in identifiers and (c in where or _names_a_setting(rows, c))]
     return setting, identifiers
 

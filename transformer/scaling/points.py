@@ -180,14 +180,15 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
                                                         (row.get(c) or "").strip()))
         lines.append(line)
         kept.append(row)
+    all_rows = [r for _, r in rows]
     if not lines and where:
-        listed = csv_checks.settings([r for _, r in rows], csv_checks.text_columns(
-            header, [r for _, r in rows], where)[0] or list(where))
+        listed = csv_checks.settings(all_rows, csv_checks.text_columns(header, all_rows, all_rows, where)[0]
+                                     or list(where))
         raise ConfigError(f"{path}: no rows match --where {' '.join(f'{c}={v}' for c, v in where.items())}; "
                          f"the file holds {len(listed)} setting(s): " + "; ".join(listed))
     if not lines:
         raise ConfigError(f"{path}: no data rows after the header")
-    setting, identifiers = csv_checks.text_columns(header, kept, where)
+    setting, identifiers = csv_checks.text_columns(header, all_rows, kept, where)
     mixed = csv_checks.settings(kept, setting) if setting else []
     if len(mixed) > 1:
         raise ConfigError(f"{path}: the rows kept mix {len(mixed)} settings; pick one with --where COLUMN=VALUE "
