@@ -160,3 +160,23 @@ def test_a_single_budget_is_a_fit_with_the_cannot_predict_note(tmp_path, jitter,
     assert ("1.15x apart" if jitter else "needs at least 2") in fit["approach2"]["note"]
     assert fit["predictions"][0]["loss"] is None and fit["predictions"][0]["note"]
     assert "loss n/a" in proc.stdout
+
+
+@pytest.mark.parametrize("design", ["two sizes per budget", "one size at six budgets", "five points"])
+def test_too_few_sizes_is_a_fit_with_notes_not_a_traceback(tmp_path, design):
+    """Designs too thin for approach 2 (or for any interval) are fitted as far as they go: fit.json (valid JSON, no
+    inf), every figure, and the "cannot predict" note where there is no frontier."""
+    if design == "two sizes per budget":
+        n, d, c, loss = grid(sizes=2)
+    elif design == "one size at six budgets":
+        c = np.geomspace(1e17, 1e19, 6)
+        n = np.full(6, 1e8)
+        d = c / (6 * n)
+        loss = law(n, d)
+    else:
+        n, d, c, loss = (x[:5] for x in grid(sizes=5))
+    fit = report.run_fit(points_lib.from_arrays(n, d, loss, flops=c), str(tmp_path), bootstrap=20,
+                         predict_flops=[1e21], predict_points=[(1e9, 2e10)])
+    json.loads((tmp_path / "fit.json").read_text())
+    assert fit["approach2"]["a"] is None and fit["predictions"][0]["loss"] is None
+    assert fit["predictions"][0]["note"] and "loss n/a" in report.summary(fit)
