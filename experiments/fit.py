@@ -75,7 +75,8 @@ def _predict_flops() -> list[float]:
 
 
 def _predict_points() -> list[tuple[float, float]]:
-    texts = list(_PREDICT_POINTS.value)
+    pairs = at_points.parse(_PREDICT_POINTS.value)
+    texts = []
     if _PREDICT_POINTS_CSV.value:
         if not os.path.isfile(_PREDICT_POINTS_CSV.value):
             raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: no such file (a CSV with params and "
@@ -87,7 +88,7 @@ def _predict_points() -> list[tuple[float, float]]:
                     raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: the header must name "
                                       "params (or N) and tokens (or D)")
                 texts.append(f"{row['params']}:{row['tokens']}")
-    return at_points.parse(texts)
+    return pairs + at_points.parse(texts, source=f"--predict_points_csv={_PREDICT_POINTS_CSV.value}")
 
 
 def main(argv: list[str]) -> None:

@@ -180,3 +180,20 @@ def test_too_few_sizes_is_a_fit_with_notes_not_a_traceback(tmp_path, design):
     json.loads((tmp_path / "fit.json").read_text())
     assert fit["approach2"]["a"] is None and fit["predictions"][0]["loss"] is None
     assert fit["predictions"][0]["note"] and "loss n/a" in report.summary(fit)
+
+
+def test_points_to_predict_off_the_scale_of_a_count_are_one_error(tmp_path):
+    """`--predict_points` (and each row of `--predict_points_csv`) in the units of the points: a D given as log10 or
+    an N in millions was predicted (a loss at 10 tokens); now one error naming the entry."""
+    from transformer.scaling import at_points
+    assert at_points.parse(["1e9:2e10"]) == [(1e9, 2e10)]
+    for bad in ("1e9:10.3", "124:2e10"):
+        with pytest.raises(ConfigError, match=rf"--predict_points: '{bad}' is off the plausible scale"):
+            at_points.parse([bad])
+    pairs = write_csv(tmp_path / "ask.csv", ["params", "tokens"], [(1e9, 2e10), (7e3, 1.4e4), (70, 1.4e12)])
+    n, d, c, loss = grid()
+    path = write_csv(tmp_path / "points.csv", ["params", "tokens", "flops", "loss"], zip(n, d, c, loss))
+    proc = fit_cli(f"--points={path}", f"--predict_points_csv={pairs}", f"--out={tmp_path / 'out'}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"--predict_points_csv={pairs}: '70:1400000000000.0' is off the plausible scale" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import backtest, interval, overtrain, parametric
+from transformer.scaling import backtest, csv_checks, interval, overtrain, parametric
 from transformer.scaling.points import Points
 
 MIN_SIZES = 3  # a refit sees at least this many model sizes (and 5 points)
@@ -41,8 +41,9 @@ INTERVAL_SCALE = 2.6
 FORMS = {"approach3": "L(N, D) = E + A/N^alpha + B/D^beta (approach 3)", "overtrain": overtrain.FORM}
 
 
-def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
-    """["N:D", ...] as [(N, D), ...]; ConfigError naming the bad entry."""
+def parse(texts: Sequence[str], source: str = "--predict_points") -> list[tuple[float, float]]:
+    """["N:D", ...] as [(N, D), ...]; ConfigError naming the bad entry and `source`, also for N or D off the plausible
+    scale of a count (`csv_checks`: e.g. tokens as log10)."""
     out = []
     for text in texts:
         n_text, sep, d_text = text.partition(":")
@@ -51,7 +52,11 @@ def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
         except ValueError:
             n = d = float("nan")
         if not sep or not (np.isfinite(n) and np.isfinite(d) and n > 0 and d > 0):
-            raise ConfigError(f"--predict_points: {text!r} is not N:D with positive numbers, e.g. 1e9:2e10")
+            raise ConfigError(f"{source}: {text!r} is not N:D with positive numbers, e.g. 1e9:2e10")
+        if not (csv_checks.MIN_COUNT <= n <= csv_checks.MAX_PARAMS and csv_checks.MIN_COUNT <= d <= csv_checks.MAX_TOKENS):
+            raise ConfigError(f"{source}: {text!r} is off the plausible scale (N in [{csv_checks.MIN_COUNT:g}, "
+                              f"{csv_checks.MAX_PARAMS:g}], D in [{csv_checks.MIN_COUNT:g}, {csv_checks.MAX_TOKENS:g}]): "
+                              "give parameter and token counts, not millions, billions or log10")
         out.append((n, d))
     return out
 
