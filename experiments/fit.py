@@ -1,6 +1,7 @@
 """Fit compute-optimal scaling laws (Chinchilla Approaches 1–3) to a sweep or a CSV of points.
 
-  python -m experiments.fit (--sweep=DIR | --points=FILE.csv [--where=COLUMN=VALUE ...]) --out=OUT \
+  python -m experiments.fit (--sweep=DIR | --points=FILE.csv [--where=COLUMN=VALUE ...] [--columns=NAME=COLUMN,...])
+      --out=OUT \
       [--predict_flops=C[,C2,...]] [--bootstrap=K] [--seed=S] [--headline=CONVENTION]
       [--isoflop_method=akima|parabola] [--isoflop_window=W] [--approach3_near=F] [--drop_highest=K]
       [--n_kind=params|params_non_embedding] [--predict_points=N:D[,N:D...] | --predict_points_csv=FILE]
@@ -25,12 +26,15 @@ from experiments._paths import DEFINE_path
 from transformer.spec import ConfigError
 
 from transformer.files import write_json
-from transformer.scaling import at_points, conventions, fits, isoflop, report, two_step
+from transformer.scaling import at_points, conventions, csv_checks, fits, isoflop, report, two_step
 from transformer.scaling import points as points_lib
 
 _SWEEP = DEFINE_path("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
 _POINTS = DEFINE_path("points", None, "CSV with a header naming params (or N), tokens (or D), loss "
                               "(optional flops: each run's budget; without it C = 6·N·D).")
+_COLUMNS = flags.DEFINE_list("columns", [], "NAME=COLUMN[,...]: the CSV columns that hold params, tokens, flops "
+                             "and loss where the header names them otherwise, e.g. params=parameter_count,"
+                             "tokens=train_tokens.")
 _WHERE = flags.DEFINE_multi_string("where", [], "COLUMN=VALUE: keep the CSV rows of one setting (repeatable).")
 _PREDICT = flags.DEFINE_list("predict_flops", [], "Budgets C to predict N_opt, D_opt and the optimal loss at "
                              "(with 95% intervals), into fit.json['predictions'].")
@@ -80,7 +84,8 @@ def _predict_flops() -> list[float]:
 
 
 def _predict_points() -> list[tuple[float, float]]:
-    texts = list(_PREDICT_POINTS.value)
+    pairs = at_points.parse(_PREDICT_POINTS.value)
+    texts = []
     if _PREDICT_POINTS_CSV.value:
         if not os.path.isfile(_PREDICT_POINTS_CSV.value):
             raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: no such file (a CSV with params and "
@@ -92,7 +97,7 @@ def _predict_points() -> list[tuple[float, float]]:
                     raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: the header must name "
                                       "params (or N) and tokens (or D)")
                 texts.append(f"{row['params']}:{row['tokens']}")
-    return at_points.parse(texts)
+    return pairs + at_points.parse(texts, source=f"--predict_points_csv={_PREDICT_POINTS_CSV.value}")
 
 
 def main(argv: list[str]) -> None:
@@ -109,11 +114,14 @@ def main(argv: list[str]) -> None:
     if _ACCURACY.value and (_SWEEP.value is None or _METRIC.value == "eval_loss"):
         _fail("--accuracy_metric is the second step of a task law: give --sweep=DIR and --metric (the task's "
               "bits per byte, e.g. --metric=tasks/arc_easy/bits_per_byte --accuracy_metric=tasks/arc_easy/acc)")
+    if _COLUMNS.value and _POINTS.value is None:
+        _fail("--columns names the columns of --points=FILE.csv; a sweep directory's keys are fixed")
     try:
         if _SWEEP.value is not None:
             points = points_lib.read_sweep(_SWEEP.value, n_kind=_N_KIND.value, metric=_METRIC.value)
         else:
-            points = points_lib.read_csv(_POINTS.value, where=points_lib.parse_where(_WHERE.value))
+            points = points_lib.read_csv(_POINTS.value, where=points_lib.parse_where(_WHERE.value),
+                                         columns=csv_checks.parse_columns(_COLUMNS.value))
         fit = report.run_fit(
             points, _OUT.value, n_kind=_N_KIND.value,
             drop_highest=_DROP_HIGHEST.value, bootstrap=_BOOTSTRAP.value, seed=_SEED.value,

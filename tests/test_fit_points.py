@@ -73,7 +73,10 @@ def test_overtrain_form_recovers_its_law_and_rejects_too_few_points():
 
 def test_points_use_the_form_that_wins_the_backtest():
     """Approach 3 nests the over-training form (α = β = 2η), so on grids drawn from Gadre et al.'s form both describe
-    the points and the backtest picks either (by noise: the over-training form in 2 of these 5): whichever predicts,
+    the points; the backtest picks the over-training form, the law they are drawn from, on all 5 (2 of 5 before approach
+    3's refits started from the profile grid: they started from the fit to all the points and L-BFGS-B stopped short
+    of the refit's optimum, which leaked the held-out points into approach 3's backtest, median |error| 0.13–0.32%
+    against 0.31–0.68% at the refits' own optima). Whichever predicts,
     a 1e9-parameter model at 500 tokens per parameter (3× the largest size) is within 1% and inside its interval,
     and the over-training form's own fit predicts it within 0.5%. On approach 3's law with α ≠ β (the grid above)
     the over-training form misfits, loses the backtest, and approach 3 predicts. fit.json and the console say which."""
@@ -92,7 +95,7 @@ def test_points_use_the_form_that_wins_the_backtest():
             assert p["loss"] == overtrain.loss_at(out["candidates"]["overtrain"]["law"], 1e9, 5e11)
             text = report.summary(fit)
             assert "loss at (N, D) from overtrain" in text and "chosen by the backtest" in text
-    assert "overtrain" in chosen and "approach3" in chosen, chosen
+    assert chosen.count("overtrain") >= 4, chosen
     # The over-training form misses approach 3's law (α ≠ β) by ~0.4% in backtest; at 0.3% noise the two forms'
     # backtest errors are both near the noise (0.0034 vs 0.0047 on one Xeon, another order elsewhere), so the loser is
     # shown where the noise (0.05%) is well below that misfit: there the margin is 3.8x, not a floating-point accident.
@@ -125,3 +128,17 @@ def test_interval_is_calibrated_on_published_size_holdouts():
         covered.append(np.mean(hits))
     assert np.mean(covered) >= 0.9, covered
     assert np.median(halves) < 1.2 * np.quantile(log_errors, 0.95), (np.median(halves), np.quantile(log_errors, 0.95))
+
+
+def test_size_backtest_refits_do_not_see_the_held_out_points():
+    """Each refit of the size backtest knows only its own points: changing the losses of the largest size (which no
+    refit uses, by 0.2%) leaves every backtest prediction as it was. Before, approach 3's refits started from the fit to all
+    the points and L-BFGS-B stopped short of their own optimum, so the held-out points moved the predictions."""
+    pts = overtraining_grid(noise=0.0005).canonical()
+    largest = pts.params_P == pts.params_P.max()
+    moved = points_lib.from_arrays(pts.params_P, pts.tokens_P, pts.loss_P * np.where(largest, 1.002, 1.0))
+    runs = [at_points.predict(p, fits.approach3(p), [(1e9, 1e11)]) for p in (pts, moved)]
+    assert [r["chosen"] for r in runs] == ["approach3", "approach3"]
+    pairs = [[(q["params"], q["tokens"], q["predicted"]) for q in r["backtest"]["pairs"]] for r in runs]
+    assert len(pairs[0]) > 0
+    assert pairs[0] == pairs[1]

@@ -23,11 +23,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import backtest, interval, overtrain, parametric
+from transformer.scaling import backtest, csv_checks, interval, overtrain, parametric
 from transformer.scaling.points import Points
 
 MIN_SIZES = 3  # a refit sees at least this many model sizes (and 5 points)
-REFIT_STARTS = 20
 APPROACH3_PARAMS, OVERTRAIN_PARAMS = 5, 4  # parameters of each form (its residual degrees of freedom)
 MIN_DISTANCE = float(np.log(1.5))  # pairs nearer the refit's largest model than 1.5× are noise, not misfit: e/x explodes
 MISFIT_FLAG = 2.0  # the chosen form misfits when its log residual RMS exceeds this many times the loss noise σ
@@ -42,8 +41,9 @@ INTERVAL_SCALE = 2.6
 FORMS = {"approach3": "L(N, D) = E + A/N^alpha + B/D^beta (approach 3)", "overtrain": overtrain.FORM}
 
 
-def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
-    """["N:D", ...] as [(N, D), ...]; ConfigError naming the bad entry."""
+def parse(texts: Sequence[str], source: str = "--predict_points") -> list[tuple[float, float]]:
+    """["N:D", ...] as [(N, D), ...]; ConfigError naming the bad entry and `source`, also for N or D off the plausible
+    scale of a count (`csv_checks`: e.g. tokens as log10)."""
     out = []
     for text in texts:
         n_text, sep, d_text = text.partition(":")
@@ -52,27 +52,30 @@ def parse(texts: Sequence[str]) -> list[tuple[float, float]]:
         except ValueError:
             n = d = float("nan")
         if not sep or not (np.isfinite(n) and np.isfinite(d) and n > 0 and d > 0):
-            raise ConfigError(f"--predict_points: {text!r} is not N:D with positive numbers, e.g. 1e9:2e10")
+            raise ConfigError(f"{source}: {text!r} is not N:D with positive numbers, e.g. 1e9:2e10")
+        if not (csv_checks.MIN_COUNT <= n <= csv_checks.MAX_PARAMS and csv_checks.MIN_COUNT <= d <= csv_checks.MAX_TOKENS):
+            raise ConfigError(f"{source}: {text!r} is off the plausible scale (N in [{csv_checks.MIN_COUNT:g}, "
+                              f"{csv_checks.MAX_PARAMS:g}], D in [{csv_checks.MIN_COUNT:g}, {csv_checks.MAX_TOKENS:g}]): "
+                              "give parameter and token counts, not millions, billions or log10")
         out.append((n, d))
     return out
 
 
 def _loss(fit: dict[str, float] | parametric.LossFit, n: np.ndarray, d: np.ndarray) -> np.ndarray:
     get = fit.__getitem__ if isinstance(fit, dict) else lambda k: getattr(fit, k)
-    return get("E") + get("A") / np.power(n, get("alpha")) + get("B") / np.power(d, get("beta"))
+    return parametric.law_loss(get("E"), get("A"), get("B"), get("alpha"), get("beta"), n, d)
 
 
-def size_backtest(points: Points, fit_fn: Callable[[np.ndarray, np.ndarray, np.ndarray], Any],
+def size_backtest(points: Points, fit_many: Callable[[np.ndarray], Sequence[Any]],
                   loss_fn: Callable[[Any, np.ndarray, np.ndarray], np.ndarray]) -> list[dict[str, float]]:
-    """The backtest pairs by model size (module docstring) of the form `fit_fn(N, D, L)` fits and `loss_fn(fit, N, D)`
-    evaluates."""
+    """The backtest pairs by model size (module docstring) of the form `fit_many(train_KP)` fits (one fit per row of
+    the (K, P) mask of each refit's points) and `loss_fn(fit, N, D)` evaluates."""
     sizes_S = np.unique(points.params_P)
+    ks = [k for k in range(max(MIN_SIZES, len(sizes_S) // 2), len(sizes_S))
+          if (points.params_P <= sizes_S[k - 1]).sum() >= 5]
+    train_KP = np.array([points.params_P <= sizes_S[k - 1] for k in ks]).reshape(len(ks), len(points))
     out: list[dict[str, float]] = []
-    for k in range(max(MIN_SIZES, len(sizes_S) // 2), len(sizes_S)):
-        train_P = points.params_P <= sizes_S[k - 1]
-        if train_P.sum() < 5:
-            continue
-        fit = fit_fn(points.params_P[train_P], points.tokens_P[train_P], points.loss_P[train_P])
+    for k, train_P, fit in zip(ks, train_KP, fit_many(train_KP) if ks else []):
         d_max = points.tokens_P[train_P].max()
         for i in np.flatnonzero(~train_P):
             n, d = points.params_P[i], points.tokens_P[i]
@@ -102,10 +105,13 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
     (then an interval inside the data is null: never a zero-width one)."""
     if a3.get("E") is None:
         return {"note": f"approach 3 is not fitted ({a3.get('note', 'no result')}): no loss at (N, D)"}
-    start = np.array([[np.log(a3["A"]), np.log(a3["B"]), np.log(a3["E"]), a3["alpha"], a3["beta"]]])
-    bt = {"approach3": size_backtest(points, lambda n, d, l: parametric.fit_loss(
-              n, d, l, n_starts=REFIT_STARTS, extra_starts=start), _loss),
-          "overtrain": size_backtest(points, overtrain.fit, overtrain.loss_at)}
+    # The refits start from the profile grid alone, not from the fit to all the points: a start that knows the
+    # held-out points leaks them into the refit wherever the optimizer stops short of the refit's own optimum.
+    n_P, d_P, l_P = points.params_P, points.tokens_P, points.loss_P
+    bt = {"approach3": size_backtest(points, lambda train_KP: parametric.fit_batch(
+              n_P, d_P, np.broadcast_to(l_P, train_KP.shape), train_KP), _loss),
+          "overtrain": size_backtest(points, lambda train_KP: overtrain.fit_many(n_P, d_P, l_P, train_KP),
+                                     overtrain.loss_at)}
     law = overtrain.fit(points.params_P, points.tokens_P, points.loss_P)
     chosen = "overtrain" if _median_abs(bt["overtrain"]) < _median_abs(bt["approach3"]) else "approach3"
     candidates = {name: {"form": FORMS[name], "backtest_pairs": len(bt[name]),
@@ -130,7 +136,7 @@ def predict(points: Points, a3: dict[str, Any], asked_Q: Sequence[tuple[float, f
             ok = [all(draws[k][i] is not None for k in keys) for i in range(len(draws["E"]))]
             cols = {k: np.array([v for v, good in zip(draws[k], ok) if good], float) for k in keys}
             with np.errstate(over="ignore", invalid="ignore"):
-                loss_K = cols["E"] + cols["A"] / n ** cols["alpha"] + cols["B"] / d ** cols["beta"]
+                loss_K = _loss(cols, n, d)
             loss_K = loss_K[np.isfinite(loss_K) & (loss_K > 0)]
             noise_ci = interval.from_draws(loss_K, draws_source)
             if noise_ci is not None:

@@ -147,9 +147,11 @@ def _multiplier_panel(ax: Any, result: dict[str, Any], flops_G: np.ndarray) -> N
         with np.errstate(over="ignore", invalid="ignore"):
             band = _band(multiplier(draws["baseline"], frontier.loss_at(draws["variant"], flops_G), flops_G))
     marks = [(r, "o") for r in result["budgets"]] + [(result["extrapolated"], "D")]
-    # The axis spans 1, the multipliers and their finite interval ends (not the band, which may run off).
-    shown = [1.0] + [x for r, _ in marks
-                     for x in [r.get("compute_multiplier"), *(r.get("compute_multiplier_ci95") or [])] if x is not None]
+    # The axis spans 1, the multipliers and their finite positive interval ends (not the band, which may run off; a
+    # lower end that underflowed to 0, from draws of a frontier far steeper than the other's, has no place on a log
+    # axis: the min of 0 made the axis limits 0 and the tick formatter divided by it).
+    shown = [1.0] + [x for r, _ in marks for x in [r.get("compute_multiplier"), *(r.get("compute_multiplier_ci95") or [])]
+                     if x is not None and x > 0]
     bottom, top = min(shown) / 1.4, max(shown) * 1.4
     ax.set_ylim(bottom, top)
     ax.plot(flops_G, np.where(np.isfinite(m_G), m_G, np.nan), color="C3", lw=1.5, label="variant against baseline")

@@ -137,7 +137,8 @@ def near_optimum(points: Points, approach2_result: dict[str, Any], near: float) 
     keep_P = np.zeros(len(points), bool)
     for idx in group_budgets(points.flops_P, budget_P=points.budget_P):
         c = float(np.exp(np.mean(np.log(points.flops_P[idx]))))
-        n_opt = n_opt_by_id.get(points.ids[idx[0]], approach2_result["N_coef"] * c ** approach2_result["a"])
+        with np.errstate(over="ignore"):  # (an overflow leaves the budget out of the selection)
+            n_opt = n_opt_by_id.get(points.ids[idx[0]], approach2_result["N_coef"] * np.float64(c) ** approach2_result["a"])
         keep_P[idx] = np.abs(np.log(points.params_P[idx] / n_opt)) <= np.log(near)
     if keep_P.sum() < 5:
         return np.ones(len(points), bool), f"all points (fewer than 5 within {near:g}x of an optimum)"
@@ -149,7 +150,7 @@ def residual_report(fit: dict[str, Any], points: Points, sigma: float | None) ->
     RMS is within 2σ (the form fits the points to their noise)."""
     if fit.get("E") is None:
         return {}
-    pred_P = fit["E"] + fit["A"] / points.params_P ** fit["alpha"] + fit["B"] / points.tokens_P ** fit["beta"]
+    pred_P = parametric.law_loss(*(fit[k] for k in ("E", "A", "B", "alpha", "beta")), points.params_P, points.tokens_P)
     r_P = np.log(points.loss_P) - np.log(pred_P)
     rms = float(np.sqrt(np.mean(r_P**2)))
     out: dict[str, Any] = {"residuals": {i: float(r) for i, r in zip(points.ids, r_P)},
@@ -187,15 +188,15 @@ def approach2_draws(result: dict[str, Any], sigma: float, samples: int,
 def approach3_draws(points: Points, fitted: dict[str, Any], sigma: float, samples: int,
                     rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Approach 3 refitted on `samples` draws L̂(N, D)·exp(σz) around its own fitted losses (a parametric
-    bootstrap; each refit starts from the fit's solution and the 5 best grid starts)."""
-    best_5 = np.array([[np.log(fitted["A"]), np.log(fitted["B"]), np.log(fitted["E"]),
-                        fitted["alpha"], fitted["beta"]]])
+    bootstrap; all draws at once, `parametric.fit_batch`, each from the fit's solution and its own best cell of the
+    coarse profile grid)."""
+    warm = parametric.LossFit(**{k: fitted[k] for k in ("E", "A", "B", "alpha", "beta")}, objective=np.nan)
     keys = ("a", "b", "E", "A", "B", "alpha", "beta", "N_coef", "D_coef")
     draws: dict[str, list[float]] = {k: [] for k in keys}
-    fitted_P = fitted["E"] + fitted["A"] / points.params_P ** fitted["alpha"] + fitted["B"] / points.tokens_P ** fitted["beta"]
-    for loss_P in noise.draw_losses(fitted_P, sigma, samples, rng):
-        fit = _loss_fit_dict(parametric.fit_loss(points.params_P, points.tokens_P, loss_P,
-                                                 n_starts=5, extra_starts=best_5))
+    fitted_P = warm.loss(points.params_P, points.tokens_P)
+    loss_KP = noise.draw_losses(fitted_P, sigma, samples, rng)
+    for fit_k in parametric.fit_batch(points.params_P, points.tokens_P, loss_KP, warm_start=warm):
+        fit = _loss_fit_dict(fit_k)
         for k in keys:
             draws[k].append(np.nan if fit.get(k) is None else float(fit[k]))
     return {k: np.array(v) for k, v in draws.items()}
@@ -266,6 +267,7 @@ def fit_all(
         "noise": sigma,
         "points": main.as_records(),
         "points_excluded": list(used.excluded),
+        "input_notes": list(points.notes),
         "approach1": approach1(main),
         "approach2": a2,
         "approach3": a3,
@@ -312,7 +314,7 @@ def _conventions(used: Points, names: list[str], headline: str, a2: dict[str, An
         else:
             pts = conventions.apply(used, name)
             c2 = approach2(pts, window, method=method)
-            c3, _ = approach3_near_optimum(pts, c2, near, sigma, n_starts=20)
+            c3, _ = approach3_near_optimum(pts, c2, near, sigma)
             if samples and sigma and c2.get("a") is not None:
                 c2 = {**c2, **interval.of_draws(approach2_draws(c2, sigma, samples, rng), ("a", "b"), kind)}
         out[name] = {"definition": conventions.DESCRIPTIONS[name],

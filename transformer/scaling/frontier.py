@@ -17,9 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from scipy import optimize
-
-from transformer.scaling import backtest, interval
+from transformer.scaling import backtest, batch_lm, interval
 
 E_STARTS = (0.2, 0.5, 0.8, 0.95)  # E as fractions of the lowest minimum
 
@@ -32,43 +30,67 @@ MISFIT_FLAG = 2.0  # the frontier misfits when its residual RMS exceeds this man
 def fit(flops_B: np.ndarray, loss_B: np.ndarray, e_fixed: float | None = None) -> dict[str, float] | None:
     """{"E", "k", "gamma", "rms_log_residual", "dof" (minima − fitted parameters)} or None with fewer than 3 budgets (2 with `e_fixed`) or a
     failed fit. `e_fixed`: E held at that value (only k and γ fitted)."""
-    flops_B, loss_B = np.asarray(flops_B, float), np.asarray(loss_B, float)
-    if len(flops_B) < (2 if e_fixed else 3) or not np.all(np.isfinite(loss_B) & (loss_B > 0)):
-        return None
-    if e_fixed is not None and not 0 < e_fixed < loss_B.min():
-        return None
-    log_c_B, log_l_B = np.log(flops_B), np.log(loss_B)
-    centre = float(np.mean(log_c_B))  # k at the centre keeps the fit well scaled: k·C^-γ = exp(ln k_c − γ(ln C − centre))
-    upper = float(np.log(loss_B.min())) - 1e-9
+    return fit_many(np.asarray(flops_B, float)[None], np.asarray(loss_B, float)[None], [e_fixed])[0]
 
-    def residual(p: np.ndarray) -> np.ndarray:
-        ln_kc, gamma, ln_e = p if e_fixed is None else (*p, np.log(e_fixed))
-        return np.logaddexp(ln_kc - gamma * (log_c_B - centre), ln_e) - log_l_B
 
-    best = None
-    for fraction in E_STARTS if e_fixed is None else (e_fixed / loss_B.min(),):
-        e0 = fraction * loss_B.min()
-        gap_B = np.log(np.maximum(loss_B - e0, 1e-12))
-        slope, level = np.polyfit(log_c_B - centre, gap_B, 1)
-        x0 = np.array([level, max(-slope, 1e-3), np.log(e0)])
-        lower_b, upper_b = [-np.inf, 0.0, -np.inf], [np.inf, 10.0, upper]
-        if e_fixed is not None:
-            x0, lower_b, upper_b = x0[:2], lower_b[:2], upper_b[:2]
-        try:
-            res = optimize.least_squares(residual, np.clip(x0, np.array(lower_b) + 1e-9, np.array(upper_b) - 1e-9),
-                                         bounds=(lower_b, upper_b))
-        except ValueError:
+def fit_many(flops_KB: np.ndarray, loss_KB: np.ndarray,
+             e_fixed_K: Sequence[float | None] | None = None) -> list[dict[str, float] | None]:
+    """`fit` of K sets of B minima at once (noise draws), (K, B) each: one Levenberg–Marquardt batch (`batch_lm`)
+    over the K sets × the E_STARTS, within the bounds 0 ≤ γ ≤ 10, E < min L (E held where `e_fixed_K[k]`)."""
+    flops_KB, loss_KB = np.atleast_2d(np.asarray(flops_KB, float)), np.atleast_2d(np.asarray(loss_KB, float))
+    e_fixed_K = list(e_fixed_K) if e_fixed_K is not None else [None] * len(loss_KB)
+    out: list[dict[str, float] | None] = [None] * len(loss_KB)
+    ok_K = [loss_KB.shape[1] >= (2 if e else 3) and bool(np.all(np.isfinite(l) & (l > 0)))
+            and (e is None or 0 < e < l.min()) for l, e in zip(loss_KB, e_fixed_K)]
+    ks = np.flatnonzero(ok_K)
+    if not len(ks):
+        return out
+    log_c_KB, log_l_KB = np.log(flops_KB[ks]), np.log(loss_KB[ks])
+    centre_K = log_c_KB.mean(axis=1)  # k at the centre keeps the fit well scaled: k·C^-γ = exp(ln k_c − γ(ln C − centre))
+    x_KB = log_c_KB - centre_K[:, None]
+    min_K = loss_KB[ks].min(axis=1)
+    upper_K = np.log(min_K) - 1e-9
+    fixed_K = np.array([e_fixed_K[k] if e_fixed_K[k] is not None else np.nan for k in ks])
+    starts, owner, lower, upper = [], [], [], []
+    for n, fraction in enumerate(E_STARTS):
+        sel = np.arange(len(ks)) if n == 0 else np.flatnonzero(np.isnan(fixed_K))  # E held: one start
+        e0 = np.where(np.isnan(fixed_K), fraction * min_K, fixed_K)[sel]
+        x, gap = x_KB[sel], np.log(np.maximum(loss_KB[ks][sel] - e0[:, None], 1e-12))
+        xm = x - x.mean(axis=1, keepdims=True)
+        slope = (xm * (gap - gap.mean(axis=1, keepdims=True))).sum(axis=1) / (xm**2).sum(axis=1)
+        level = gap.mean(axis=1) - slope * x.mean(axis=1)
+        held = ~np.isnan(fixed_K[sel])
+        lo = np.stack([np.full(len(sel), -np.inf), np.zeros(len(sel)), np.where(held, np.log(e0), -np.inf)], 1)
+        hi = np.stack([np.full(len(sel), np.inf), np.full(len(sel), 10.0), np.where(held, np.log(e0), upper_K[sel])], 1)
+        x0 = np.stack([level, np.maximum(-slope, 1e-3), np.log(e0)], 1)
+        starts.append(np.clip(x0, np.minimum(lo + 1e-9, hi), np.maximum(hi - 1e-9, lo)))
+        owner.append(sel)
+        lower.append(lo)
+        upper.append(hi)
+    owner_S = np.concatenate(owner)
+
+    def residuals(p_S3: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = x_KB[owner_S[idx]]
+        term_SB = p_S3[:, :1] - p_S3[:, 1:2] * x
+        total_SB = np.logaddexp(term_SB, p_S3[:, 2:3])
+        w_SB = np.exp(term_SB - total_SB)  # d total / d term; 1 − w for ln E
+        return total_SB - log_l_KB[owner_S[idx]], np.stack([w_SB, -w_SB * x, 1.0 - w_SB], axis=-1)
+
+    p_S3, f_S = batch_lm.minimize(residuals, np.concatenate(starts), 1.0, delta=None,
+                                  lower=np.concatenate(lower), upper=np.concatenate(upper))
+    for i, k in enumerate(ks):
+        mine = np.flatnonzero(owner_S == i)
+        s = mine[int(np.argmin(f_S[mine]))]
+        if not np.isfinite(f_S[s]):
             continue
-        if res.success and (best is None or res.cost < best.cost):
-            best = res
-    if best is None:
-        return None
-    ln_kc, gamma, ln_e = best.x if e_fixed is None else (*best.x, np.log(e_fixed))
-    k = float(np.exp(ln_kc + gamma * centre))
-    if not np.isfinite(k):
-        return None
-    return {"E": float(np.exp(ln_e)), "k": k, "gamma": float(gamma),
-            "rms_log_residual": float(np.sqrt(np.mean(best.fun**2))), "dof": len(flops_B) - len(best.x)}
+        ln_kc, gamma, ln_e = p_S3[s]
+        with np.errstate(over="ignore"):
+            coef = float(np.exp(ln_kc + gamma * centre_K[i]))
+        if np.isfinite(coef):
+            out[k] = {"E": float(np.exp(ln_e)), "k": coef, "gamma": float(gamma),
+                      "rms_log_residual": float(np.sqrt(2 * f_S[s] / log_l_KB.shape[1])),
+                      "dof": log_l_KB.shape[1] - (2 if e_fixed_K[k] is not None else 3)}
+    return out
 
 
 def largest(flops_B: Sequence[float], loss_B: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -80,6 +102,13 @@ def largest(flops_B: Sequence[float], loss_B: Sequence[float]) -> tuple[np.ndarr
 def fit_largest(flops_B: Sequence[float], loss_B: Sequence[float], e_fixed: float | None = None) -> dict[str, float] | None:
     """`fit` through the largest FRONTIER_BUDGETS minima (see the module docstring)."""
     return fit(*largest(flops_B, loss_B), e_fixed=e_fixed)
+
+
+def fit_largest_many(flops_BK: np.ndarray, loss_BK: np.ndarray,
+                     e_fixed_K: Sequence[float | None]) -> list[dict[str, float] | None]:
+    """`fit_largest` of K noise draws of the minima at once, (B, K) each (`fit_many`)."""
+    pairs = [largest(flops_BK[:, k], loss_BK[:, k]) for k in range(flops_BK.shape[1])]
+    return fit_many(np.array([f for f, _ in pairs]), np.array([l for _, l in pairs]), e_fixed_K)
 
 
 def loss_at(law: dict[str, float], flops: np.ndarray) -> np.ndarray:
@@ -131,11 +160,10 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
     out["backtest"] = backtest.summary(bt, min_origin)
     out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt, min_origin)}
     if draws2 is not None:
-        fits_K = []
-        for k in range(draws2["a"].size):
-            e_k = None if out["E_from"].startswith("the minima") else (
-                e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
-            fits_K.append(fit_largest(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e_fixed=e_k))
+        e_K = [None if out["E_from"].startswith("the minima") else (
+            e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
+            for k in range(draws2["a"].size)]
+        fits_K = fit_largest_many(draws2["C_opt"], draws2["loss_opt"], e_K)
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
         out.update(interval.of_draws(draws, ("E", "gamma"), source))

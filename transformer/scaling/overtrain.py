@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy import optimize
-
 from transformer.spec import ConfigError
+from transformer.scaling import batch_lm
 
 FORM = "L(C, M) = E + (a·M^eta + b·M^-eta)·C^-eta, C = 6ND, M = D/N (Gadre et al. 2024)"
 E_STARTS = (0.3, 0.6, 0.9)  # E as fractions of the lowest loss
@@ -31,30 +30,54 @@ def fit(params_P: np.ndarray, tokens_P: np.ndarray, loss_P: np.ndarray) -> dict[
         raise ConfigError(f"the over-training form needs at least 4 points to fit 4 parameters, got {len(l_P)}")
     if not all(np.all(np.isfinite(v) & (v > 0)) for v in (n_P, d_P, l_P)):
         raise ConfigError("the over-training form needs finite positive params, tokens and losses")
+    return fit_many(n_P, d_P, l_P, np.ones((1, len(l_P)), bool))[0]
+
+
+def fit_many(params_P: np.ndarray, tokens_P: np.ndarray, loss_P: np.ndarray,
+             mask_KP: np.ndarray) -> list[dict[str, float]]:
+    """`fit` of K subsets of the points at once (refits on the smaller sizes: row k of the mask `mask_KP` (K, P) marks
+    its points, at least 4 each): one Levenberg–Marquardt batch (`batch_lm`) over the K subsets × the starts."""
+    n_P, d_P, l_P = (np.asarray(v, float) for v in (params_P, tokens_P, loss_P))
+    mask_KP = np.asarray(mask_KP, bool)
     log_c_P, log_m_P, log_l_P = np.log(6 * n_P * d_P), np.log(d_P / n_P), np.log(l_P)
-    centre = float(np.mean(log_c_P))  # a, b at the centre keep the fit well scaled
-    upper = float(np.log(l_P.min())) - 1e-9
-
-    def residual(p: np.ndarray) -> np.ndarray:
-        ln_a, ln_b, eta, ln_e = p
-        c = -eta * (log_c_P - centre)
-        return np.logaddexp.reduce([np.full_like(c, ln_e), ln_a + eta * log_m_P + c, ln_b - eta * log_m_P + c],
-                                   axis=0) - log_l_P
-
-    best = None
+    count_K = mask_KP.sum(axis=1)
+    centre_K = (mask_KP * log_c_P).sum(axis=1) / count_K  # a, b at the centre keep the fit well scaled
+    masked_l_KP = np.where(mask_KP, l_P, np.nan)
+    min_K, median_K = np.nanmin(masked_l_KP, axis=1), np.nanmedian(masked_l_KP, axis=1)
+    med_m_K = np.nanmedian(np.where(mask_KP, log_m_P, np.nan), axis=1)
+    upper_K = np.log(min_K) - 1e-9
+    starts, owner = [], []
     for fraction in E_STARTS:
         for eta0 in ETA_STARTS:
-            gap = max(float(np.median(l_P)) * (1 - fraction), 1e-6)
-            x0 = np.array([np.log(gap / 2) - eta0 * np.median(log_m_P), np.log(gap / 2) + eta0 * np.median(log_m_P),
-                           eta0, np.log(fraction * l_P.min())])
-            res = optimize.least_squares(residual, np.minimum(x0, [np.inf, np.inf, 2.0, upper - 1e-9]),
-                                         bounds=([-np.inf, -np.inf, 0.0, -np.inf], [np.inf, np.inf, 2.0, upper]))
-            if np.all(np.isfinite(res.x)) and (best is None or res.cost < best.cost):
-                best = res
-    ln_a, ln_b, eta, ln_e = best.x
-    shift = eta * centre  # a·C^-η with C in its own units: a = exp(ln a_c + η·centre)
-    return {"E": float(np.exp(ln_e)), "a": float(np.exp(ln_a + shift)), "b": float(np.exp(ln_b + shift)),
-            "eta": float(eta), "rms_log_residual": float(np.sqrt(np.mean(best.fun**2)))}
+            gap_K = np.maximum(median_K * (1 - fraction), 1e-6)
+            starts.append(np.stack([np.log(gap_K / 2) - eta0 * med_m_K, np.log(gap_K / 2) + eta0 * med_m_K,
+                                    np.full(len(min_K), eta0), np.log(fraction * min_K)], axis=1))
+            owner.append(np.arange(len(min_K)))
+    owner_S = np.concatenate(owner)
+    lower_S4 = np.stack([np.full(len(owner_S), -np.inf)] * 2 + [np.zeros(len(owner_S)), np.full(len(owner_S), -np.inf)], 1)
+    upper_S4 = np.stack([np.full(len(owner_S), np.inf)] * 2 + [np.full(len(owner_S), 2.0), upper_K[owner_S]], 1)
+    x_S4 = np.minimum(np.concatenate(starts), upper_S4 - np.array([0, 0, 0, 1e-9]))
+
+    def residuals(p_S4: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ln_a, ln_b, eta, ln_e = (p_S4[:, i : i + 1] for i in range(4))
+        c_SP = -eta * (log_c_P - centre_K[owner_S[idx], None])
+        terms_3SP = np.stack([np.broadcast_to(ln_e, c_SP.shape), ln_a + eta * log_m_P + c_SP, ln_b - eta * log_m_P + c_SP])
+        total_SP = np.logaddexp.reduce(terms_3SP, axis=0)
+        w_3SP = np.exp(terms_3SP - total_SP)
+        d_eta = w_3SP[1] * log_m_P - w_3SP[2] * log_m_P - (w_3SP[1] + w_3SP[2]) * (log_c_P - centre_K[owner_S[idx], None])
+        return total_SP - log_l_P, np.stack([w_3SP[1], w_3SP[2], d_eta, w_3SP[0]], axis=-1)
+
+    x_S4, f_S = batch_lm.minimize(residuals, x_S4, mask_KP[owner_S], delta=None, lower=lower_S4, upper=upper_S4)
+    out = []
+    for k in range(len(min_K)):
+        mine = np.flatnonzero(owner_S == k)
+        s = mine[int(np.argmin(f_S[mine]))]
+        ln_a, ln_b, eta, ln_e = x_S4[s]
+        shift = eta * centre_K[k]  # a·C^-η with C in its own units: a = exp(ln a_c + η·centre)
+        with np.errstate(over="ignore"):
+            out.append({"E": float(np.exp(ln_e)), "a": float(np.exp(ln_a + shift)), "b": float(np.exp(ln_b + shift)),
+                        "eta": float(eta), "rms_log_residual": float(np.sqrt(2 * f_S[s] / count_K[k]))})
+    return out
 
 
 def loss_at(law: dict[str, Any], params: np.ndarray, tokens: np.ndarray) -> np.ndarray:

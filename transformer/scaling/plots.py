@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
-from transformer.scaling import interval
+from transformer.scaling import interval, parametric
 
 LABEL_C = "compute C (FLOPs)"
 LABEL_N = "parameters N"
@@ -102,10 +102,10 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
         ax.plot(budget["curve"]["params"], budget["curve"]["loss"], color=colour, lw=1.2, zorder=2)
         ax.scatter([budget["N_opt"]], [budget["loss_opt"]], marker="*", s=120, color=colour,
                    edgecolor="k", linewidth=0.6, zorder=3)
-    for budget in a2.get("budgets_excluded", []):
-        ax.scatter(budget["params"], budget["loss"], s=22, marker="x", color="C3", lw=0.8, zorder=2)
-    if a2.get("budgets_excluded"):
-        ax.scatter([], [], s=22, marker="x", color="C3", label="budgets left out (no interior minimum)")
+    if a2.get("budgets_excluded"):  # one artist for all of them (a CSV without budgets can leave out hundreds)
+        left_out = a2["budgets_excluded"]
+        ax.scatter([n for b in left_out for n in b["params"]], [l for b in left_out for l in b["loss"]], s=22,
+                   marker="x", color="C3", lw=0.8, zorder=2, label="budgets left out (no interior minimum)")
     ax.scatter([], [], marker="*", s=120, color="w", edgecolor="k",
                label=f"fitted minimum ({'Akima interpolation' if method == 'akima' else 'parabola'})")
     ax.set(xlabel=LABEL_N, ylabel=LABEL_LOSS,
@@ -240,7 +240,7 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
     a3 = fit["approach3"]
     if a3.get("a") is not None:
         n_G, d_G = a3["N_coef"] * flops_G ** a3["a"], a3["D_coef"] * flops_G ** a3["b"]
-        loss_G = a3["E"] + a3["A"] / n_G ** a3["alpha"] + a3["B"] / d_G ** a3["beta"]
+        loss_G = parametric.law_loss(*(a3[k] for k in ("E", "A", "B", "alpha", "beta")), n_G, d_G)
         ax.plot(flops_G, loss_G, color="C2", lw=1.2, label="approach 3: L(N_opt(C), D_opt(C))", zorder=2)
     if not law:
         _note(ax, f"no frontier: {front.get('note') or fit['approach2'].get('note', 'no budget minima')}", y=0.85,
@@ -286,7 +286,7 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
     n_G = np.geomspace(pts["params"].min() / 3, pts["params"].max() * 3, 200)
     d_G = np.geomspace(pts["tokens"].min() / 3, pts["tokens"].max() * 3, 200)
     with np.errstate(over="ignore"):
-        loss_GG = a3["E"] + a3["A"] / n_G[None, :] ** a3["alpha"] + a3["B"] / d_G[:, None] ** a3["beta"]
+        loss_GG = parametric.law_loss(*(a3[k] for k in ("E", "A", "B", "alpha", "beta")), n_G[None, :], d_G[:, None])
     levels = contour_levels(loss_GG, pts["loss"])
     top = levels[-1]
     fig = figure.Figure(figsize=(7.5, 5.5), layout="constrained")

@@ -3,10 +3,12 @@
 Legend: P = number of points (finished runs), S = number of logged evaluations in one run's curve.
 
 A CSV names at least `params`, `tokens`, `loss` in its header (`N` and `D` are accepted for params and
-tokens; optional `flops`; when absent, C = 6·N·D); `where={"column": "value"}` keeps the rows of one
-setting of a multi-setting file (e.g. Porian et al.'s `experiment`); a text column is a setting column only
-where one model size appears under two of its values (a `model` name or a comment column is ignored). A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object
-per finished run and `DIR/runs/RUN_ID/metrics.jsonl` its logged metrics; the loss is `eval_loss`.
+tokens, `--columns` maps other names; optional `flops`; when absent, C = 6·N·D); `where={"column": "value"}` keeps
+the rows of one setting of a multi-setting file (e.g. Porian et al.'s `experiment`); `csv_checks` holds what the
+rows must pass (text columns: a setting, a description or an identifier; units; duplicates are merged).
+
+A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object per finished run and
+`DIR/runs/RUN_ID/metrics.jsonl` its logged metrics; the loss is `eval_loss`.
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import verdict
+from transformer.scaling import csv_checks, verdict
+from transformer.scaling.csv_checks import parse_where  # noqa: F401 (re-exported)
 from transformer.spec import ConfigError, MissingInputError, metric_keys
 
 N_KINDS = ("params", "params_non_embedding")
-CSV_REQUIRED = ("params", "tokens", "loss")
-CSV_ALIASES = {"N": "params", "D": "tokens"}
+CSV_REQUIRED = csv_checks.REQUIRED
+CSV_ALIASES = csv_checks.ALIASES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Points:
     # results row): [{"environment": ..., "runs": count}], most runs first; () where the source records none.
     environments: tuple[dict[str, Any], ...] = ()
     metric: str = "eval_loss"  # what loss_P holds: a sweep's eval_loss, or the fitted metric (read_sweep's)
+    notes: tuple[str, ...] = ()  # what reading the source did that the fit should say (fit.json "input_notes")
 
     def __len__(self) -> int:
         return len(self.loss_P)
@@ -135,78 +139,28 @@ def from_arrays(
     return Points(params_P, tokens_P, flops_P, loss_P, ids, source=source, flops_given=flops is not None)
 
 
-def _positive_number(path: str, line: int, column: str, text: str) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = math.nan
-        problem = "is not a number"
-    else:
-        problem = "is not a positive finite number"
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(
-            f"{path}: row {line}, column '{column}' = {text!r} {problem}; "
-            "params, tokens, flops and loss must be positive finite numbers"
-        )
-    return value
-
-
-def parse_where(terms: Sequence[str]) -> dict[str, str]:
-    """`["col=value", ...]` as {col: value} (a value may hold commas); ValueError on a malformed term."""
-    where = {}
-    for term in terms:
-        column, sep, value = term.partition("=")
-        if not sep or not column.strip():
-            raise ConfigError(f"--where={term!r}: expected COLUMN=VALUE (repeat --where for more columns)")
-        where[column.strip()] = value.strip()
-    return where
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _settings(rows: list[dict[str, str]], columns: Sequence[str]) -> list[str]:
-    """The distinct values of `columns` among `rows`, as 'col=value,...' strings (for error messages)."""
-    seen = dict.fromkeys(",".join(f"{c}={(r.get(c) or '').strip()}" for c in columns) for r in rows)
-    return list(seen)
-
-
-def _names_a_setting(rows: list[dict[str, str]], column: str) -> bool:
-    """Whether `column` can tell settings apart: some model size (params) appears with two of its values. A
-    column with one value per size (a model's name) describes the point, not a setting."""
-    seen: dict[str, str] = {}
-    for r in rows:
-        value, size = (r.get(column) or "").strip(), (r.get("params") or "").strip()
-        if seen.setdefault(size, value) != value:
-            return True
-    return False
-
-
-def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
-    """Points from a CSV whose header names params, tokens, loss (and optionally flops).
-
-    `N`/`D` are aliases of params/tokens. `where` keeps only rows whose columns equal the given values;
-    when it matches nothing the error lists the settings the file holds. Row ids are `row<L>` with L
-    the file's line number (the header is line 1).
+def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, str] | None = None) -> Points:
+    """Points from a CSV whose header names params, tokens, loss (and optionally flops), checked as `csv_checks`
+    says: `columns` maps other names ({"params": "parameter_count"}; `N`/`D` are aliases of params/tokens), `where`
+    keeps only rows whose columns equal the given values (when it matches nothing the error lists the settings the
+    file holds), an identifier column is ignored with a note, rows equal in params, tokens, flops and loss are
+    merged (never seed replicates), and the units are checked. Row ids are `row<L>` with L the file's line number
+    (the header is line 1).
     """
     if not os.path.isfile(path):
         problem = "is a directory, not a points file" if os.path.isdir(path) else "no such points file"
         raise MissingInputError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
-    where = where or {}
+    where, columns = where or {}, columns or {}
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         raw_header = [h.strip() for h in (reader.fieldnames or [])]
-        header = [CSV_ALIASES.get(h, h) if CSV_ALIASES.get(h) not in raw_header else h for h in raw_header]
+        header = csv_checks.header_names(path, raw_header, columns)
         missing = [c for c in CSV_REQUIRED if c not in header]
         if missing:
             raise ConfigError(
-                f"{path}: column '{missing[0]}' is missing; the header must name "
-                f"params (or N), tokens (or D), loss (optional flops), found: {', '.join(raw_header) or 'no header'}"
+                f"{path}: column '{missing[0]}' is missing; the header must name params (or N), tokens (or D), loss "
+                f"(optional flops; --columns=params=COLUMN,... maps other names), found: "
+                f"{', '.join(raw_header) or 'no header'}"
             )
         unknown = [c for c in where if c not in header]
         if unknown:
@@ -215,38 +169,59 @@ def read_csv(path: str, where: dict[str, str] | None = None) -> Points:
         reader.fieldnames = header
         rows = [(reader.line_num, row) for row in reader]
     has_flops = "flops" in header
-    columns: dict[str, list[float]] = {c: [] for c in (*CSV_REQUIRED, "flops")}
-    ids = []
+    values: dict[str, list[float]] = {c: [] for c in csv_checks.NUMERIC}
+    lines, kept = [], []
     for line, row in rows:
         if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
             continue  # a blank line
         if any((row.get(c) or "").strip() != v for c, v in where.items()):
             continue
         for c in CSV_REQUIRED + (("flops",) if has_flops else ()):
-            columns[c].append(_positive_number(path, line, c, (row.get(c) or "").strip()))
-        ids.append(f"row{line}")
-    # Text columns other than the numbers may name a setting (e.g. dataset, experiment): one setting per fit.
-    # A column that names the point (a `model` label, a comment: one value per params) is ignored.
-    text_columns = [c for c in header if c not in (*CSV_REQUIRED, "flops")
-                    and any(not _is_number((r.get(c) or "").strip()) for _, r in rows)
-                    and (c in where or _names_a_setting([r for _, r in rows], c))]
-    if not ids and where:
-        settings = _settings([r for _, r in rows], text_columns or list(where))
+            values[c].append(csv_checks.positive_number(path, line, csv_checks.label(c, columns),
+                                                        (row.get(c) or "").strip()))
+        lines.append(line)
+        kept.append(row)
+    all_rows = [r for _, r in rows]
+    if not lines and where:
+        listed = csv_checks.settings(all_rows, csv_checks.text_columns(header, all_rows, all_rows, where)[0]
+                                     or list(where))
         raise ConfigError(f"{path}: no rows match --where {' '.join(f'{c}={v}' for c, v in where.items())}; "
-                         f"the file holds {len(settings)} setting(s): " + "; ".join(settings))
-    kept_ids = set(ids)
-    kept = [r for line, r in rows if f"row{line}" in kept_ids]
-    mixed = _settings(kept, text_columns) if text_columns else []
+                         f"the file holds {len(listed)} setting(s): " + "; ".join(listed))
+    if not lines:
+        raise ConfigError(f"{path}: no data rows after the header")
+    setting, identifiers = csv_checks.text_columns(header, all_rows, kept, where)
+    mixed = csv_checks.settings(kept, setting) if setting else []
     if len(mixed) > 1:
         raise ConfigError(f"{path}: the rows kept mix {len(mixed)} settings; pick one with --where COLUMN=VALUE "
                          f"(repeatable), one of: " + "; ".join(mixed))
-    if not ids:
-        raise ConfigError(f"{path}: no data rows after the header")
+    arrays = {c: np.array(v, float) for c, v in values.items()}
+    if not has_flops:
+        arrays["flops"] = 6.0 * arrays["params"] * arrays["tokens"]
+    csv_checks.check_units(path, lines, arrays, has_flops, columns)
     source = path + (f" [{', '.join(f'{c}={v}' for c, v in where.items())}]" if where else "")
-    return from_arrays(
-        columns["params"], columns["tokens"], columns["loss"],
-        flops=columns["flops"] if has_flops else None, ids=ids, source=source,
-    )
+    points = from_arrays(arrays["params"], arrays["tokens"], arrays["loss"],
+                         flops=arrays["flops"] if has_flops else None, ids=[f"row{n}" for n in lines], source=source)
+    notes = tuple(f"column '{c}' differs on every row: an identifier of the run, ignored" for c in identifiers)
+    return merge_duplicates(dataclasses.replace(points, notes=notes), "row")
+
+
+def merge_duplicates(points: Points, what: str = "run") -> Points:
+    """The points with each repeated point (equal params, tokens, flops and loss: a row or run listed twice) kept
+    once, the others excluded with a note (`what`: how the note names them). Counted twice they would be seed
+    replicates of zero spread and shrink σ and every interval."""
+    pairs = csv_checks.duplicates(np.stack([points.params_P, points.tokens_P, points.flops_P, points.loss_P]))
+    if not pairs:
+        return points
+    keep_P = np.ones(len(points), bool)
+    keep_P[[p for p, _ in pairs]] = False
+    merged = points.subset(keep_P)
+    named = ", ".join(f"{points.ids[p]} = {points.ids[q]}" for p, q in pairs[:10]) + (
+        f" and {len(pairs) - 10} more" if len(pairs) > 10 else "")
+    note = (f"{len(pairs)} duplicate {what}(s) merged ({named}): equal params, tokens, flops and loss, kept once and "
+            "not counted as seed replicates (seeds whose losses round to one value: give the losses with more digits)")
+    excluded = points.excluded + tuple({"id": points.ids[p], "reason": f"duplicate of {points.ids[q]} (equal params, "
+                                        "tokens, flops and loss): merged"} for p, q in pairs)
+    return dataclasses.replace(merged, excluded=excluded, notes=points.notes + (note,))
 
 
 def _read_jsonl(path: str) -> tuple[list[tuple[int, dict[str, Any]]], list[int]]:
@@ -380,10 +355,9 @@ def read_sweep(directory: str, n_kind: str = "params", metric: str = "eval_loss"
     budget_P = np.array(budgets, dtype=float) if all(_finite_positive(b) for b in budgets) else None
     extra_P = {k: np.array(v, dtype=float) for k, v in extras.items() if all(_finite_positive(x) for x in v)}
     by_count = sorted(environments.items(), key=lambda kv: -kv[1])
-    return dataclasses.replace(points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P,
-                               extra_P=extra_P,
-                               environments=tuple({"environment": json.loads(k), "runs": n} for k, n in by_count),
-                               metric=metric)
+    return merge_duplicates(dataclasses.replace(
+        points, curves=tuple(curves), excluded=tuple(excluded), budget_P=budget_P, extra_P=extra_P,
+        environments=tuple({"environment": json.loads(k), "runs": n} for k, n in by_count), metric=metric))
 
 
 def load(source: str, n_kind: str = "params") -> Points:

@@ -74,6 +74,7 @@ def summary(fit: dict[str, Any]) -> str:
     head = fit["headline"]
     lines = [f"{len(fit['points'])} points used, {excluded} excluded (source: {fit['source']})",
              f"headline convention: {head['convention']}: {head['definition']} ({head['why']})"]
+    lines.extend(f"input: {note}" for note in fit.get("input_notes", []))
     if fit.get("environment_warning"):
         lines.append(f"WARNING: {fit['environment_warning']}")
     unpadded = fit["conventions"].get("unpadded")
