@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from transformer.training import hardware
+from cli_modules import cli_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTRACT_KEYS = ("tokens_per_second", "step_seconds", "compile_seconds", "flops_per_token", "mfu", "peak_flops",
@@ -123,7 +124,7 @@ def test_throughput_and_mfu_from_the_tokens_fed_and_the_time_taken(monkeypatch):
     import jax
     import numpy as np
     from configs import lm
-    from experiments import bench
+    bench = cli_module("bench")
 
     fed, real_time_steps = [], bench.time_steps
 
@@ -187,7 +188,7 @@ def test_a_trace_without_kernels_keeps_the_timings(monkeypatch, tmp_path):
     """A trace in which no kernel was recorded (a GPU whose CUPTI is missing) says so in `profile`; the timings
     and the rest of the JSON stand."""
     from configs import lm
-    from experiments import bench, profile_share
+    bench, profile_share = cli_module("bench"), cli_module("profile_share")
 
     monkeypatch.setattr(profile_share, "read_ops", lambda path: [])
     c = lm.get_config("gpt2_tiny")

@@ -10,7 +10,9 @@ import pytest
 from test_task_scoring import write_task
 
 from configs import lm
-from experiments.evaluate import evaluate
+from cli_modules import cli_module
+
+evaluate = cli_module("evaluate").evaluate
 from transformer.spec import ConfigError
 from transformer.sweeps.execute import SHAPE_KEYS, result_row
 from transformer.training import loop

@@ -8,6 +8,7 @@ import pytest
 from transformer.spec import ConfigError
 from transformer.scaling import at_points, fits, overtrain, report
 from transformer.scaling import points as points_lib
+from cli_modules import cli_module
 
 E, A, B, ALPHA, BETA = 1.8, 400.0, 2000.0, 0.34, 0.37
 
@@ -112,7 +113,7 @@ def test_interval_is_calibrated_on_published_size_holdouts():
     covers ≥ 90% of the held-out points (each setting and case weighted equally; with m = 1 it covered 79%, so
     an uncalibrated interval fails here), and is not wider than needed: its median log half-width is below 1.2×
     the 95% quantile of |ln(L̂/L)| (0.8× with the shipped m; 1.5× with m = 5)."""
-    from experiments import reproduce, reproduce_points
+    reproduce, reproduce_points = cli_module("reproduce"), cli_module("reproduce_points")
 
     cases = [c for row, pts in reproduce.porian_settings() if row["dataset"] == "OpenWebText2"
              for c in reproduce_points.size_holdout(row["experiment"], pts, samples=8)]

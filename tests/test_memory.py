@@ -5,7 +5,9 @@ import jax
 import pytest
 
 from configs import lm
-from experiments.bench import build
+from cli_modules import cli_module
+
+build = cli_module("bench").build
 from transformer.spec import REMAT_POLICIES
 from transformer.training import memory
 

@@ -14,6 +14,7 @@ from transformer.design import plan
 from transformer.spec import ConfigError
 from transformer.sweeps import packing, progress, results, runner
 from transformer.training.resolve import plain_config
+from cli_modules import cli_module
 
 GiB = 2**30
 H100 = packing.Gpu("0", 80 * GiB)
@@ -197,7 +198,7 @@ def test_workers_share_a_gpu_and_a_run_out_of_memory_trains_again_alone(tmp_path
 
 
 def test_a_group_worker_takes_indices_and_refuses_bad_ones(tmp_path):
-    from experiments import sweep as sweep_cli
+    sweep_cli = cli_module("sweep")
 
     assert sweep_cli._indices(["3", "1"], 5) == [3, 1]
     for bad in (["5"], ["1", "1"], ["x"], ["-1"]):
@@ -288,7 +289,7 @@ def test_the_dry_run_says_what_sharing_a_gpu_buys(tmp_path):
 # ---- the bench -------------------------------------------------------------------------------------------------
 
 def test_the_bench_calibration_recovers_the_overheads_and_the_overlap(tmp_path):
-    from experiments import bench_pack
+    bench_pack = cli_module("bench_pack")
 
     F, s, o, omega = 1e12, 0.01, 5.0, 0.6
     rows = []

@@ -6,7 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments import profile_share
+from cli_modules import cli_module
+
+profile_share = cli_module("profile_share")
 from transformer.spec import MissingInputError
 
 # A compiled module's HLO text as XLA prints it (shapes, tuple shapes with index comments, fusions calling

@@ -6,7 +6,9 @@ import sys
 import pytest
 
 from configs import seq2seq
-from experiments.sample import _with_sentinels
+from cli_modules import cli_module
+
+_with_sentinels = cli_module("sample")._with_sentinels
 from transformer.data import get_tokenizer
 from transformer.training.loop import train
 

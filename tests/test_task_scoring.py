@@ -22,6 +22,7 @@ from transformer.interop import scoring_model  # noqa: E402
 from transformer.interop.hf_tokenizer import save_tokenizer  # noqa: E402
 from transformer.tasks.lm import LMTask  # noqa: E402
 from transformer.training.scoring import Scorer  # noqa: E402
+from cli_modules import cli_module
 
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "blue", "sky", "is", "very", "far")
 POSITIONS = 48
@@ -135,7 +136,7 @@ def test_accuracy_equals_lm_evaluation_harness_hf_backend(gpt2_dir, tmp_path, mo
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from experiments.evaluate import evaluate
+    evaluate = cli_module("evaluate").evaluate
 
     path, _ = gpt2_dir
     task_file = write_task(str(tmp_path / "toy.jsonl"), docs=40, seed=3, per_choice_contexts=False)

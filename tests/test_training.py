@@ -22,6 +22,7 @@ from transformer.training.resolve import model_config, run_spec
 from transformer.training.loop import train
 from transformer.training.optimizer import make_optimizer, make_schedule
 from transformer.training.state import abstract_state, init_state
+from cli_modules import cli_module
 
 
 def tiny_config(tmp_data_dir: str, **train_overrides):
@@ -140,7 +141,7 @@ def test_loss_falls_below_unigram_entropy(tmp_path, corpus_dir):
 
 def xla_step_flops(config) -> float:
     """FLOPs of one train step of `config` as XLA counts them in the compiled program (on one device)."""
-    from experiments.bench import build
+    build = cli_module("bench").build
 
     one = config.copy_and_resolve_references()
     one.mesh.data, one.mesh.fsdp, one.mesh.tensor = 1, 1, 1
