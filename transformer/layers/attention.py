@@ -51,6 +51,7 @@ from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
 from transformer.layers.norms import make_head_norm
+from transformer.layers.projection import Projection, lora_of
 from transformer.spec import AUTO, ConfigError, ModelConfig
 
 # The name, for remat policies (jax.ad_checkpoint.checkpoint_name), of each attention layer's output (out_BTNH,
@@ -283,34 +284,6 @@ def check_cache_room(index: jax.Array | int, T: int, S: int) -> None:
     jax.lax.cond(index + T > S, lambda: jax.debug.callback(_raise_overflow, index, T, S), lambda: None)
 
 
-class Projection(nn.Module):
-    """An einsum with a multi-axis kernel, e.g. x_BTD · W_DNH → y_BTNH; optional bias on the output
-    axes (the kernel's last axes).
-
-    (Flax's DenseGeneral initialises a flattened kernel and reshapes it, which adds a sharding
-    constraint of the wrong rank under logical-axis rules; creating the kernel in its own shape
-    avoids that.)
-    """
-    equation: str
-    shape: tuple[int, ...]
-    names: tuple[str, ...]
-    bias_names: tuple[str, ...] | None
-    init_std: float
-    dtype: Any
-    param_dtype: Any
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.names),
-                            self.shape, self.param_dtype)
-        y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
-        if self.bias_names is not None:
-            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_names),
-                              self.shape[-len(self.bias_names):], self.param_dtype)  # the output axes
-            y = y + bias.astype(self.dtype)
-        return y
-
-
 class MultiHeadAttention(nn.Module):
     """Self-attention (context_BSD None) or cross-attention (keys/values from context_BSD).
 
@@ -344,7 +317,8 @@ class MultiHeadAttention(nn.Module):
     def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
                  segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
                  context_segment_ids_BS: jax.Array | None = None, *, bias_BNTS: jax.Array | None = None,
-                 decode: bool = False, return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                 decode: bool = False, return_weights: bool = False,
+                 deterministic: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
         N, K, H = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
@@ -357,9 +331,9 @@ class MultiHeadAttention(nn.Module):
         def proj(heads: int, axis_name: str, name: str) -> "Projection":
             return Projection("btd,dnh->btnh", (cfg.d_model, heads, H), ("embed", axis_name, "head_dim"),
                               bias_names=(axis_name, "head_dim") if cfg.use_bias else None, init_std=0.02,
-                              dtype=dtype, param_dtype=param_dtype, name=name)
+                              dtype=dtype, param_dtype=param_dtype, lora=lora_of(cfg, name), name=name)
 
-        q_BTNH = proj(N, "heads", "query")(x_BTD)
+        q_BTNH = proj(N, "heads", "query")(x_BTD, deterministic)
         if cfg.qk_norm:  # each head's query normalised over H (before RoPE), one scale shared by the heads
             q_BTNH = make_head_norm(cfg, "query_norm")(q_BTNH)
         if cross and decode and self.has_variable("cache", "cached_cross_key"):
@@ -367,10 +341,10 @@ class MultiHeadAttention(nn.Module):
             k_BSKH = self.get_variable("cache", "cached_cross_key")
             v_BSKH = self.get_variable("cache", "cached_cross_value")
         else:
-            k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
+            k_BSKH = proj(K, "kv_heads", "key")(kv_BSD, deterministic)
             if cfg.qk_norm:
                 k_BSKH = make_head_norm(cfg, "key_norm")(k_BSKH)
-            v_BSKH = proj(K, "kv_heads", "value")(kv_BSD)
+            v_BSKH = proj(K, "kv_heads", "value")(kv_BSD, deterministic)
             if cross and decode:
                 self.put_variable("cache", "cached_cross_key", k_BSKH)
                 self.put_variable("cache", "cached_cross_value", v_BSKH)
@@ -410,7 +384,8 @@ class MultiHeadAttention(nn.Module):
 
         out_BTD = Projection("btnh,nhd->btd", (N, H, cfg.d_model), ("heads", "head_dim", "embed"),
                              bias_names=("embed",) if cfg.use_bias else None, init_std=self.out_std,
-                             dtype=dtype, param_dtype=param_dtype, name="out")(out_BTNH)
+                             dtype=dtype, param_dtype=param_dtype, lora=lora_of(cfg, "out"), name="out")(
+            out_BTNH, deterministic)
         return (out_BTD, weights_BNTS) if return_weights else out_BTD
 
     def _decode_step(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,

@@ -13,6 +13,9 @@ Parameters, per piece (b = 1 with cfg.use_bias, else 0):
                   bias table per stack (positional=t5_relative, R = relative_num_buckets)
   head            untied: D·V (no bias); tied: 0
   final norm      one per stack with pre-LN; embedding_norm adds one per stack
+  LoRA            (model.lora, rank r) r·(in + out) per targeted projection: query r·(D + N·H), key and value
+                  r·(D + K·H) each, out r·(N·H + D), mlp_in r·(D + F) (gated: two), mlp_out r·(F + D); in every
+                  attention layer (cross-attention too) and every feed-forward layer
 Families: decoder = embedding + L blocks + final norm + head. encoder = the same with bidirectional
 blocks, then either the BERT masked-LM head (transform D·D + b·D, a norm, the head, an output bias
 b·V) or, when num_classes > 0, the BERT pooler D·D + b·D and a classifier D·C + b·C.
@@ -20,14 +23,18 @@ encoder_decoder = one token table shared by both stacks and the tied head, a lea
 per stack (as BART), L_e self-attention blocks and L_d blocks with cross-attention, a final norm per
 stack (pre-LN), one head.
 `non_embedding` = total − token table − position tables (an untied head counts as non-embedding).
+`trainable` = total, or under LoRA the adapters plus a classifying encoder's pooler and classifier (the rest is
+frozen: spec/lora.py).
 
 FLOPs per token of training (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
-  six_n           6 · N_matmul, N_matmul = matmul weights of the blocks (attention and FFN kernels,
-                  no biases or norms) + V·D for the output head, tied or not (it is a matmul either way);
-                  an encoder's masked-LM head adds its D·D transform
+  six_n           6 · N_matmul, N_matmul = matmul weights of the blocks (attention and FFN kernels and their
+                  LoRA adapters, no biases or norms) + V·D for the output head, tied or not (it is a matmul
+                  either way); an encoder's masked-LM head adds its D·D transform
   with_attention  six_n + 12 · L · T · N · H   (QKᵀ and AV: 2·T·N·H each per token forward, ×3; the
                   full T, not halved for causal masks — Hoffmann et al. 2022, App. F). encoder_decoder:
                   L counts encoder self-, decoder self- and cross-attention layers, each with T keys.
+  training        with_attention − 2 · (N_matmul − the adapters' weights) under LoRA (the backward pass computes no
+                  gradient of a frozen weight), else with_attention: what a training step computes
 A classifying encoder has no vocabulary head; its pooler and classifier (once per sequence) are left out.
 """
 from __future__ import annotations
@@ -42,6 +49,19 @@ def _attention_params(cfg: ModelConfig) -> tuple[int, int]:
     weights = D * N * H + 2 * D * K * H + N * H * D
     biases = (N * H + 2 * K * H + D) if cfg.use_bias else 0
     return weights, biases + (2 * H if cfg.qk_norm else 0)
+
+
+def _attention_lora(cfg: ModelConfig) -> int:
+    """LoRA adapter parameters of one attention layer."""
+    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+    sizes = {"query": D + N * H, "key": D + K * H, "value": D + K * H, "out": N * H + D}
+    return sum(cfg.lora.rank_of(name) * size for name, size in sizes.items())
+
+
+def _ffn_lora(cfg: ModelConfig) -> int:
+    """LoRA adapter parameters of one feed-forward layer."""
+    D, F = cfg.d_model, cfg.d_ff
+    return cfg.lora.rank_of("mlp_in") * (D + F) * (2 if cfg.gated else 1) + cfg.lora.rank_of("mlp_out") * (F + D)
 
 
 def _ffn_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -64,10 +84,18 @@ def _stacks(cfg: ModelConfig) -> list[tuple[int, bool]]:
     return [(cfg.num_layers, False)]
 
 
+def lora_params(cfg: ModelConfig) -> int:
+    """The LoRA adapters' parameters (0 without LoRA): the matmul weights a LoRA run trains."""
+    return sum(layers * ((2 if cross else 1) * _attention_lora(cfg) + _ffn_lora(cfg)) for layers, cross in _stacks(cfg))
+
+
 def _matmul_and_other(cfg: ModelConfig) -> tuple[int, int]:
-    """(matmul weights, other non-embedding params) of the blocks, final norms and embedding norms."""
+    """(matmul weights, other non-embedding params) of the blocks (LoRA adapters included), final norms and
+    embedding norms."""
     attn_w, attn_b = _attention_params(cfg)
+    attn_w += _attention_lora(cfg)
     ffn_w, ffn_b = _ffn_params(cfg)
+    ffn_w += _ffn_lora(cfg)
     norm = _norm_params(cfg)
     matmul = other = 0
     for layers, cross in _stacks(cfg):
@@ -93,7 +121,7 @@ def _encoder_head_params(cfg: ModelConfig) -> int:
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """{"total", "non_embedding", "embedding"} parameter counts of the model cfg builds."""
+    """{"total", "non_embedding", "embedding", "trainable"} parameter counts of the model cfg builds."""
     V, D = cfg.vocab_size, cfg.d_model
     per_stack = {"learned": cfg.max_len * D, "t5_relative": cfg.relative_num_buckets * cfg.num_heads}
     embedding = V * D + len(_stacks(cfg)) * per_stack.get(cfg.positional, 0)
@@ -101,7 +129,12 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     non_embedding = matmul + other + (0 if cfg.tie_embeddings or not _has_vocab_head(cfg) else D * V)
     if cfg.family == "encoder":
         non_embedding += _encoder_head_params(cfg)
-    return {"total": embedding + non_embedding, "non_embedding": non_embedding, "embedding": embedding}
+    total = embedding + non_embedding
+    trainable = total
+    if cfg.lora.rank:  # the adapters, and a classifying encoder's head (spec.lora.TRAINED_MODULES)
+        trainable = lora_params(cfg) + (_encoder_head_params(cfg) if cfg.family == "encoder" and cfg.num_classes
+                                        else 0)
+    return {"total": total, "non_embedding": non_embedding, "embedding": embedding, "trainable": trainable}
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -119,12 +152,15 @@ def attention_layers(cfg: ModelConfig) -> int:
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
-    """Training FLOPs per token: {"six_n": 6·N_matmul, "with_attention": six_n + 12·L·T·N·H}."""
+    """Training FLOPs per token: {"six_n": 6·N_matmul, "with_attention": six_n + 12·L·T·N·H, "training":
+    with_attention less the frozen weights' gradients under LoRA (else with_attention)}."""
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len} must be positive")
-    six_n = 6.0 * matmul_params(cfg)
+    n_matmul = matmul_params(cfg)
+    six_n = 6.0 * n_matmul
     attention = 12.0 * attention_layers(cfg) * seq_len * cfg.num_heads * cfg.dim_per_head
-    return {"six_n": six_n, "with_attention": six_n + attention}
+    frozen = n_matmul - lora_params(cfg) if cfg.lora.rank else 0
+    return {"six_n": six_n, "with_attention": six_n + attention, "training": six_n + attention - 2.0 * frozen}
 
 
 def train_flops(cfg: ModelConfig, seq_len: int, tokens: float, include_attention: bool = True) -> float:

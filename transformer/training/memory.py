@@ -6,8 +6,9 @@ F d_ff, V vocabulary, L layers, P parameters; s = bytes of the compute dtype, 4 
   parameters      4 bytes each (float32); weight matrices and the token table split over fsdp·tensor
                   (embed over fsdp; heads, mlp, vocab over tensor), a learned position table over
                   fsdp only, norm scales and biases counted whole (replicated: an upper bound)
-  gradients       as the parameters (live during the update)
-  optimizer       AdamW: two float32 moments per parameter, sharded like it
+  gradients       as the parameters (live during the update); under LoRA only the trained ones (the adapters
+                  and a classifier's head: spec.accounting's "trainable", split like the kernels)
+  optimizer       AdamW: two float32 moments per trained parameter, sharded like it
   activations     what the backward pass keeps, per token and layer:
       remat none           s·(4D + 2·N·H + 2·K·H + F_act) + 4·c·N·T   (c attention-score buffers:
                            3 for the einsum/xla softmax — scores, masked scores, probabilities —,
@@ -78,6 +79,7 @@ def estimate(cfg: ModelConfig, *, batch_size: int, seq_len: int, mesh_shape: tup
     if batch_size % (data * fsdp):
         raise ValueError(f"batch_size={batch_size} does not split over data*fsdp={data * fsdp} devices")
     params = 4.0 * _sharded_param_count(cfg, fsdp, tensor)
+    trained = 4.0 * param_counts(cfg)["trainable"] / (fsdp * tensor) if cfg.lora.rank else params
     tokens = batch_size // (data * fsdp) * seq_len
     per = _per_token_layer(cfg, seq_len, tensor)
     kept = per[cfg.remat] * cfg.num_layers * tokens
@@ -85,7 +87,7 @@ def estimate(cfg: ModelConfig, *, batch_size: int, seq_len: int, mesh_shape: tup
     working += per["none"] * tokens  # the layer whose backward is running: its gradients' temporaries
     logit_rows = tokens if not loss_chunk_size else tokens // seq_len * loss_chunk_size
     logits = 3 * 4.0 * logit_rows * cfg.vocab_size / tensor
-    out = {"params": params, "grads": params, "optimizer": 2 * params, "activations": kept + working,
+    out = {"params": params, "grads": trained, "optimizer": 2 * trained, "activations": kept + working,
            "logits": logits}
     out["total"] = sum(out.values())
     out.update(batch_per_device=batch_size // (data * fsdp), seq_len=seq_len, remat=cfg.remat,
