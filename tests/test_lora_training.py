@@ -69,3 +69,41 @@ def test_frozen_parameters_the_source_lacks_are_refused(tmp_path, corpus_dir, ba
     with pytest.raises(ConfigError, match=r"model.lora.rank=4 freezes .*\['head'\]\['kernel'\]"):
         train(c, str(tmp_path / "untied"), verbose=False)
     assert not (tmp_path / "untied").exists()
+
+
+@pytest.mark.slow
+def test_export_merged_and_as_peft_adapters(tmp_path, corpus_dir, base_run):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from transformer.interop.export import export_run
+
+    c = _lora_config(corpus_dir, base_run, steps=2)
+    c.train.learning_rate = 3e-2  # adapters far enough from zero to change the logits
+    workdir = str(tmp_path / "lora")
+    train(c, workdir, verbose=False)
+    run = load_run(workdir)
+    tokens = np.asarray([[1, 40, 50, 60, 70, 80, 90]], np.int32)
+    ours = np.asarray(run.model.apply({"params": run.params}, tokens))
+    base = load_run(base_run)
+    assert np.abs(ours - np.asarray(base.model.apply({"params": base.params}, tokens))).max() > 1e-3
+
+    with pytest.raises(ConfigError, match="--merge_lora writes the model with them merged, --peft"):
+        export_run(workdir, str(tmp_path / "plain"))
+    with pytest.raises(ConfigError, match="has no LoRA adapters"):
+        export_run(base_run, str(tmp_path / "no-lora"), merge_lora=True)
+    assert not (tmp_path / "plain").exists() and not (tmp_path / "no-lora").exists()
+
+    export_run(workdir, str(tmp_path / "merged"), merge_lora=True)
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(merged(torch.tensor(tokens)).logits.numpy(), ours, atol=1e-4, rtol=0)
+
+    export_run(base_run, str(tmp_path / "base-hf"))
+    summary = export_run(workdir, str(tmp_path / "adapters"), peft=True)
+    assert summary["lora"] == "peft"
+    tuned = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base-hf")), str(tmp_path / "adapters"))
+    with torch.no_grad():
+        np.testing.assert_allclose(tuned.eval()(input_ids=torch.tensor(tokens)).logits.numpy(), ours, atol=1e-4,
+                                   rtol=0)

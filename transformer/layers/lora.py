@@ -60,10 +60,28 @@ def adapter_delta(module: nn.Module, x: jax.Array, equation: str, shape: tuple[i
 
 
 def merged_kernel(kernel: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float) -> np.ndarray:
-    """W + s · A B for kernel (in..., out...), a (in..., r), b (r, out...) (float32 numpy)."""
+    """W + s · A B for kernel (in..., out...), a (in..., r), b (r, out...) (float32 numpy); scanned layers (a
+    leading L axis on all three) layer by layer."""
+    kernel, a, b = np.asarray(kernel), np.asarray(a), np.asarray(b)
+    if a.ndim + b.ndim - 2 != kernel.ndim:  # stacked: (L, ...) each
+        return np.stack([merged_kernel(k, x, y, scaling) for k, x, y in zip(kernel, a, b)])
     n_in = a.ndim - 1
     delta = np.tensordot(np.asarray(a, np.float64), np.asarray(b, np.float64), axes=([n_in], [0]))
     return (np.asarray(kernel, np.float64) + scaling * delta).astype(np.float32).reshape(np.shape(kernel))
+
+
+def merge(cfg: ModelConfig, params: Any) -> tuple[ModelConfig, Any]:
+    """(cfg without LoRA, params with every adapter folded into its kernel: merged_kernel) — the same function
+    as the adapted model, as plain float32 numpy arrays (a nested dict, as model.init gives it unboxed)."""
+    def fold(tree: Any) -> Any:
+        if not isinstance(tree, dict):
+            return np.asarray(jax.device_get(tree), np.float32)
+        out = {k: fold(v) for k, v in tree.items() if k not in ADAPTER_NAMES}
+        if "lora_a" in tree:
+            out["kernel"] = merged_kernel(out["kernel"], fold(tree["lora_a"]), fold(tree["lora_b"]), cfg.lora.scaling)
+        return out
+
+    return cfg.replace(lora=LoraSpec()), fold(dict(params))
 
 
 def _names(path: tuple) -> list[str]:
