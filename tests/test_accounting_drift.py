@@ -46,6 +46,9 @@ OPTIONS: dict[str, tuple] = {
     "num_classes": (0, 3),
     "scale_tied_head": (False, True),
     "lora": (LoraSpec(), LoraSpec(rank=2, targets="query,key,value,out,mlp_in,mlp_out"), LoraSpec(rank=3)),
+    # each valid in the families whose layers it names (canonical JSON, as ModelConfig keeps it)
+    "pruned_heads": ("", '{"encoder/blocks/layers_0/attention":[1]}', '{"blocks/layers_1/attention":[0,2]}',
+                     '{"decoder/blocks/layers_0/attention":[3],"decoder/blocks/layers_1/cross_attention":[0,1]}'),
 }
 # Sizes: set to distinct values in BASE so that a swapped factor shows.
 SIZES = ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "relative_num_buckets")
@@ -56,7 +59,7 @@ BASE = dict(vocab_size=61, d_model=16, num_layers=2, num_heads=4, d_ff=24, max_l
             relative_max_distance=16, mup_base_width=8, attention_impl="einsum")
 # Turned back to their base value, in this order, when a combination is not a valid config.
 REPAIR = ("scale_tied_head", "norm_position", "parametrization", "scale_embeddings", "parallel_block", "num_classes",
-          "tie_embeddings", "head_dim", "num_kv_heads", "sliding_window", "lora")
+          "tie_embeddings", "head_dim", "num_kv_heads", "sliding_window", "lora", "pruned_heads")
 RANDOM_COMBINATIONS = 4
 
 

@@ -52,12 +52,15 @@ from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
 from transformer.layers.norms import make_head_norm
 from transformer.layers.projection import Projection, lora_of
-from transformer.spec import AUTO, ConfigError, ModelConfig
+from transformer.spec import AUTO, ConfigError, ModelConfig, pruning
 
 # The name, for remat policies (jax.ad_checkpoint.checkpoint_name), of each attention layer's output (out_BTNH,
 # the out projection's input) and, with remat "dots_no_batch_attention", of what the attention's backward reads:
 # models/blocks.py's policy of that name saves them, so the backward pass never reruns the attention.
 ATTENTION_OUT = "attention_out"
+# The collection of the per-head masks (one "mask" of shape (N,) per attention layer) that head importance
+# differentiates the loss by (training/heads.py); models apply without it unless a caller passes one.
+HEAD_MASK = "head_mask"
 
 
 def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,
@@ -304,7 +307,9 @@ class MultiHeadAttention(nn.Module):
     a data dependency on the scan body", seen on the GPU machine). Cross-attention projects the context once, when
     the cache is created (cached_cross_key, cached_cross_value), and later calls reuse that projection,
     so the cache must be made with the real context (an apply with mutable=["cache"], not zeros).
-    sow_weights=True stores the attention weights_BNTS in the "intermediates" collection.
+    sow_weights=True stores the attention weights_BNTS in the "intermediates" collection. A "head_mask" collection
+    (HEAD_MASK: "mask" (N,)) multiplies each head's output before the out projection (head importance, pruning).
+    cfg.pruned_heads: this layer (by its module path) has only the heads it keeps (N and K smaller).
     """
 
     cfg: ModelConfig
@@ -322,6 +327,12 @@ class MultiHeadAttention(nn.Module):
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
         N, K, H = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+        if cfg.pruned_heads:  # this layer's heads (spec/pruning.py): its kernels hold only the kept heads' rows
+            removed = pruning.parse(cfg.pruned_heads).get("/".join(self.path), ())
+            kept_q, _ = pruning.kept_heads(N, K, removed)
+            N, K = pruning.layer_heads(cfg, "/".join(self.path))
+            if bias_BNTS is not None and removed:  # a stack's position bias covers every head: the kept ones'
+                bias_BNTS = jnp.take(bias_BNTS, jnp.asarray(kept_q), axis=1)
         cross = context_BSD is not None
         if cross and bias_BNTS is not None:
             raise ValueError("a position bias belongs to self-attention; cross-attention takes none")
@@ -378,6 +389,12 @@ class MultiHeadAttention(nn.Module):
                 bias_BNTS=bias_BNTS, scale=scale, return_weights=want_weights,
                 save_for_backward=cfg.remat == "dots_no_batch_attention" and not decode)
         out_BTNH, weights_BNTS = out if want_weights else (out, None)
+        if self.has_variable(HEAD_MASK, "mask") or (self.is_mutable_collection(HEAD_MASK) and not self.is_initializing()):
+            # Michel et al. 2019's head mask ξ (training/heads.py): each head's output × ξ_n, a variable of its own
+            # collection so that the loss can be differentiated with respect to it; created as ones by an apply with
+            # the collection mutable (heads.mask_ones), read when given, absent otherwise (no multiplication at all).
+            mask_N = self.variable(HEAD_MASK, "mask", jnp.ones, (N,), jnp.float32).value
+            out_BTNH = out_BTNH * mask_N[:, None].astype(out_BTNH.dtype)
         out_BTNH = checkpoint_name(out_BTNH, ATTENTION_OUT)  # the out projection's backward reads it
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights_BNTS)

@@ -24,7 +24,7 @@ import math
 import flax.linen as nn
 import jax
 
-from transformer.layers.attention import ATTENTION_OUT, MultiHeadAttention, check_cache_room
+from transformer.layers.attention import ATTENTION_OUT, HEAD_MASK, MultiHeadAttention, check_cache_room
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
 from transformer.spec import ModelConfig
@@ -127,7 +127,7 @@ class BlockStack(nn.Module):
             if decode:
                 _check_scanned_cache_room(self, x_BTD.shape[1])
             scanned = nn.scan(block_cls,
-                              variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                              variable_axes={"params": 0, "cache": 0, "intermediates": 0, HEAD_MASK: 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=(nn.broadcast,) * len(args), length=num_layers,
                               metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})

@@ -5,6 +5,7 @@ from transformer.spec.accounting import (VOCAB_MULTIPLE, attention_layers, flops
                                          padded_vocab_size, padding_params, param_counts, train_flops)
 from transformer.spec.data import DataSpec
 from transformer.spec.errors import ConfigError, MissingInputError, check_choice, check_positive_int
+from transformer.spec import pruning
 from transformer.spec.lora import LORA_TARGETS, LoraSpec
 from transformer.spec.mesh import MESH_AXES, MeshSpec, normalize_rules, resolve_shape
 from transformer.spec.model import (AUTO, COMPUTE_DTYPES, FAMILIES, NORM_POSITIONS, PARAM_DTYPES, PARAMETRIZATIONS,

@@ -5,6 +5,8 @@ K key/value heads, H head dimension, F d_ff, T sequence length, C classes.
 
 Parameters, per piece (b = 1 with cfg.use_bias, else 0):
   attention       D·N·H + 2·D·K·H + N·H·D                 + b·(N·H + 2·K·H + D)   + 2·H with qk_norm
+                  (N and K per layer: model.pruned_heads removes query heads and the key/value heads left without
+                  one, spec/pruning.py)
   feed-forward    plain 2·D·F, gated 3·D·F                  + b·(F + D) plain, b·(2F + D) gated
   norm            LayerNorm D + b·D (scale, bias); RMSNorm D
   block           attention + FFN + 2 norms (parallel_block: 1 norm); a cross-attention block adds
@@ -30,7 +32,7 @@ FLOPs per token of training (forward + backward = 3 × forward; a multiply-add i
   six_n           6 · N_matmul, N_matmul = matmul weights of the blocks (attention and FFN kernels and their
                   LoRA adapters, no biases or norms) + V·D for the output head, tied or not (it is a matmul
                   either way); an encoder's masked-LM head adds its D·D transform
-  with_attention  six_n + 12 · L · T · N · H   (QKᵀ and AV: 2·T·N·H each per token forward, ×3; the
+  with_attention  six_n + 12 · L · T · N · H   (N per layer, pruned heads removed; QKᵀ and AV: 2·T·N·H each per token forward, ×3; the
                   full T, not halved for causal masks — Hoffmann et al. 2022, App. F). encoder_decoder:
                   L counts encoder self-, decoder self- and cross-attention layers, each with T keys.
   training        with_attention − 2 · (N_matmul − the adapters' weights) under LoRA (the backward pass computes no
@@ -39,21 +41,23 @@ A classifying encoder has no vocabulary head; its pooler and classifier (once pe
 """
 from __future__ import annotations
 
+from transformer.spec import pruning
 from transformer.spec.errors import ConfigError
 from transformer.spec.model import ModelConfig
 
 
-def _attention_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(matmul weights, other: biases and the qk_norm scales) of one attention layer."""
-    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+def _attention_params(cfg: ModelConfig, N: int, K: int) -> tuple[int, int]:
+    """(matmul weights, other: biases and the qk_norm scales) of one attention layer of N query and K key/value
+    heads (model.pruned_heads: per layer)."""
+    D, H = cfg.d_model, cfg.dim_per_head
     weights = D * N * H + 2 * D * K * H + N * H * D
     biases = (N * H + 2 * K * H + D) if cfg.use_bias else 0
     return weights, biases + (2 * H if cfg.qk_norm else 0)
 
 
-def _attention_lora(cfg: ModelConfig) -> int:
-    """LoRA adapter parameters of one attention layer."""
-    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+def _attention_lora(cfg: ModelConfig, N: int, K: int) -> int:
+    """LoRA adapter parameters of one attention layer of N query and K key/value heads."""
+    D, H = cfg.d_model, cfg.dim_per_head
     sizes = {"query": D + N * H, "key": D + K * H, "value": D + K * H, "out": N * H + D}
     return sum(cfg.lora.rank_of(name) * size for name, size in sizes.items())
 
@@ -84,25 +88,32 @@ def _stacks(cfg: ModelConfig) -> list[tuple[int, bool]]:
     return [(cfg.num_layers, False)]
 
 
+def _heads(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(query heads, key/value heads) of every attention layer (self- and cross-attention), in call order."""
+    return [pruning.layer_heads(cfg, path) for path in pruning.attention_paths(cfg)]
+
+
 def lora_params(cfg: ModelConfig) -> int:
     """The LoRA adapters' parameters (0 without LoRA): the matmul weights a LoRA run trains."""
-    return sum(layers * ((2 if cross else 1) * _attention_lora(cfg) + _ffn_lora(cfg)) for layers, cross in _stacks(cfg))
+    blocks = sum(layers for layers, _ in _stacks(cfg))
+    return sum(_attention_lora(cfg, N, K) for N, K in _heads(cfg)) + blocks * _ffn_lora(cfg)
 
 
 def _matmul_and_other(cfg: ModelConfig) -> tuple[int, int]:
     """(matmul weights, other non-embedding params) of the blocks (LoRA adapters included), final norms and
     embedding norms."""
-    attn_w, attn_b = _attention_params(cfg)
-    attn_w += _attention_lora(cfg)
     ffn_w, ffn_b = _ffn_params(cfg)
-    ffn_w += _ffn_lora(cfg)
     norm = _norm_params(cfg)
     matmul = other = 0
+    for N, K in _heads(cfg):
+        attn_w, attn_b = _attention_params(cfg, N, K)
+        matmul += attn_w + _attention_lora(cfg, N, K)
+        other += attn_b
     for layers, cross in _stacks(cfg):
         n_attn = 2 if cross else 1
-        matmul += layers * (n_attn * attn_w + ffn_w)
+        matmul += layers * (ffn_w + _ffn_lora(cfg))
         block_norms = 1 if cfg.parallel_block else n_attn + 1
-        other += layers * (n_attn * attn_b + ffn_b + block_norms * norm)
+        other += layers * (ffn_b + block_norms * norm)
         other += norm * (int(cfg.norm_position == "pre") + int(cfg.embedding_norm))
     return matmul, other
 
@@ -158,7 +169,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
         raise ValueError(f"seq_len={seq_len} must be positive")
     n_matmul = matmul_params(cfg)
     six_n = 6.0 * n_matmul
-    attention = 12.0 * attention_layers(cfg) * seq_len * cfg.num_heads * cfg.dim_per_head
+    attention = 12.0 * seq_len * cfg.dim_per_head * sum(N for N, _ in _heads(cfg))
     frozen = n_matmul - lora_params(cfg) if cfg.lora.rank else 0
     return {"six_n": six_n, "with_attention": six_n + attention, "training": six_n + attention - 2.0 * frozen}
 

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from transformer.spec.errors import ConfigError
 from transformer.spec.errors import check_choice as _choice, check_positive_int as _positive
+from transformer.spec import pruning
 from transformer.spec.lora import LoraSpec
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder")
@@ -78,9 +79,13 @@ class ModelConfig:
     # LoRA (spec/lora.py): low-rank adapters on the named projections of a frozen base; rank 0: off. A mapping
     # in config.model (model.lora.rank, .alpha, .dropout, .targets).
     lora: LoraSpec = LoraSpec()
+    # Attention heads removed (spec/pruning.py): "" or JSON {"<attention layer path>": [heads], ...}, the heads
+    # numbered as in the unpruned model; those layers' q/k/v/out kernels keep only the other heads' rows.
+    pruned_heads: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora", LoraSpec.of(self.lora))  # a mapping from config.model, or a LoraSpec
+        object.__setattr__(self, "pruned_heads", pruning.canonical(self.pruned_heads))  # JSON text or a mapping
         _choice("model.family", self.family, FAMILIES)
         _choice("model.norm_position", self.norm_position, NORM_POSITIONS)
         _choice("train.compute_dtype", self.dtype, COMPUTE_DTYPES)
@@ -115,6 +120,7 @@ class ModelConfig:
         self._check_position_bias_settings()
         self._check_parametrization()
         self._check_block_options()
+        pruning.check(self)
         if self.attention_impl == "cudnn":  # the only dtype rule of attention, checked once, here
             if self.dtype == "float32":
                 raise ConfigError("model.attention_impl='cudnn' needs train.compute_dtype='bfloat16' (cuDNN's "

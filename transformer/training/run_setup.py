@@ -187,7 +187,7 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     tx = model_optimizer(model, t, task.init_inputs(spec))  # with μP's per-parameter LRs (SP: none)
     mesh, rules = sharding.make_mesh(spec.mesh, devices), sharding.rules(spec.mesh)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(spec), mesh, rules)
-    init_sources = [check_source(s.train.init_from, abstract.params, model_cfg.family)
+    init_sources = [check_source(s.train.init_from, abstract.params, model_cfg.family, model_cfg)
                     if s.train.init_from and not has_checkpoint(w) else None for s, w in zip(specs, workdirs)]
     for source in init_sources:
         if source is not None:
