@@ -122,18 +122,61 @@ def evaluate(model: Any, task: Any, params: Any, batches: Sequence[dict], masks:
     return {"loss": float(total[0] / max(total[1], 1.0)), "accuracy": float(total[2] / max(total[1], 1.0))}
 
 
+def max_fraction(cfg: Any) -> float:
+    """The largest share of the units pruning may remove (one stays in every layer)."""
+    units = _units(cfg)
+    return (len(units) - len(pruning.attention_paths(cfg))) / len(units)
+
+
 def _units(cfg: Any) -> list[tuple[str, tuple[int, ...]]]:
     """Every (layer path, unit of heads) pruning can remove, in the layer's numbering."""
     return [(path, unit) for path in pruning.attention_paths(cfg)
             for unit in pruning.units(*pruning.layer_heads(cfg, path))]
 
 
+def _take(ranked: list[tuple[str, tuple[int, ...]]], left: dict[str, int], count: int) -> list:
+    """The first `count` units of `ranked` that leave a unit in their layer (`left`: units left per layer,
+    updated)."""
+    picked = []
+    for path, unit in ranked:
+        if len(picked) == count:
+            break
+        if left[path] > 1:
+            left[path] -= 1
+            picked.append((path, unit))
+    return picked
+
+
+def _original(cfg: Any, removed: list[tuple[str, tuple[int, ...]]]) -> dict[str, list[int]]:
+    """Units removed (in each layer's numbering) as model.pruned_heads' mapping: the heads numbered as in the
+    unpruned model, with those cfg removed already."""
+    pruned = {k: list(v) for k, v in pruning.parse(cfg.pruned_heads).items()}
+    for path, unit in removed:
+        kept = pruning.kept_heads(cfg.num_heads, cfg.kv_heads, pruning.parse(cfg.pruned_heads).get(path, ()))[0]
+        pruned.setdefault(path, []).extend(kept[n] for n in unit)
+    return {k: sorted(v) for k, v in sorted(pruned.items())}
+
+
+def prune_by_importance(cfg: Any, scores: dict[str, np.ndarray], fraction: float) -> dict[str, list[int]]:
+    """The model.pruned_heads mapping that removes `fraction` of the units (spec/pruning.units) with the lowest
+    normalized `scores` (importance), one unit staying in every layer."""
+    units = _units(cfg)
+    left = {path: sum(1 for p, _ in units if p == path) for path in pruning.attention_paths(cfg)}
+    target = int(round(fraction * len(units)))
+    if not 0 <= target <= len(units) - len(left):
+        raise ValueError(f"fraction {fraction} removes {target} of {len(units)} units; at most "
+                         f"{len(units) - len(left)} (one per layer stays)")
+    norm = normalized(scores)
+    ranked = sorted(units, key=lambda u: float(np.sum(norm[u[0]][list(u[1])])))
+    return _original(cfg, _take(ranked, left, target))
+
+
 def pruning_curve(model: Any, task: Any, params: Any, batches: Sequence[dict], fractions: Iterable[float], *,
                   order: str = "importance", seed: int = 0) -> list[dict[str, Any]]:
     """Rows {fraction (of the units removed), removed, units, loss, accuracy, pruned: {path: [heads, numbered as in
-    the unpruned model]}} for each
-    of `fractions` (ascending), removing units by `order`: "importance" (the least important first, the scores
-    recomputed under the current mask after each step) or "random" (a seeded permutation)."""
+    the unpruned model]}} for each of `fractions` (ascending), removing units by `order`: "importance" (the least
+    important first, the scores recomputed under the current mask after each step) or "random" (a seeded
+    permutation)."""
     cfg = model.cfg
     ones = mask_ones(model, task, params, batches[0])
     values = flat(ones)
@@ -156,19 +199,11 @@ def pruning_curve(model: Any, task: Any, params: Any, batches: Sequence[dict], f
             else:
                 scores = normalized(importance(model, task, params, batches, unflat(ones, values)))
                 ranked = sorted(candidates, key=lambda u: float(np.sum(scores[u[0]][list(u[1])])))
-            for path, unit in ranked:
-                if len(removed) == target:
-                    break
-                if left[path] > 1:  # one unit stays in every layer
-                    values[path] = values[path].copy()
-                    values[path][list(unit)] = 0.0
-                    left[path] -= 1
-                    removed.append((path, unit))
+            for path, unit in _take(ranked, left, target - len(removed)):
+                values[path] = values[path].copy()
+                values[path][list(unit)] = 0.0
+                removed.append((path, unit))
         metrics = evaluate(model, task, params, batches, unflat(ones, values))
-        pruned = {k: list(v) for k, v in pruning.parse(cfg.pruned_heads).items()}  # removed before, if any
-        for path, unit in removed:  # in the unpruned model's numbering (model.pruned_heads')
-            kept = pruning.kept_heads(cfg.num_heads, cfg.kv_heads, pruning.parse(cfg.pruned_heads).get(path, ()))[0]
-            pruned.setdefault(path, []).extend(kept[n] for n in unit)
         rows.append({"fraction": fraction, "removed": len(removed), "units": len(units), **metrics,
-                     "pruned": {k: sorted(v) for k, v in sorted(pruned.items())}})
+                     "pruned": _original(cfg, removed)})
     return rows
