@@ -159,7 +159,7 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
                    torch_threads=threads, torch_version=__import__("torch").__version__)
     step_s = statistics.median(times)
     tps = tokens_per_step / step_s
-    fpt = flops_per_token(model_cfg, config.data.seq_len)["with_attention"]
+    fpt = flops_per_token(model_cfg, config.data.seq_len)["training"]  # LoRA: no gradient of a frozen weight
     peak = hardware.device_peak_flops(device)
     # a table peak is per device; on CPU the measured matmul used the whole process's cores, which simulated
     # devices (--xla_force_host_platform_device_count) share: one peak per process

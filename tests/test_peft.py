@@ -138,3 +138,44 @@ def test_unsupported_peft_options_are_named(tmp_path):
         from_peft(str(tmp_path / "biased"), model.cfg, params)
     with pytest.raises(ConfigError, match="no LoRA adapters"):
         to_peft(model.cfg, params, str(tmp_path / "none"))
+
+
+def test_t5_adapters_follow_the_query_scale_export_folds(tmp_path):
+    """Our T5-shaped models keep 1/sqrt(H) in q·k, which export folds into the query kernels: their query adapters
+    are folded the same way, so peft over the exported base gives our logits (self- and cross-attention)."""
+    from transformer.interop.hf import to_pretrained
+    config = transformers.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
+                                   num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                   feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)
+    perturbed(transformers.T5ForConditionalGeneration, config).save_pretrained(str(tmp_path / "t5"))
+    model, params = from_pretrained(str(tmp_path / "t5"))
+    ours_cfg = model.cfg.replace(attention_scale=0.0)  # this codebase's T5 shape: 1/sqrt(H) kept in q·k
+    to_pretrained(build_model(ours_cfg), params, str(tmp_path / "base"))
+    base_model = build_model(ours_cfg)
+    cfg = ours_cfg.replace(lora=LoraSpec(rank=2, alpha=4.0, targets="query,value,out,mlp_in"))
+    fresh = nn.unbox(build_model(cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32),
+                                           jnp.zeros((1, 4), jnp.int32))["params"])
+    rng = np.random.default_rng(0)
+
+    def fill(path, x):
+        names = [k.key for k in path]
+        if names[-1] in ("lora_a", "lora_b"):
+            return jnp.asarray(rng.normal(0, 0.2, x.shape), jnp.float32)
+        node = params
+        for k in names:
+            node = node[k]
+        return node
+    adapted = jax.tree_util.tree_map_with_path(fill, fresh)
+    src, tgt = jnp.asarray(TOKENS, jnp.int32), jnp.asarray(TOKENS[:, ::-1].copy(), jnp.int32)
+    ours = np.asarray(build_model(cfg).apply({"params": adapted}, src, tgt))
+    assert np.abs(ours - np.asarray(base_model.apply({"params": params}, src, tgt))).max() > 1e-2
+    to_peft(cfg, adapted, str(tmp_path / "adapter"))
+    hf = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "base")).eval()
+    tuned = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        theirs = tuned(input_ids=torch.tensor(TOKENS), decoder_input_ids=torch.tensor(TOKENS[:, ::-1].copy())).logits
+    np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
+    back_cfg, back = from_peft(str(tmp_path / "adapter"), ours_cfg, params)
+    assert back_cfg.lora == cfg.lora
+    np.testing.assert_allclose(np.asarray(build_model(back_cfg).apply({"params": back}, src, tgt)), ours, atol=1e-4,
+                               rtol=0)

@@ -99,6 +99,15 @@ def sites(name: str, cfg: ModelConfig) -> list[Site]:
     return [s for s in out if s.path[-1] in mlp_in + ("query", "key", "value", "out", "wo")]
 
 
+def _scale(name: str, cfg: ModelConfig, site: Site) -> float:
+    """What the layout's export multiplies this projection's kernel by (T5's query: our 1/sqrt(H) folded in,
+    hf_t5._query_scale), and so its adapter's B too."""
+    if name == "t5" and site.path[-1] == "query":
+        from transformer.interop.hf_t5 import _query_scale
+        return _query_scale(cfg)
+    return 1.0
+
+
 def _layout(cfg: ModelConfig) -> str:
     name, _ = converter_for(cfg.replace(lora=LoraSpec()))  # the base's layout; ConfigError: none fits
     return name
@@ -125,9 +134,9 @@ def to_peft(cfg: ModelConfig, params: Any, out: str, *, base_model: str | None =
     for module, group in modules.items():
         a_rows, b_blocks = [], []
         for site in group:
-            node = _node(params, site.path)
+            node, fold = _node(params, site.path), _scale(name, cfg, site)
             a_rows.append(np.asarray(node["lora_a"], np.float32).reshape(-1, r).T)   # (r, in)
-            b_blocks.append(np.asarray(node["lora_b"], np.float32).reshape(r, -1).T)  # (out part, r)
+            b_blocks.append(np.asarray(node["lora_b"], np.float32).reshape(r, -1).T * fold)  # (out part, r)
         parts, R = group[0].parts, r * len(group)
         width = b_blocks[0].shape[0]
         b = np.zeros((width * parts, R), np.float32)
@@ -203,7 +212,7 @@ def from_peft(path: str, cfg: ModelConfig, params: Any) -> tuple[ModelConfig, di
         b = b[site.part * rows:(site.part + 1) * rows]
         cols = np.flatnonzero(np.any(b != 0, axis=0)) if site.parts > 1 else np.arange(b.shape[1])
         if len(cols):
-            found[site.path] = (a[cols], b[:, cols], scale)
+            found[site.path] = (a[cols], b[:, cols] / _scale(name, base, site), scale)
     left = sorted(set(tensors) - used)
     if left:
         raise ConfigError(f"{path}: tensors with no place in a Hugging Face {name} model's projections: "
