@@ -107,3 +107,18 @@ def test_export_merged_and_as_peft_adapters(tmp_path, corpus_dir, base_run):
     with torch.no_grad():
         np.testing.assert_allclose(tuned.eval()(input_ids=torch.tensor(tokens)).logits.numpy(), ours, atol=1e-4,
                                    rtol=0)
+
+
+@pytest.mark.slow
+def test_lora_from_a_hugging_face_directory(tmp_path, corpus_dir, base_run):
+    pytest.importorskip("transformers")
+    from transformer.interop import hf_warm_start  # noqa: F401  (registers the reader, as experiments.train does)
+    from transformer.interop.export import export_run
+
+    export_run(base_run, str(tmp_path / "base-hf"))
+    c = _lora_config(corpus_dir, str(tmp_path / "base-hf"), steps=2)
+    assert train(c, str(tmp_path / "from-hf"), verbose=False)["status"] == "ok"
+    base, tuned = (_leaves(load_run(d).params) for d in (base_run, str(tmp_path / "from-hf")))
+    for k in tuned:
+        if "lora" not in k:
+            np.testing.assert_array_equal(tuned[k], base[k])  # the frozen base: the exported run's
