@@ -210,7 +210,8 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
     step_s = statistics.median(times)
     tps = tokens_per_step / step_s
     per_token = flops_per_token(model_cfg, config.data.seq_len)
-    fpt = per_token["with_attention"]
+    fpt = per_token["training"]  # LoRA: no gradient of a frozen weight (else with_attention)
+    fpt_half = per_token["with_attention_causal_half"] - (per_token["with_attention"] - fpt)
     peak = hardware.device_peak_flops(device)
     # a table peak is per device; on CPU the measured matmul used the whole process's cores, which simulated
     # devices (--xla_force_host_platform_device_count) share: one peak per process
@@ -221,8 +222,8 @@ def bench(config: Any, steps: int = 10, compare_torch: bool = False, rounds: int
     out = {
         "tokens_per_second": tps, "step_seconds": step_s, "step_seconds_min": min(times),
         "compile_seconds": built["compile_seconds"], "flops_per_token": fpt,
-        "mfu": mfu(fpt), "mfu_causal_half": mfu(per_token["with_attention_causal_half"]),
-        "flops_per_token_causal_half": per_token["with_attention_causal_half"],
+        "mfu": mfu(fpt), "mfu_causal_half": mfu(fpt_half),
+        "flops_per_token_causal_half": fpt_half,
         "peak_flops": peak["flops"], "peak_flops_source": peak["source"],
         "peak_memory_bytes": mem["bytes"], "peak_memory_source": mem["source"],
         "memory_estimate_bytes": estimate, "memory_peak_bytes": mem["bytes"],

@@ -52,9 +52,10 @@ def dry_run(config: Any, workdir: str | None) -> None:
         check_workdir_config(workdir, json.loads(json.dumps(run.config)))  # read-only: a conflict is an error
     print(json.dumps(run.config, indent=2, sort_keys=True))
     counts = param_counts(run.model_cfg)
-    fpt = flops_per_token(run.model_cfg, config.data.seq_len)["with_attention"]
+    fpt = flops_per_token(run.model_cfg, config.data.seq_len)["training"]
     tokens = config.train.steps * config.train.batch_size * config.data.seq_len
-    print(f"model: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding); "
+    trained = f", {counts['trainable']:,} trained (LoRA)" if run.model_cfg.lora.rank else ""
+    print(f"model: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding{trained}); "
           f"{fpt / 1e6:.2f} MFLOP/token; {config.train.steps} steps x {config.train.batch_size} x "
           f"{config.data.seq_len} = {tokens:,} tokens, {tokens * fpt:.3g} FLOPs")
     print(f"mesh: {dict(zip(sharding.MESH_AXES, run.mesh_shape))} over {jax.device_count()} "

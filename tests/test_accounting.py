@@ -71,7 +71,8 @@ def test_encoder_decoder_and_encoder_counts_by_hand():
     enc_dec = ModelConfig(family="encoder_decoder", num_layers=2, num_encoder_layers=3, **base)
     counts = param_counts(enc_dec)
     expected = V * D + 3 * (attn + ffn + 2 * norm) + norm + 2 * (2 * attn + ffn + 3 * norm) + norm
-    assert counts == {"total": expected, "non_embedding": expected - V * D, "embedding": V * D}
+    assert counts == {"total": expected, "non_embedding": expected - V * D, "embedding": V * D,
+                      "trainable": expected}  # no LoRA: every parameter trains
     assert matmul_params(enc_dec) == 3 * (attn + ffn) + 2 * (2 * attn + ffn) + V * D
     per_token = flops_per_token(enc_dec, 10)
     assert per_token["with_attention"] - per_token["six_n"] == 12 * (3 + 2 * 2) * 10 * D

@@ -19,8 +19,10 @@ import pytest
 from configs.common import DEFAULT_RULES
 from transformer.layers import feedforward, mup, norms, positional
 from transformer.models import build_model
+from transformer.layers import lora
+from transformer.layers.lora import RANK_AXIS
 from transformer.models.blocks import LAYERS_AXIS
-from transformer.spec import FAMILIES, NORM_POSITIONS, PARAMETRIZATIONS, ConfigError, ModelConfig
+from transformer.spec import FAMILIES, NORM_POSITIONS, PARAMETRIZATIONS, ConfigError, LoraSpec, ModelConfig
 from transformer.spec import flops_per_token, matmul_params, param_counts
 
 # Options whose values change the parameters or the matmuls: every value is tried in every family.
@@ -43,6 +45,10 @@ OPTIONS: dict[str, tuple] = {
     "num_encoder_layers": (0, 1),
     "num_classes": (0, 3),
     "scale_tied_head": (False, True),
+    "lora": (LoraSpec(), LoraSpec(rank=2, targets="query,key,value,out,mlp_in,mlp_out"), LoraSpec(rank=3)),
+    # each valid in the families whose layers it names (canonical JSON, as ModelConfig keeps it)
+    "pruned_heads": ("", '{"encoder/blocks/layers_0/attention":[1]}', '{"blocks/layers_1/attention":[0,2]}',
+                     '{"decoder/blocks/layers_0/attention":[3],"decoder/blocks/layers_1/cross_attention":[0,1]}'),
 }
 # Sizes: set to distinct values in BASE so that a swapped factor shows.
 SIZES = ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "relative_num_buckets")
@@ -53,7 +59,7 @@ BASE = dict(vocab_size=61, d_model=16, num_layers=2, num_heads=4, d_ff=24, max_l
             relative_max_distance=16, mup_base_width=8, attention_impl="einsum")
 # Turned back to their base value, in this order, when a combination is not a valid config.
 REPAIR = ("scale_tied_head", "norm_position", "parametrization", "scale_embeddings", "parallel_block", "num_classes",
-          "tie_embeddings", "head_dim", "num_kv_heads", "sliding_window")
+          "tie_embeddings", "head_dim", "num_kv_heads", "sliding_window", "lora", "pruned_heads")
 RANDOM_COMBINATIONS = 4
 
 
@@ -101,7 +107,7 @@ def _built_params(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     args = (jnp.zeros((1, 4), jnp.int32),) * (2 if cfg.family == "encoder_decoder" else 1)
     boxed = jax.eval_shape(lambda r: model.init(r, *args), jax.random.PRNGKey(0))["params"]
     mup.param_kinds(boxed)  # ValueError naming a parameter without names, or with names μP does not classify
-    known = {name for name, _ in DEFAULT_RULES} | {LAYERS_AXIS}
+    known = {name for name, _ in DEFAULT_RULES} | {LAYERS_AXIS, RANK_AXIS}  # these two map to no mesh axis
     for path, spec in jax.tree_util.tree_leaves_with_path(nn.get_partition_spec(boxed),
                                                           is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)):
         assert all(name in known for name in spec), (path, spec, "a logical axis name not in DEFAULT_RULES")
@@ -145,10 +151,13 @@ def test_parameter_counts_equal_the_built_model(key):
     embedding = _size(shapes, lambda p: any(t in p for t in EMBEDDING_TABLES))
     assert counts["embedding"] == embedding, cfg
     assert counts["non_embedding"] == counts["total"] - embedding
-    kernels = _size(shapes, lambda p: p.endswith("/kernel") and not any(t in p for t in NOT_COUNTED_AS_MATMUL))
+    matmul = ("/kernel", "/lora_a", "/lora_b")  # LoRA's adapters are matmuls too
+    kernels = _size(shapes, lambda p: p.endswith(matmul) and not any(t in p for t in NOT_COUNTED_AS_MATMUL))
     vocab_head = not (cfg.family == "encoder" and cfg.num_classes)
     tied_head = cfg.vocab_size * cfg.d_model if (cfg.tie_embeddings and vocab_head) else 0
     assert matmul_params(cfg) == kernels + tied_head, cfg
+    trained = _size(shapes, lambda p: lora.is_trained(cfg, tuple(p.split("/"))))
+    assert counts["trainable"] == trained, cfg
 
 
 def _xla_forward_flops(cfg: ModelConfig, seq_len: int) -> float:

@@ -25,6 +25,7 @@ transformers = pytest.importorskip("transformers")
 from transformer.interop import hf, hf_gpt2  # noqa: E402
 from transformer.interop import tensors as t  # noqa: E402
 from transformer.interop.export import HF_CLASSES  # noqa: E402
+from transformer.layers import head_pruning  # noqa: E402
 
 SMALL = dict(vocab_size=61, d_model=16, num_layers=2, num_heads=4, d_ff=24, max_len=16)
 SHAPES = {
@@ -38,7 +39,7 @@ SHAPES = {
     "t5": dict(family="encoder_decoder", positional="t5_relative", norm="rmsnorm", use_bias=False, activation="relu",
                relative_num_buckets=8, relative_max_distance=16),
 }
-NEW_OPTIONS = ("qk_norm", "parallel_block")
+NEW_OPTIONS = ("qk_norm", "parallel_block", "lora", "pruned_heads")
 
 
 def _cases(options) -> dict[str, ModelConfig]:
@@ -88,6 +89,8 @@ def _export_or_refuse(cfg: ModelConfig, path: str) -> str:
     ours = np.asarray(model.apply({"params": params}, *map(jnp.asarray, inputs)))
     np.testing.assert_allclose(_hf_logits(auto, cfg, inputs), ours, atol=1e-4, rtol=0, err_msg=str(cfg))
     model2, params2 = hf.from_pretrained(path)   # scanned layers come back unscanned (blocks/layers_i)
+    if cfg.pruned_heads:  # written with the removed heads as zero rows: they come back as such, unpruned
+        _, params = head_pruning.zero_padded(cfg, t.unstack_layers(params))
     if name == "t5" and model.cfg.attention_scale != 1.0:
         # T5 folds our 1/sqrt(H) into its query kernel: the re-import is the same model with attention_scale=1
         np.testing.assert_allclose(np.asarray(model2.apply({"params": params2}, *map(jnp.asarray, inputs))), ours,
@@ -102,6 +105,9 @@ NEW_CASES = _cases(NEW_OPTIONS)
 EXPECTED = {"qwen3": "qwen3", "gpt_neox": "gpt_neox", "llama-qk_norm=True": "qwen3", "qwen3-qk_norm=False": "llama",
             "gpt2-qk_norm=True": "refused", "gpt2-parallel_block=True": "refused", "bert-qk_norm=True": "refused",
             "t5-qk_norm=True": "refused", "gpt_neox-qk_norm=True": "refused", "llama-parallel_block=True": "refused"}
+# LoRA adapters are no plain checkpoint's (export --merge_lora or --peft); pruned heads export as zero rows
+EXPECTED.update({k: "refused" for k in NEW_CASES if "-lora=" in k})
+EXPECTED.update({k: k.split("-")[0] for k in NEW_CASES if "-pruned_heads=" in k})
 
 
 @pytest.mark.parametrize("case", [k for k in NEW_CASES if k in EXPECTED])

@@ -24,7 +24,7 @@ MAY_READ = {
     "scaling": {"spec"},
     "design": {"spec", "scaling"},
     "inference": {"spec", "data"},
-    "interop": {"spec", "data", "models", "tasks", "training", "inference"},
+    "interop": {"spec", "data", "layers", "models", "tasks", "training", "inference"},
 }
 # design reaches further in two named places, inside functions (docs/design.md): a tokenizer's vocabulary and the
 # registry names; sweeps in one: the attention implementation a run will get, for its memory estimate (packing.py).

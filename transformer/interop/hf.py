@@ -14,6 +14,8 @@ gated FFN; Qwen3: LLaMA with qk_norm; GPT-NeoX: parallel_block; BERT: a post-LN 
 position bias). Importing what was exported gives back exactly the same parameters (T5: the same
 logits; exactly the same parameters for a model that came from T5). `token_ids` sets the special ids
 of the written config (bos/eos/pad/decoder_start_token_id), e.g. a run's tokenizer's.
+A model with pruned heads (model.pruned_heads) is written with the removed heads as zero rows of its attention
+kernels (Hugging Face's layouts have one head count for every layer): the same function, the unpruned shape.
 Export refuses (ConfigError, nothing written) a model with a parameter the family's converter does not read
 (`hf_tensors`): an option a layout lacks is never dropped silently.
 
@@ -34,6 +36,7 @@ import numpy as np
 
 from transformer.interop import hf_bert, hf_gpt2, hf_gpt_neox, hf_llama, hf_qwen3, hf_t5, layouts
 from transformer.interop import tensors as t
+from transformer.layers import head_pruning
 from transformer.models import build_model
 from transformer.spec import ConfigError, ModelConfig
 
@@ -145,6 +148,9 @@ def to_pretrained(model: nn.Module, params: Any, path: str, *, token_ids: dict[s
     if unknown:
         raise ValueError(f"token_ids keys {unknown} are not among {TOKEN_ID_KEYS}")
     params = t.unstack_layers(jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32), nn.unbox(params)))
+    if cfg.pruned_heads:  # one head count per model there: the removed heads as zero rows (the same function)
+        cfg, params = head_pruning.zero_padded(cfg, params)
+        name, converter = converter_for(cfg)
     tensors = hf_tensors(name, converter, params, cfg)
     hf_config = {**converter.config_to_hf(cfg), "dtype": "float32", **(token_ids or {})}
     os.makedirs(path, exist_ok=True)

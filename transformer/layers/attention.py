@@ -51,12 +51,16 @@ from transformer.layers.dtypes import compute_dtypes
 from transformer.layers import mup, positional
 from transformer.layers.chunked_attention import chunked_attention
 from transformer.layers.norms import make_head_norm
-from transformer.spec import AUTO, ConfigError, ModelConfig
+from transformer.layers.projection import Projection, lora_of
+from transformer.spec import AUTO, ConfigError, ModelConfig, pruning
 
 # The name, for remat policies (jax.ad_checkpoint.checkpoint_name), of each attention layer's output (out_BTNH,
 # the out projection's input) and, with remat "dots_no_batch_attention", of what the attention's backward reads:
 # models/blocks.py's policy of that name saves them, so the backward pass never reruns the attention.
 ATTENTION_OUT = "attention_out"
+# The collection of the per-head masks (one "mask" of shape (N,) per attention layer) that head importance
+# differentiates the loss by (training/heads.py); models apply without it unless a caller passes one.
+HEAD_MASK = "head_mask"
 
 
 def make_attention_mask(q_len: int, kv_len: int, *, causal: bool,
@@ -283,34 +287,6 @@ def check_cache_room(index: jax.Array | int, T: int, S: int) -> None:
     jax.lax.cond(index + T > S, lambda: jax.debug.callback(_raise_overflow, index, T, S), lambda: None)
 
 
-class Projection(nn.Module):
-    """An einsum with a multi-axis kernel, e.g. x_BTD · W_DNH → y_BTNH; optional bias on the output
-    axes (the kernel's last axes).
-
-    (Flax's DenseGeneral initialises a flattened kernel and reshapes it, which adds a sharding
-    constraint of the wrong rank under logical-axis rules; creating the kernel in its own shape
-    avoids that.)
-    """
-    equation: str
-    shape: tuple[int, ...]
-    names: tuple[str, ...]
-    bias_names: tuple[str, ...] | None
-    init_std: float
-    dtype: Any
-    param_dtype: Any
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.names),
-                            self.shape, self.param_dtype)
-        y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
-        if self.bias_names is not None:
-            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_names),
-                              self.shape[-len(self.bias_names):], self.param_dtype)  # the output axes
-            y = y + bias.astype(self.dtype)
-        return y
-
-
 class MultiHeadAttention(nn.Module):
     """Self-attention (context_BSD None) or cross-attention (keys/values from context_BSD).
 
@@ -331,7 +307,9 @@ class MultiHeadAttention(nn.Module):
     a data dependency on the scan body", seen on the GPU machine). Cross-attention projects the context once, when
     the cache is created (cached_cross_key, cached_cross_value), and later calls reuse that projection,
     so the cache must be made with the real context (an apply with mutable=["cache"], not zeros).
-    sow_weights=True stores the attention weights_BNTS in the "intermediates" collection.
+    sow_weights=True stores the attention weights_BNTS in the "intermediates" collection. A "head_mask" collection
+    (HEAD_MASK: "mask" (N,)) multiplies each head's output before the out projection (head importance, pruning).
+    cfg.pruned_heads: this layer (by its module path) has only the heads it keeps (N and K smaller).
     """
 
     cfg: ModelConfig
@@ -344,10 +322,17 @@ class MultiHeadAttention(nn.Module):
     def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None,
                  segment_ids_BT: jax.Array | None = None, context_BSD: jax.Array | None = None,
                  context_segment_ids_BS: jax.Array | None = None, *, bias_BNTS: jax.Array | None = None,
-                 decode: bool = False, return_weights: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                 decode: bool = False, return_weights: bool = False,
+                 deterministic: bool = True) -> jax.Array | tuple[jax.Array, jax.Array]:
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
         N, K, H = cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+        if cfg.pruned_heads:  # this layer's heads (spec/pruning.py): its kernels hold only the kept heads' rows
+            removed = pruning.parse(cfg.pruned_heads).get("/".join(self.path), ())
+            kept_q, _ = pruning.kept_heads(N, K, removed)
+            N, K = pruning.layer_heads(cfg, "/".join(self.path))
+            if bias_BNTS is not None and removed:  # a stack's position bias covers every head: the kept ones'
+                bias_BNTS = jnp.take(bias_BNTS, jnp.asarray(kept_q), axis=1)
         cross = context_BSD is not None
         if cross and bias_BNTS is not None:
             raise ValueError("a position bias belongs to self-attention; cross-attention takes none")
@@ -357,9 +342,9 @@ class MultiHeadAttention(nn.Module):
         def proj(heads: int, axis_name: str, name: str) -> "Projection":
             return Projection("btd,dnh->btnh", (cfg.d_model, heads, H), ("embed", axis_name, "head_dim"),
                               bias_names=(axis_name, "head_dim") if cfg.use_bias else None, init_std=0.02,
-                              dtype=dtype, param_dtype=param_dtype, name=name)
+                              dtype=dtype, param_dtype=param_dtype, lora=lora_of(cfg, name), name=name)
 
-        q_BTNH = proj(N, "heads", "query")(x_BTD)
+        q_BTNH = proj(N, "heads", "query")(x_BTD, deterministic)
         if cfg.qk_norm:  # each head's query normalised over H (before RoPE), one scale shared by the heads
             q_BTNH = make_head_norm(cfg, "query_norm")(q_BTNH)
         if cross and decode and self.has_variable("cache", "cached_cross_key"):
@@ -367,10 +352,10 @@ class MultiHeadAttention(nn.Module):
             k_BSKH = self.get_variable("cache", "cached_cross_key")
             v_BSKH = self.get_variable("cache", "cached_cross_value")
         else:
-            k_BSKH = proj(K, "kv_heads", "key")(kv_BSD)
+            k_BSKH = proj(K, "kv_heads", "key")(kv_BSD, deterministic)
             if cfg.qk_norm:
                 k_BSKH = make_head_norm(cfg, "key_norm")(k_BSKH)
-            v_BSKH = proj(K, "kv_heads", "value")(kv_BSD)
+            v_BSKH = proj(K, "kv_heads", "value")(kv_BSD, deterministic)
             if cross and decode:
                 self.put_variable("cache", "cached_cross_key", k_BSKH)
                 self.put_variable("cache", "cached_cross_value", v_BSKH)
@@ -404,13 +389,20 @@ class MultiHeadAttention(nn.Module):
                 bias_BNTS=bias_BNTS, scale=scale, return_weights=want_weights,
                 save_for_backward=cfg.remat == "dots_no_batch_attention" and not decode)
         out_BTNH, weights_BNTS = out if want_weights else (out, None)
+        if self.has_variable(HEAD_MASK, "mask") or (self.is_mutable_collection(HEAD_MASK) and not self.is_initializing()):
+            # Michel et al. 2019's head mask ξ (training/heads.py): each head's output × ξ_n, a variable of its own
+            # collection so that the loss can be differentiated with respect to it; created as ones by an apply with
+            # the collection mutable (heads.mask_ones), read when given, absent otherwise (no multiplication at all).
+            mask_N = self.variable(HEAD_MASK, "mask", jnp.ones, (N,), jnp.float32).value
+            out_BTNH = out_BTNH * mask_N[:, None].astype(out_BTNH.dtype)
         out_BTNH = checkpoint_name(out_BTNH, ATTENTION_OUT)  # the out projection's backward reads it
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights_BNTS)
 
         out_BTD = Projection("btnh,nhd->btd", (N, H, cfg.d_model), ("heads", "head_dim", "embed"),
                              bias_names=("embed",) if cfg.use_bias else None, init_std=self.out_std,
-                             dtype=dtype, param_dtype=param_dtype, name="out")(out_BTNH)
+                             dtype=dtype, param_dtype=param_dtype, lora=lora_of(cfg, "out"), name="out")(
+            out_BTNH, deterministic)
         return (out_BTD, weights_BNTS) if return_weights else out_BTD
 
     def _decode_step(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,

@@ -6,7 +6,8 @@ Activations, registered in ACTIVATIONS by the name `model.activation` selects (c
 built, transformer.models.resolve; adding one is a line here): "relu"; "gelu" is the exact erf GELU; "gelu_tanh" is the tanh
 approximation that GPT-2 uses (HF "gelu_new"), needed for checkpoint parity; "swiglu" gates with SiLU,
 "geglu" with the exact GELU and "gelu_tanh_glu" with the tanh GELU (T5 v1.1's "gated-gelu").
-Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x).
+Plain: wo(act(wi x)). Gated: wo(act(wi_gate x) * wi_up x). The kernels are (in, out) Projections (LoRA's
+targets mlp_in: wi, wi_gate, wi_up; mlp_out: wo).
 A gated activation's name ends in "glu" (ModelConfig.gated reads that; parameter counts use it).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import flax.linen as nn
 import jax
 
 from transformer.layers.dtypes import compute_dtypes
+from transformer.layers.projection import Projection, lora_of
 from transformer.spec import ModelConfig
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -36,21 +38,21 @@ class FeedForward(nn.Module):
     out_std: float = 0.02
 
     @nn.compact
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, deterministic: bool = True) -> jax.Array:
         cfg = self.cfg
         dtype, param_dtype = compute_dtypes(cfg)
 
-        def dense(features: int, names: tuple[str, str], std: float, name: str) -> nn.Dense:
-            return nn.Dense(features, use_bias=cfg.use_bias, dtype=dtype, param_dtype=param_dtype,
-                            kernel_init=nn.with_logical_partitioning(nn.initializers.normal(std), names),
-                            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names[1:]),
-                            name=name)
+        def dense(features: int, names: tuple[str, str], std: float, name: str, target: str) -> Projection:
+            equation = "btd,df->btf" if names[0] == "embed" else "btf,fd->btd"
+            return Projection(equation, (cfg.d_model if names[0] == "embed" else cfg.d_ff, features), names,
+                              bias_names=names[1:] if cfg.use_bias else None, init_std=std, dtype=dtype,
+                              param_dtype=param_dtype, lora=lora_of(cfg, target), name=name)
 
         act = ACTIVATIONS[cfg.activation]
         if cfg.gated:
-            h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_gate")(x_BTD))
-            h_BTF = h_BTF * dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_up")(x_BTD)
+            h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_gate", "mlp_in")(x_BTD, deterministic))
+            h_BTF = h_BTF * dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi_up", "mlp_in")(x_BTD, deterministic)
         else:
-            h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi")(x_BTD))
+            h_BTF = act(dense(cfg.d_ff, ("embed", "mlp"), 0.02, "wi", "mlp_in")(x_BTD, deterministic))
         h_BTF = nn.with_logical_constraint(h_BTF, ("batch", "seq", "act_mlp"))
-        return dense(cfg.d_model, ("mlp", "embed"), self.out_std, "wo")(h_BTF)
+        return dense(cfg.d_model, ("mlp", "embed"), self.out_std, "wo", "mlp_out")(h_BTF, deterministic)

@@ -46,7 +46,7 @@ KINDS = ("input", "hidden", "output", "vector")
 # dimension of size N·H) and those that do not. A new name must be added to one of them (or STACKED).
 WIDTH_GROUPS = {"embed": "embed", "mlp": "mlp", "norm": "norm", "heads": "attn", "kv_heads": "attn",
                 "head_dim": "attn"}
-FINITE = ("vocab", "positions", "classes")
+FINITE = ("vocab", "positions", "classes", "lora_rank")  # lora_rank: LoRA is refused under μP (spec/model.py)
 STACKED = ("layers",)
 
 

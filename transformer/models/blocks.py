@@ -24,7 +24,7 @@ import math
 import flax.linen as nn
 import jax
 
-from transformer.layers.attention import ATTENTION_OUT, MultiHeadAttention, check_cache_room
+from transformer.layers.attention import ATTENTION_OUT, HEAD_MASK, MultiHeadAttention, check_cache_room
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
 from transformer.spec import ModelConfig
@@ -77,23 +77,24 @@ class TransformerBlock(nn.Module):
         if cfg.parallel_block:  # ModelConfig allows it pre-LN, without cross-attention
             h_BTD = make_norm(cfg, "norm")(x_BTD)
             attn_BTD = nn.Dropout(cfg.dropout_rate, name="attention_dropout")(
-                self_attn(h_BTD, positions_BT, segment_ids_BT, bias_BNTS=bias_1NTS, decode=decode),
-                deterministic=deterministic)
+                self_attn(h_BTD, positions_BT, segment_ids_BT, bias_BNTS=bias_1NTS, decode=decode,
+                          deterministic=deterministic), deterministic=deterministic)
             mlp_BTD = nn.Dropout(cfg.dropout_rate, name="mlp_dropout")(
-                FeedForward(cfg, out_std=out_std, name="mlp")(h_BTD), deterministic=deterministic)
+                FeedForward(cfg, out_std=out_std, name="mlp")(h_BTD, deterministic), deterministic=deterministic)
             x_BTD = nn.with_logical_constraint(x_BTD + attn_BTD + mlp_BTD, ("batch", "seq", "act_embed"))
             return (x_BTD, None) if self.scan_output else x_BTD
         x_BTD = sublayer(x_BTD, lambda h: self_attn(h, positions_BT, segment_ids_BT, bias_BNTS=bias_1NTS,
-                                                     decode=decode), "attention")
+                                                     decode=decode, deterministic=deterministic), "attention")
         if self.cross_attention:
             if context_BSD is None:
                 raise ValueError("a cross-attention block needs context_BSD")
             cross_attn = MultiHeadAttention(cfg, causal=False, out_std=out_std, sow_weights=self.sow_weights,
                                             name="cross_attention")
             x_BTD = sublayer(x_BTD, lambda h: cross_attn(h, positions_BT, segment_ids_BT, context_BSD,
-                                                         context_segment_ids_BS, decode=decode), "cross_attention")
+                                                         context_segment_ids_BS, decode=decode,
+                                                         deterministic=deterministic), "cross_attention")
         mlp = FeedForward(cfg, out_std=out_std, name="mlp")
-        x_BTD = sublayer(x_BTD, mlp, "mlp")
+        x_BTD = sublayer(x_BTD, lambda h: mlp(h, deterministic), "mlp")
         return (x_BTD, None) if self.scan_output else x_BTD
 
 
@@ -126,7 +127,7 @@ class BlockStack(nn.Module):
             if decode:
                 _check_scanned_cache_room(self, x_BTD.shape[1])
             scanned = nn.scan(block_cls,
-                              variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                              variable_axes={"params": 0, "cache": 0, "intermediates": 0, HEAD_MASK: 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=(nn.broadcast,) * len(args), length=num_layers,
                               metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})

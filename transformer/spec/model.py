@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 from transformer.spec.errors import ConfigError
 from transformer.spec.errors import check_choice as _choice, check_positive_int as _positive
+from transformer.spec import pruning
+from transformer.spec.lora import LoraSpec
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post")
@@ -74,8 +76,16 @@ class ModelConfig:
     parametrization: str = "sp"      # sp (standard) | mup
     mup_base_width: int = 0          # mup: the d_model at which μP equals SP (where SP hyperparameters were tuned)
     mup_base_head_dim: int = 0       # mup: the head dim at the base width; 0: this model's (width grows by heads)
+    # LoRA (spec/lora.py): low-rank adapters on the named projections of a frozen base; rank 0: off. A mapping
+    # in config.model (model.lora.rank, .alpha, .dropout, .targets).
+    lora: LoraSpec = LoraSpec()
+    # Attention heads removed (spec/pruning.py): "" or JSON {"<attention layer path>": [heads], ...}, the heads
+    # numbered as in the unpruned model; those layers' q/k/v/out kernels keep only the other heads' rows.
+    pruned_heads: str = ""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lora", LoraSpec.of(self.lora))  # a mapping from config.model, or a LoraSpec
+        object.__setattr__(self, "pruned_heads", pruning.canonical(self.pruned_heads))  # JSON text or a mapping
         _choice("model.family", self.family, FAMILIES)
         _choice("model.norm_position", self.norm_position, NORM_POSITIONS)
         _choice("train.compute_dtype", self.dtype, COMPUTE_DTYPES)
@@ -110,6 +120,7 @@ class ModelConfig:
         self._check_position_bias_settings()
         self._check_parametrization()
         self._check_block_options()
+        pruning.check(self)
         if self.attention_impl == "cudnn":  # the only dtype rule of attention, checked once, here
             if self.dtype == "float32":
                 raise ConfigError("model.attention_impl='cudnn' needs train.compute_dtype='bfloat16' (cuDNN's "
@@ -159,6 +170,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"model.{name}={value!r} must be a non-negative integer")
+        if self.parametrization == "mup" and self.lora.rank:
+            raise ConfigError("model.lora.rank > 0 with model.parametrization='mup' is not supported (μP has no rule "
+                              "for a low-rank adapter's initialisation and learning rate); fine-tune an SP model")
         if self.parametrization != "mup":
             return  # the mup_* settings are ignored under SP, so one config can switch between the two
         if not self.mup_base_width:
@@ -213,5 +227,6 @@ class ModelConfig:
 
 def model_defaults() -> dict[str, Any]:
     """ModelConfig's defaults as the `config.model` block of configs/*.py (the one source of model
-    defaults); without `dtype`, which train.compute_dtype sets."""
-    return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "dtype"}
+    defaults); without `dtype`, which train.compute_dtype sets; `lora` as a mapping (model.lora.rank, ...)."""
+    return {f.name: f.default.to_dict() if isinstance(f.default, LoraSpec) else f.default
+            for f in dataclasses.fields(ModelConfig) if f.name != "dtype"}

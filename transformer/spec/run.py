@@ -91,6 +91,10 @@ class RunSpec:
                               f"{self.train.batch_size // k} rows must split over the data-parallel size {dp} "
                               f"(mesh {self.mesh.describe()}); use a k with batch_size/k divisible by {dp}")
         m = self.model
+        if m.lora.rank and not self.train.init_from:
+            raise ConfigError(f"model.lora.rank={m.lora.rank} trains adapters over a frozen model: set "
+                              f"train.init_from (a train workdir, or a local Hugging Face model directory) to the "
+                              f"model to adapt, or model.lora.rank=0 to train every parameter")
         if m.positional != "none" and self.seq_len > m.max_len:
             what = ("the position table" if m.positional in ("learned", "sinusoidal") else
                     "the context length the model declares, e.g. max_position_embeddings on export")

@@ -6,8 +6,9 @@ V vocabulary, L layers, P parameters per device.
   parameters      4 bytes each (float32); weight matrices and the token table split over fsdp·tensor
                   (embed over fsdp; heads, mlp, vocab over tensor), a learned position table over fsdp
                   only, norm scales and biases counted whole (replicated: an upper bound)
-  gradients       as the parameters (live during the update)
-  optimizer       AdamW: two float32 moments per parameter, sharded like it
+  gradients       as the parameters (live during the update); under LoRA only the trained ones (the adapters
+                  and a classifier's head: spec.accounting's "trainable", split like the kernels)
+  optimizer       AdamW: two float32 moments per trained parameter, sharded like it
   grad_accum      k > 1: one more float32 buffer like the parameters (the scan's running sum of gradients)
   activations     L × what the backward pass reads of one block under the remat policy, plus the working set
                   of the layer whose backward is running (that block's residuals without remat). "What the
@@ -192,7 +193,8 @@ def estimate(cfg: ModelConfig, *, batch_size: int, seq_len: int, mesh_shape: tup
         working = max(working, RECOMPUTED_LIVE * (whole - per_layer) + GRADIENT_LIVE * whole)
     logit_rows = rows * (loss_chunk_size or seq_len)
     logits = 2 * 4.0 * logit_rows * cfg.vocab_size / tensor
-    out = {"params": params, "grads": params, "optimizer": 2 * params, "grad_accum": params if k > 1 else 0.0,
+    trained = 4.0 * param_counts(cfg)["trainable"] / (fsdp * tensor) if cfg.lora.rank else params
+    out = {"params": params, "grads": trained, "optimizer": 2 * trained, "grad_accum": trained if k > 1 else 0.0,
            "activations": kept + working, "logits": logits}
     out["total"] = sum(out.values())
     out.update(batch_per_device=batch_size // (data * fsdp), micro_batch_per_device=rows, seq_len=seq_len,

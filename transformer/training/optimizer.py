@@ -18,7 +18,7 @@ on the update count, which is the train step under either non-finite policy (mak
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,12 +37,13 @@ def make_schedule(train_cfg: TrainSpec | Any, peak: float | None = None) -> opta
     return lambda count: spec.lr_at(count, peak=peak, xp=jnp)
 
 
-DECAYED = ("kernel", "embedding")
+DECAYED = ("kernel", "embedding", "lora_a", "lora_b")
 
 
 def decay_mask(params: Any) -> Any:
-    """Weight decay on weight matrices and embeddings (leaves named "kernel"/"embedding") only; norm
-    scales and biases are excluded, whatever their rank (an attention bias is (heads, head_dim))."""
+    """Weight decay on weight matrices and embeddings (leaves named "kernel"/"embedding", and LoRA's adapter
+    matrices) only; norm scales and biases are excluded, whatever their rank (an attention bias is (heads,
+    head_dim))."""
     return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) in DECAYED, params)
 
 
@@ -89,10 +90,13 @@ def scale_by_multipliers(multipliers: Any) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(train_cfg: TrainSpec | Any, lr_multipliers: Any = None) -> optax.GradientTransformation:
+def make_optimizer(train_cfg: TrainSpec | Any, lr_multipliers: Any = None,
+                   trained: Callable[[Any], Any] | None = None) -> optax.GradientTransformation:
     """clip(global norm) → AdamW(unit schedule, decay mask) → × the peak rate in the state (see the module
     docstring). `lr_multipliers`: a tree of floats shaped like the parameters (mup.lr_multipliers) that scales
-    each parameter's Adam step; None: AdamW as optax.adamw.
+    each parameter's Adam step; None: AdamW as optax.adamw. `trained`: params → a tree of bools (LoRA:
+    layers/lora.trained_mask); the optimizer then sees only those parameters (optax.multi_transform: clipping,
+    Adam's moments and weight decay over them alone, no state at all for the others, whose update is zero).
 
     `nonfinite="skip"` drops non-finite updates: optax.apply_if_finite wraps clipping, Adam and the weight
     decay, and the schedule stage comes after it, so the schedule's count advances on a dropped update too and
@@ -106,5 +110,10 @@ def make_optimizer(train_cfg: TrainSpec | Any, lr_multipliers: Any = None) -> op
     schedule = optax.scale_by_learning_rate(make_schedule(t, peak=1.0))
     if t.nonfinite == "skip":
         guarded = optax.apply_if_finite(optax.chain(clip, optax.chain(*adamw)), max_consecutive_errors=1_000_000)
-        return optax.chain(guarded, schedule, scale_by_peak_lr(float(t.learning_rate)))
-    return optax.chain(clip, optax.chain(*adamw, schedule), scale_by_peak_lr(float(t.learning_rate)))
+        tx = optax.chain(guarded, schedule, scale_by_peak_lr(float(t.learning_rate)))
+    else:
+        tx = optax.chain(clip, optax.chain(*adamw, schedule), scale_by_peak_lr(float(t.learning_rate)))
+    if trained is None:
+        return tx
+    labels = lambda params: jax.tree.map(lambda on: "trained" if on else "frozen", trained(params))  # noqa: E731
+    return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)

@@ -179,6 +179,7 @@ def make_summary(*, status: str, error: str | None, step: int, steps: int, count
     summary = {
         "status": status, "error": error, "step": step, "steps": steps,
         "params": counts["total"], "params_non_embedding": counts["non_embedding"],
+        "params_trainable": counts.get("trainable", counts["total"]),
         "tokens": step * tokens_per_step, "flops": step * tokens_per_step * fpt, "flops_per_token": fpt,
         "eval_loss": last.get("eval_loss"), "eval_accuracy": last.get("eval_accuracy"),
         "eval_bits_per_byte": last.get("eval_bits_per_byte"), "train_split_tokens": train_split_tokens,

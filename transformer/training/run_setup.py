@@ -18,6 +18,7 @@ from transformer.spec import LR_ARITHMETIC, ConfigError, DataSpec, RunSpec, flop
 from transformer.data import eval_sets, get_tokenizer, identity, record_tokenizer
 from transformer.data.batches import process_rows
 from transformer.data.span_corruption import span_corruption_lengths
+from transformer.layers import lora
 from transformer.models import build_model
 from transformer.tasks import model_vocab_size
 from transformer.training import checkpointing, multirun, optimizer, run_claim, scoring, sharding
@@ -188,8 +189,11 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
     tx = model_optimizer(model, t, task.init_inputs(spec))  # with μP's per-parameter LRs (SP: none)
     mesh, rules = sharding.make_mesh(spec.mesh, devices), sharding.rules(spec.mesh)
     abstract, shardings = abstract_state(model, tx, task.init_inputs(spec), mesh, rules)
-    init_sources = [check_source(s.train.init_from, abstract.params, model_cfg.family)
+    init_sources = [check_source(s.train.init_from, abstract.params, model_cfg.family, model_cfg)
                     if s.train.init_from and not has_checkpoint(w) else None for s, w in zip(specs, workdirs)]
+    for source in init_sources:
+        if source is not None:
+            check_frozen_copied(model_cfg, source)
     for workdir in workdirs:
         check_workdir_writable(workdir)  # an existing run's (a finished one was only read, above)
     claims = run_claim.claim_workdirs(workdirs, primary, nproc, verbose, claim_dead)  # another live train: refused
@@ -225,7 +229,7 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
         raise
     setup = Setup(spec=spec, config=config, task=task, model=model, model_cfg=model_cfg, tx=tx, mesh=mesh, rules=rules,
                   mesh_shape=mesh_shape, devices=devices, abstract=abstract, shardings=shardings,
-                  counts=param_counts(model_cfg), fpt=flops_per_token(model_cfg, spec.data.seq_len)["with_attention"],
+                  counts=param_counts(model_cfg), fpt=flops_per_token(model_cfg, spec.data.seq_len)["training"],
                   tokens_per_step=t.batch_size * spec.data.seq_len,  # per run
                   token_bytes_V=tokenizer.byte_lengths() if task.name == "lm" else None,  # for eval_bits_per_byte
                   train_split_tokens=getattr(data_its[0], "split_tokens", None),  # packed text: for `epochs`
@@ -238,6 +242,24 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
                 data_its=data_its, ckpts=ckpts, grouped=grouped, primary=primary, claims=claims,
                 init_sources=init_sources)
     return setup, runs, previous, continue_from
+
+
+def check_frozen_copied(model_cfg: Any, source: Source) -> None:
+    """Under LoRA every frozen parameter must come from train.init_from: one left at its initialisation would stay
+    random for the whole run (a ConfigError naming them, before anything is written)."""
+    if not model_cfg.lora.rank:
+        return
+    fresh = [k for k in source.kept if not lora.is_trained(model_cfg, _key_path(k))]
+    if fresh:
+        raise ConfigError(f"model.lora.rank={model_cfg.lora.rank} freezes every parameter but the adapters, and "
+                          f"train.init_from={source.path!r} has no value for {', '.join(fresh[:4])}"
+                          f"{' ...' if len(fresh) > 4 else ''}: frozen, they would stay at their random "
+                          f"initialisation; start from a model with the same shape (or train without LoRA)")
+
+
+def _key_path(keystr: str) -> tuple:
+    """A jax keystr ("['blocks']['layers_0']['mlp']") as the tuple of names lora.is_trained reads."""
+    return tuple(part.strip("'\"") for part in keystr.strip("[]").split("]["))
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -281,6 +303,7 @@ def announce(setup: Setup, runs: Runs, start_step: int) -> None:
     c = runs.specs
     what = (f"group of {len(c)} runs (learning rates {', '.join(f'{x.train.learning_rate:.3g}' for x in c)})"
             if runs.grouped else runs.workdirs[0])
+    trained = (f", {setup.counts['trainable']:,} trained (LoRA)" if setup.model_cfg.lora.rank else "")
     print(f"{setup.model_cfg.family} model: {setup.counts['total']:,} params ({setup.counts['non_embedding']:,} "
-          f"non-embedding), {setup.fpt / 1e6:.2f} MFLOP/token; mesh {dict(zip(sharding.MESH_AXES, setup.mesh_shape))}; "
+          f"non-embedding{trained}), {setup.fpt / 1e6:.2f} MFLOP/token; mesh {dict(zip(sharding.MESH_AXES, setup.mesh_shape))}; "
           f"{'resuming from step ' + str(start_step) if start_step else 'starting'}: {what}", flush=True)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from transformer.layers import mup
+from transformer.layers import lora, mup
 from transformer.spec import TrainSpec
 from transformer.training import sharding
 from transformer.training.optimizer import make_optimizer, with_peak_lrs
@@ -39,8 +39,11 @@ def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Arr
 
 def model_optimizer(model: nn.Module, train_cfg: TrainSpec | Any, init_inputs: tuple) -> optax.GradientTransformation:
     """The training optimizer for `model`: make_optimizer with the model's μP learning-rate multipliers (none
-    under SP). The loop and the benchmark build it here, so neither can leave μP's rates out."""
-    return make_optimizer(train_cfg, lr_multipliers(model, init_inputs))
+    under SP) and, under LoRA, only the parameters it trains (layers/lora.py). The loop and the benchmark build
+    it here, so neither can leave μP's rates or LoRA's freezing out."""
+    cfg = model.cfg
+    trained = (lambda params: lora.trained_mask(cfg, params)) if cfg.lora.rank else None
+    return make_optimizer(train_cfg, lr_multipliers(model, init_inputs), trained)
 
 
 def lr_multipliers(model: nn.Module, init_inputs: tuple) -> Any:

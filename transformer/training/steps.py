@@ -14,6 +14,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from transformer.layers import lora
 from transformer.tasks.base import Batch, Task
 from transformer.training import multirun, sharding
 from transformer.spec import ConfigError
@@ -50,13 +51,14 @@ def module_rms(tree: Any) -> dict[str, jax.Array]:
 def make_loss_sums(model: nn.Module, task: Task, *, loss_chunk_size: int = 0
                    ) -> Callable[[Any, Batch, dict | None], tuple[jax.Array, jax.Array]]:
     """(params, batch, rngs) -> (loss_sum, weight_sum): the summed token cross-entropy of one batch and its
-    token weight (rngs None: no dropout). loss_chunk_size > 0: from the task's final hidden states in sequence
+    token weight (rngs None: no dropout); under LoRA the frozen parameters are behind stop_gradient. loss_chunk_size > 0: from the task's final hidden states in sequence
     chunks of that many positions (losses.chunked_cross_entropy), for large vocabularies."""
     if loss_chunk_size and not hasattr(task, "forward_hidden"):
         raise ConfigError(f"train.loss_chunk_size={loss_chunk_size} needs a task with forward_hidden; "
                           f"task {task.name!r} has none (use 0)")
 
     def sums(params: Any, batch: Batch, rngs: dict | None) -> tuple[jax.Array, jax.Array]:
+        params = lora.freeze(model.cfg, params)  # LoRA: no gradient (zeros) for the frozen base
         if loss_chunk_size:
             hidden, logits_fn, targets, weights = task.forward_hidden(
                 model, params, batch, deterministic=rngs is None, rngs=rngs)

@@ -35,7 +35,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer.spec import ConfigError, MissingInputError
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from transformer.layers import head_pruning
+from transformer.spec import ConfigError, MissingInputError, pruning
 from transformer.training.restore import latest_step, load_config
 from transformer.training.state import TrainState
 
@@ -87,7 +90,8 @@ class Source:
     """train.init_from, checked against a model before anything is written (check_source): `kind` "run" (a train
     workdir: `state_dir`, its latest checkpoint's state) or "huggingface" (`tensors`: the converted parameters,
     read once); `copied`/`kept`: the model's parameter paths (keystr) taken from it / left at their init;
-    `shapes`: the model's parameter shapes by path."""
+    `shapes`: the model's parameter shapes by path; `heads`: the copied parameters of attention layers that keep
+    fewer heads than the source's (model.pruned_heads), by path: (projection, parameter, the rows kept)."""
     path: str
     kind: str
     copied: list[str]
@@ -95,6 +99,8 @@ class Source:
     shapes: dict[str, tuple[int, ...]]
     state_dir: str | None = None
     tensors: dict[str, np.ndarray] | None = None
+    heads: dict[str, tuple[str, str, tuple[list[int], list[int]]]] = dataclasses.field(default_factory=dict)
+    saved_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # heads' leaves, in the run
 
     def light(self) -> "Source":
         """This source without the tensors read (held only until the warm start used them; read again if needed)."""
@@ -107,11 +113,31 @@ class Source:
         return {"copied": list(self.copied), "kept": self.kept + padded}
 
 
-def check_source(init_from: str, params: Any, family: str | None = None) -> Source:
+def _head_rows(model_cfg: Any, src_pruned: str) -> dict[str, tuple[str, str, tuple[list[int], list[int]]]]:
+    """{parameter path (keystr): (projection, parameter, rows)} of the attention parameters with a head axis in the
+    layers where `model_cfg` keeps fewer heads than a source with model.pruned_heads = src_pruned."""
+    if model_cfg is None:
+        return {}
+    out = {}
+    for layer, rows in head_pruning.select(model_cfg, pruning.canonical(src_pruned), model_cfg.pruned_heads).items():
+        prefix = "".join(f"[{k!r}]" for k in layer.split("/"))
+        for (projection, name) in head_pruning.HEAD_AXES:
+            out[f"{prefix}[{projection!r}][{name!r}]"] = (projection, name, rows)
+    return out
+
+
+def _gathered_shape(shape: tuple[int, ...], projection: str, name: str, rows: tuple) -> tuple[int, ...]:
+    axis, kind = head_pruning.HEAD_AXES[(projection, name)]
+    return shape[:axis] + (len(rows[0] if kind == "q" else rows[1]),) + shape[axis + 1:]
+
+
+def check_source(init_from: str, params: Any, family: str | None = None, model_cfg: Any = None) -> Source:
     """Checks that `init_from` can warm-start a model whose parameters are `params` (arrays or abstract
     ShapeDtypeStructs): it exists, is a train workdir with a checkpoint (of the same model.family, when `family`
     is given) or a Hugging Face checkpoint directory whose tensors fit, and at least one parameter matches by
-    path and shape. Each failure is one ConfigError naming train.init_from; nothing is restored yet."""
+    path and shape. `model_cfg` (the model's ModelConfig): an attention layer it prunes (model.pruned_heads) takes
+    the rows of the heads it keeps from the source's (unpruned, or less pruned) layer. Each failure is one
+    ConfigError naming train.init_from; nothing is restored yet."""
     where = f"train.init_from={init_from!r}"
     if not os.path.isdir(init_from):
         raise MissingInputError(f"{where} does not exist (a train workdir, or a local Hugging Face model "
@@ -120,7 +146,7 @@ def check_source(init_from: str, params: Any, family: str | None = None) -> Sour
                                 f"directory)")
     shapes = {k: tuple(x.shape) for k, x in _leaves(params).items()}
     if is_hf_checkpoint(init_from):
-        return _hf_source(init_from, shapes)
+        return _hf_source(init_from, shapes, _head_rows(model_cfg, ""))  # a Hugging Face model has all its heads
     try:
         config = load_config(init_from)  # DIR/config.json: it is a training run
         state_dir = os.path.join(init_from, "checkpoints", str(latest_step(init_from)), "state")
@@ -135,20 +161,32 @@ def check_source(init_from: str, params: Any, family: str | None = None) -> Sour
                           f"warm-start from a run of the same family")
     saved = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir))
     saved_params = _leaves(saved["params"] if isinstance(saved, dict) else saved.tree["params"])
-    copied = [k for k, shape in shapes.items() if k in saved_params and tuple(saved_params[k].shape) == shape]
+    heads = _head_rows(model_cfg, (config.get("model") or {}).get("pruned_heads", ""))
+
+    def fits(k: str, shape: tuple[int, ...]) -> bool:
+        saved_shape = tuple(saved_params[k].shape)
+        return (_gathered_shape(saved_shape, *heads[k]) if k in heads else saved_shape) == shape
+
+    copied = [k for k, shape in shapes.items() if k in saved_params and fits(k, shape)]
     if not copied:
         raise ConfigError(f"{where}: no parameter of this model matches that run's (path and shape); is it a run "
                           f"of the same family and width?")
-    return Source(init_from, "run", copied, [k for k in shapes if k not in copied], shapes, state_dir=state_dir)
+    return Source(init_from, "run", copied, [k for k in shapes if k not in copied], shapes, state_dir=state_dir,
+                  heads={k: v for k, v in heads.items() if k in copied},
+                  saved_shapes={k: tuple(saved_params[k].shape) for k in heads if k in copied})
 
 
-def _hf_source(init_from: str, shapes: dict[str, tuple[int, ...]]) -> Source:
-    """A Hugging Face checkpoint's converted tensors (READERS["huggingface"]) matched to the model's shapes."""
+def _hf_source(init_from: str, shapes: dict[str, tuple[int, ...]], heads: dict | None = None) -> Source:
+    """A Hugging Face checkpoint's converted tensors (READERS["huggingface"]) matched to the model's shapes; the
+    attention layers the model prunes keep the rows of their heads (`heads`, _head_rows)."""
     if "huggingface" not in READERS:
         raise ConfigError(f"train.init_from={init_from!r} is a Hugging Face checkpoint; reading it needs "
                           f"`import transformer.interop.hf_warm_start` (experiments.train and experiments.sweep "
                           f"import it)")
     saved = {k: np.asarray(v) for k, v in _leaves(READERS["huggingface"](init_from)).items()}
+    for k, (projection, name, rows) in (heads or {}).items():
+        if k in saved:
+            saved[k] = head_pruning.take_heads(projection, name, saved[k], rows)
     copied, kept, wrong = [], [], []
     for key, shape in shapes.items():
         src = saved.get(key)
@@ -175,7 +213,7 @@ def warm_start(state: TrainState, init_from: str | Source) -> tuple[TrainState, 
     parameter paths."""
     source = init_from if isinstance(init_from, Source) else check_source(init_from, state.params)
     if source.kind == "huggingface" and source.tensors is None:  # released after the first use (light()): read again
-        source = _hf_source(source.path, source.shapes)
+        source = _hf_source(source.path, source.shapes, source.heads)
     if source.kind == "huggingface":
         def take(path: Any, leaf: jax.Array) -> jax.Array:
             src = source.tensors.get(jax.tree_util.keystr(path))
@@ -192,11 +230,20 @@ def warm_start(state: TrainState, init_from: str | Source) -> tuple[TrainState, 
 
     def wanted(path: Any, leaf: jax.Array) -> jax.ShapeDtypeStruct | None:
         key = jax.tree_util.keystr(path)
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding) if key in copy else None
+        if key not in copy:
+            return None
+        if key in source.heads:  # the source's (more heads): read whole, then its kept heads' rows taken
+            saved_shape = source.saved_shapes[key]
+            return jax.ShapeDtypeStruct(saved_shape, leaf.dtype, sharding=NamedSharding(leaf.sharding.mesh, P()))
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
 
     item = {"params": _pruned(jax.tree_util.tree_map_with_path(wanted, state.params))}  # only the leaves to copy
     restored = ocp.PyTreeCheckpointer().restore(source.state_dir, args=ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
     copied = _leaves(restored["params"])
+    targets = _leaves(state.params)
+    for key, (projection, name, rows) in source.heads.items():
+        rows_of = head_pruning.take_heads(projection, name, jax.device_get(copied[key]), rows)
+        copied[key] = jax.device_put(rows_of.astype(targets[key].dtype), targets[key].sharding)
     params = jax.tree_util.tree_map_with_path(lambda p, x: copied.get(jax.tree_util.keystr(p), x), state.params)
     return state.replace(params=params), source.report()
