@@ -20,9 +20,12 @@ def cli_module(name: str) -> ModuleType:
     for _ in range(50):
         if name in sys.modules:
             return sys.modules[name]
+        before = set(flags.FLAGS)
         try:
             return importlib.import_module(name)
         except flags.DuplicateFlagError as e:
+            # the colliding earlier flag, and those the failed import defined before it (defined again next time)
             flag = re.search(r"The flag '([^']+)' is defined twice", str(e)).group(1)
-            delattr(flags.FLAGS, flag)
+            for added in {flag} | (set(flags.FLAGS) - before):
+                delattr(flags.FLAGS, added)
     raise RuntimeError(f"{name}: its flags kept colliding")
