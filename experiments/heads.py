@@ -63,13 +63,13 @@ def heat_map(scores: dict[str, np.ndarray], layers: list[str], title: str, path:
     grid = np.full((len(layers), width), np.nan)
     for i, k in enumerate(layers):
         grid[i, :len(scores[k])] = scores[k]
-    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * width, 1.0 + 0.35 * len(layers)))
+    fig, ax = plt.subplots(figsize=(4.2 + 0.5 * width, 1.6 + 0.4 * len(layers)))
     image = ax.imshow(grid, cmap="viridis", aspect="auto")
     ax.set_xticks(range(width))
     ax.set_yticks(range(len(layers)), labels=layers, fontsize=7)
     ax.set_xlabel("head")
     ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, label="importance (normalized per layer)")
+    fig.colorbar(image, ax=ax, label="importance / layer's L2 norm")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
