@@ -184,6 +184,7 @@ def test_peak_table():
     assert hardware.peak_flops("cpu")["flops"] is None
 
 
+@pytest.mark.slow  # a bench run with a profile (~20 s on 2 idle cores): the default run stays under CI's 15 minutes
 def test_a_trace_without_kernels_keeps_the_timings(monkeypatch, tmp_path):
     """A trace in which no kernel was recorded (a GPU whose CUPTI is missing) says so in `profile`; the timings
     and the rest of the JSON stand."""
