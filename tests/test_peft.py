@@ -56,10 +56,9 @@ def _logits(module: torch.nn.Module) -> np.ndarray:
         return module(input_ids=torch.tensor(TOKENS)).logits.numpy()
 
 
-def _adapted(model, params, spec: LoraSpec, seed: int = 0):
-    """The base model with adapters of `spec`, A and B random (a fresh B is zero: it would test nothing)."""
-    cfg = model.cfg.replace(lora=spec)
-    fresh = nn.unbox(build_model(cfg).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"])
+def _random_adapters(fresh, params, seed: int):
+    """`fresh` (an adapted model's initial parameters) with the base weights of `params` and every lora_a / lora_b
+    drawn at random (a fresh B is zero: it would test nothing)."""
     rng = np.random.default_rng(seed)
 
     def fill(path, x):
@@ -70,7 +69,14 @@ def _adapted(model, params, spec: LoraSpec, seed: int = 0):
         for k in names:
             node = node[k]
         return node
-    return cfg, jax.tree_util.tree_map_with_path(fill, fresh)
+    return jax.tree_util.tree_map_with_path(fill, fresh)
+
+
+def _adapted(model, params, spec: LoraSpec, seed: int = 0):
+    """The base model with adapters of `spec`, A and B random (a fresh B is zero: it would test nothing)."""
+    cfg = model.cfg.replace(lora=spec)
+    fresh = nn.unbox(build_model(cfg).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"])
+    return cfg, _random_adapters(fresh, params, seed)
 
 
 def _ours(cfg, params) -> np.ndarray:
@@ -155,17 +161,7 @@ def test_t5_adapters_follow_the_query_scale_export_folds(tmp_path):
     cfg = ours_cfg.replace(lora=LoraSpec(rank=2, alpha=4.0, targets="query,value,out,mlp_in"))
     fresh = nn.unbox(build_model(cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32),
                                            jnp.zeros((1, 4), jnp.int32))["params"])
-    rng = np.random.default_rng(0)
-
-    def fill(path, x):
-        names = [k.key for k in path]
-        if names[-1] in ("lora_a", "lora_b"):
-            return jnp.asarray(rng.normal(0, 0.2, x.shape), jnp.float32)
-        node = params
-        for k in names:
-            node = node[k]
-        return node
-    adapted = jax.tree_util.tree_map_with_path(fill, fresh)
+    adapted = _random_adapters(fresh, params, 0)
     src, tgt = jnp.asarray(TOKENS, jnp.int32), jnp.asarray(TOKENS[:, ::-1].copy(), jnp.int32)
     ours = np.asarray(build_model(cfg).apply({"params": adapted}, src, tgt))
     assert np.abs(ours - np.asarray(base_model.apply({"params": params}, src, tgt))).max() > 1e-2

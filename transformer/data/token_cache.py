@@ -203,7 +203,7 @@ def _ensure(path: str, tokenizer: Tokenizer, source: str, splits: Splits, verbos
     return path
 
 
-_TMP = re.compile(r"^\.(?P<key>[0-9a-f]+)\.tmp-")  # a build's temporary directory: .<key>.tmp-XXXX
+_TMP = re.compile(r"^\.(?P<key>[0-9a-f]+)\.tmp-")  # a build's temporary directory: .<key>.tmp-<random suffix>
 
 
 def remove_dead_builds(root: str, key: str) -> list[str]:
