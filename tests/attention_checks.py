@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.layers.attention import dot_product_attention
+from transformer.layers.sdpa import dot_product_attention
 
 
 def qkv(T: int, K: int, dtype: Any, *, N: int, H: int, seed: int = 0, B: int = 2) -> tuple[jax.Array, ...]:

@@ -16,7 +16,7 @@ from transformer.inference.attention_maps import attention_maps
 from transformer.inference.generate import generate
 from transformer.inference.sampling import SamplingConfig
 from transformer.layers.alibi import alibi_slopes
-from transformer.layers.attention import resolve_attention_impl
+from transformer.layers.sdpa import resolve_attention_impl
 from transformer.models import build_model
 
 SMALL = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, d_ff=64, positional="alibi")

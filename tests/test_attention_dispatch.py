@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from transformer.spec import ConfigError, ModelConfig
-from transformer.layers import attention
-from transformer.layers.attention import MultiHeadAttention, dot_product_attention, resolve_attention_impl
+from transformer.layers import sdpa
+from transformer.layers.attention import MultiHeadAttention
+from transformer.layers.sdpa import dot_product_attention, resolve_attention_impl
 from transformer.layers.chunked_attention import _MAX_CHUNKS, CHUNK, _spans
 from transformer.models import build_model, resolve
 
@@ -106,7 +107,7 @@ def captured_cudnn_calls(monkeypatch):
         calls.append(dict(mask=mask, is_causal=is_causal, local_window_size=local_window_size,
                           implementation=implementation))
         return q
-    monkeypatch.setattr(attention.jax.nn, "dot_product_attention", fake)
+    monkeypatch.setattr(sdpa.jax.nn, "dot_product_attention", fake)
     return calls
 
 
@@ -143,13 +144,13 @@ def test_decoding_goes_through_the_registry(impl, monkeypatch):
     params = mha.init(jax.random.PRNGKey(1), x, pos)
     full = mha.apply(params, x, pos)
     offsets = []
-    original = attention.ATTENTION_IMPLEMENTATIONS[impl]
+    original = sdpa.ATTENTION_IMPLEMENTATIONS[impl]
 
     def spy(*args, **flags):
         offsets.append(flags["q_offset"])
         return original(*args, **flags)
     cache = mha.init(jax.random.PRNGKey(1), x, pos, decode=True)["cache"]
-    monkeypatch.setitem(attention.ATTENTION_IMPLEMENTATIONS, impl, spy)
+    monkeypatch.setitem(sdpa.ATTENTION_IMPLEMENTATIONS, impl, spy)
     decoded = decode_in_steps(mha, params, cache, x, pos, prefill=4)
     assert [int(o) for o in offsets] == [0, 4, 5, 6, 7, 8]
     np.testing.assert_allclose(decoded, full, atol=1e-5)

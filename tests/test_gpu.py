@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.layers.attention import MultiHeadAttention, resolve_attention_impl
+from transformer.layers.attention import MultiHeadAttention
+from transformer.layers.sdpa import resolve_attention_impl
 from transformer.spec import ModelConfig
 
 from attention_checks import decode_in_steps, max_err, qkv, value_and_grads

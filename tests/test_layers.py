@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.layers.attention import (MultiHeadAttention, dot_product_attention,
-                                          dot_product_attention_einsum, make_attention_mask)
+from transformer.layers.attention import MultiHeadAttention
+from transformer.layers.sdpa import dot_product_attention, dot_product_attention_einsum, make_attention_mask
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
 from transformer.layers.positional import apply_rope, sinusoidal_table

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax._src.ad_checkpoint import saved_residuals
 
-from transformer.layers.attention import ATTENTION_OUT
+from transformer.layers.sdpa import ATTENTION_OUT
 from transformer.models.blocks import REMAT_POLICIES, TransformerBlock
 from transformer.models.decoder import DecoderLM
 from transformer.spec import ModelConfig

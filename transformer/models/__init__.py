@@ -5,7 +5,7 @@ from __future__ import annotations
 import flax.linen as nn
 
 from transformer.spec import FAMILIES, ConfigError, ModelConfig
-from transformer.layers import attention, feedforward, norms, positional
+from transformer.layers import feedforward, norms, positional, sdpa
 
 
 def _choice(name: str, value: str, valid) -> None:
@@ -20,7 +20,7 @@ def resolve(cfg: ModelConfig, backend: str | None = None) -> ModelConfig:
     _choice("model.positional", cfg.positional, positional.POSITIONAL_ENCODINGS)
     _choice("model.activation", cfg.activation, tuple(feedforward.ACTIVATIONS))
     _choice("model.norm", cfg.norm, tuple(norms.NORMS))
-    return cfg.replace(attention_impl=attention.resolve_attention_impl(cfg, backend))
+    return cfg.replace(attention_impl=sdpa.resolve_attention_impl(cfg, backend))
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

@@ -24,7 +24,8 @@ import math
 import flax.linen as nn
 import jax
 
-from transformer.layers.attention import ATTENTION_OUT, HEAD_MASK, MultiHeadAttention, check_cache_room
+from transformer.layers.attention import HEAD_MASK, MultiHeadAttention, check_cache_room
+from transformer.layers.sdpa import ATTENTION_OUT
 from transformer.layers.feedforward import FeedForward
 from transformer.layers.norms import make_norm
 from transformer.spec import ModelConfig

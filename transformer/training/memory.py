@@ -74,7 +74,7 @@ def _flash_standin() -> Any:
     import jax
     import jax.numpy as jnp
 
-    from transformer.layers.attention import ATTENTION_IMPLEMENTATIONS
+    from transformer.layers.sdpa import ATTENTION_IMPLEMENTATIONS
 
     einsum = ATTENTION_IMPLEMENTATIONS["einsum"]
 
@@ -103,7 +103,7 @@ def _traceable_attention(cfg: ModelConfig) -> Iterator[None]:
     """cuDNN attention replaced by _flash_standin while tracing, where jax has no cuDNN (any non-GPU backend)."""
     import jax
 
-    from transformer.layers.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
+    from transformer.layers.sdpa import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
 
     if resolve_attention_impl(cfg) != "cudnn" or jax.default_backend() == "gpu":
         yield
