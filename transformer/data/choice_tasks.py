@@ -86,7 +86,8 @@ def _olmes_docs(path: str) -> list[Doc]:
     """The documents of an OLMES requests file: its loglikelihood requests grouped by doc_id (choices in `idx`
     order), the unconditioned requests (doc_id ≥ the config's uncond_docid_offset) left out."""
     with open(os.path.join(os.path.dirname(path), "config.json")) as f:
-        offset = json.load(f).get("task_config", {}).get("metric_kwargs", {}).get("uncond_docid_offset", math.inf)
+        offset = json.load(f).get("task_config", {}).get("metric_kwargs", {}).get("uncond_docid_offset")
+    offset = math.inf if offset is None else offset  # absent, or null (boolq): no unconditioned requests
     by_doc: dict[int, list[tuple[int, str, str, int]]] = {}
     for _, r in _records(path):
         if r.get("request_type") == "loglikelihood" and r["doc_id"] < offset:
