@@ -79,9 +79,9 @@ def test_every_loglikelihood_equals_transformers(gpt2_dir, tmp_path):
     encoded = [scoring_rows.encode_pair(loaded.tokenizer, c, x) for c, x in task.requests()]
     requests = [(c, x) for c, x, _ in encoded]
     packed = scoring_rows.pack(requests, POSITIONS)
-    assert len(packed.inputs) < len(requests) and (packed.segment_ids.max(1) >= 2).sum() > 5  # packed rows
+    assert packed.num_rows < len(requests) and (packed.features["segment_ids"].max(1) >= 2).sum() > 5  # packed rows
     assert packed.truncated == len(task.docs[1].continuations)
-    ll, greedy = Scorer(loaded.model, LMTask(), POSITIONS, batch_size=3).score_rows(loaded.params, packed)[0]
+    ll, greedy = Scorer(loaded.model, LMTask(), loaded.layout, batch_size=3).score_rows(loaded.params, packed)[0]
     reference = [_reference(hf, list(c), list(x)) for c, x in requests]
     np.testing.assert_allclose(ll, [r for r, _ in reference], atol=1e-4, rtol=0)
     assert list(greedy) == [g for _, g in reference]
