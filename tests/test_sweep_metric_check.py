@@ -107,3 +107,73 @@ def test_each_metric_is_predicted_before_the_validation_run_trains_then_checked(
     line = next(s for s in out.splitlines() if s.startswith(f"prediction check of {TASK} at 1.6e+12 FLOPs"))
     assert f"measured {task_check['measured']:.4f}" in line and "95% interval" in line
     assert line in outcome.summary_lines(fit)  # and in the command's end summary
+
+
+CONFIG = '''from configs.sweeps import quick
+
+
+def get_config():
+    """The quick sweep with the law's grid of tests/test_sweep_plan.py, a task and a set, and the metric check."""
+    c = quick.get_config()
+    c.sweep.update(dict(budgets=(1e11, 2e11, 4e11), d_models=tuple(range(8, 257, 8)), sizes_per_budget=4,
+                        size_span=6.0, prior_tokens_per_param=100.0, recenter=False, branch=False,
+                        lr_coefficient=0.2, lr_exponent=-0.5, lr_max=1.0, min_steps=5, validate_ratio=0.0,
+                        validate_flops=8e11, fit_bootstrap=8, evals_per_run=1,
+                        predict_metrics="{task},{set}"))
+    c.base.data.data_dir = "{data_dir}"
+    c.base.train.schedule = "cosine"
+    c.base.train.eval_steps = 4
+    c.base.train.eval_tasks = "toy={task_file}"
+    c.base.data.eval_sets = "own=heldout"
+    return c
+'''
+
+
+@pytest.mark.slow
+def test_the_command_predicts_the_metrics_then_trains_the_validation_run_and_checks_them(tmp_path, corpus_dir):
+    """The command end to end from a recorded grid (the law's rows, as the runner records them: training the grid
+    for real gives no frontier in a test's minutes): it fits the loss and both metrics, writes and prints their
+    predictions, then trains the validation run for real — scoring the task and the set in its loop — and checks
+    each metric against what that run measured."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from transformer.sweeps import results
+
+    task_file = write_task(str(tmp_path / "toy.jsonl"), docs=12)
+    path = tmp_path / "metric_sweep.py"
+    path.write_text(CONFIG.format(task=TASK, set=SET, data_dir=corpus_dir, task_file=task_file))
+    spec = importlib.util.spec_from_file_location("metric_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    workdir, rng = str(tmp_path / "sweep"), np.random.default_rng(0)
+    _, doc = runner.plan_and_write(workdir, module.get_config())  # the grid, recorded from the law
+    for run in doc["runs"]:
+        loss = _loss(run, rng)
+        execute.record(workdir, run, {"status": "ok", "eval_loss": loss, "wall_seconds": 1.0,
+                                      "tasks": {"toy": {"bits_per_byte": _task_bpb(loss)}},
+                                      "eval_sets": {"own": {"bits_per_byte": loss / math.log(2)}}}, "isoflop")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+               PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "experiments.sweep", f"--config={path}", f"--workdir={workdir}"],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    predicted = [i for i, s in enumerate(lines) if s.startswith(f"prediction of {TASK} at 8e+11 FLOPs: ")]
+    started = [i for i, s in enumerate(lines) if "start " in s and "-validate-" in s]
+    assert predicted and started and predicted[0] < started[0], out.stdout[-3000:]  # said before it trained
+    prediction = json.load(open(os.path.join(workdir, "fit", "predictions.json")))
+    row = next(r for r in results.read_results(workdir) if r["role"] == "validate")
+    assert row["status"] == "ok" and set(row["tasks"]) == {"toy"} and set(row["eval_sets"]) == {"own"}
+    summary_dir = os.path.join(workdir, "runs", row["run_id"])
+    assert os.stat(os.path.join(workdir, "fit", "predictions.json")).st_mtime <= \
+        os.stat(os.path.join(summary_dir, "config.json")).st_mtime  # written before the run began
+    checked = json.load(open(os.path.join(workdir, "fit", "validation.json")))["metrics"]
+    for metric, measured in ((TASK, row["tasks"]["toy"]["bits_per_byte"]), (SET, row["eval_sets"]["own"]["bits_per_byte"])):
+        assert checked[metric]["predicted"] == prediction["metrics"][metric]["value"] is not None
+        assert checked[metric]["measured"] == measured and checked[metric]["params"] == row["params"]
+        assert any(s.startswith(f"prediction check of {metric} at 8e+11 FLOPs: predicted ") and
+                   f"measured {measured:.4f}" in s for s in lines), metric
+        assert os.path.exists(os.path.join(workdir, "fit", "metrics", metric.replace("/", "_"), "loss_frontier.png"))
