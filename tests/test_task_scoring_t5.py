@@ -39,14 +39,32 @@ def t5_dir(tmp_path_factory):
     return d, hf
 
 
-def _reference(hf, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-    """`transformers`' (loglikelihood, is_greedy) of one request alone (lm-evaluation-harness's seq2seq call:
-    input_ids the context's last ROW tokens, labels the continuation)."""
+def _reference(hf, context: list[int], continuations: list[list[int]]) -> list[tuple[float, bool]]:
+    """`transformers`' (loglikelihood, is_greedy) of each continuation of one context, as lm-evaluation-harness's
+    seq2seq call makes it: input_ids the context's last ROW tokens, labels the continuation (the continuations of a
+    context in one call, right-padded with -100: the decoder is causal, so a padded label changes nothing before it)."""
+    width = max(len(c) for c in continuations)
+    labels = torch.tensor([c + [-100] * (width - len(c)) for c in continuations])
     with torch.no_grad():
-        logits = hf(input_ids=torch.tensor([context[-ROW:]]), labels=torch.tensor([continuation])).logits[0].double()
-    logp = torch.log_softmax(logits, -1)
-    targets = torch.tensor(continuation)
-    return float(logp[torch.arange(len(targets)), targets].sum()), bool((logp.argmax(-1) == targets).all())
+        logits = hf(input_ids=torch.tensor([context[-ROW:]] * len(continuations)), labels=labels).logits.double()
+    out = []
+    for logits_TV, cont in zip(logits, continuations):
+        logp = torch.log_softmax(logits_TV[:len(cont)], -1)
+        targets = torch.tensor(cont)
+        out.append((float(logp[torch.arange(len(cont)), targets].sum()), bool((logp.argmax(-1) == targets).all())))
+    return out
+
+
+def _references(hf, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    """_reference of every request, the requests of one context together, in the requests' order."""
+    by_context: dict[tuple, list[int]] = {}
+    for i, (ctx, _) in enumerate(requests):
+        by_context.setdefault(tuple(ctx), []).append(i)
+    out: list = [None] * len(requests)
+    for ctx, members in by_context.items():
+        for i, r in zip(members, _reference(hf, list(ctx), [list(requests[i][1]) for i in members])):
+            out[i] = r
+    return out
 
 
 def test_every_encoder_decoder_loglikelihood_equals_transformers(t5_dir, tmp_path):
@@ -62,7 +80,7 @@ def test_every_encoder_decoder_loglikelihood_equals_transformers(t5_dir, tmp_pat
     assert packed.num_rows < len(requests) and (packed.features["target_segment_ids"].max(1) >= 2).sum() > 5
     assert packed.truncated == len(task.docs[1].continuations)  # the long context: its last ROW tokens
     ll, greedy = Scorer(loaded.model, loaded.task, loaded.layout, batch_size=3).score_rows(loaded.params, packed)[0]
-    reference = [_reference(hf, list(c), list(x)) for c, x in requests]
+    reference = _references(hf, requests)
     np.testing.assert_allclose(ll, [r for r, _ in reference], atol=1e-4, rtol=0)
     assert list(greedy) == [g for _, g in reference]
     assert np.ptp(ll) > 5  # loglikelihoods that differ: a comparison that tells something
@@ -74,7 +92,7 @@ def test_the_command_scores_a_hugging_face_t5_as_transformers_would(t5_dir, tmp_
     task_file = write_task(str(tmp_path / "toy.jsonl"))
     task, tokenizer = choice_tasks.load("toy", task_file), ByteTokenizer()
     encoded = [scoring_rows.encode_seq2seq_pair(tokenizer, c, x) for c, x in task.requests()]
-    reference = np.array([_reference(hf, list(c), list(x))[0] for c, x, _ in encoded])
+    reference = np.array([ll for ll, _ in _references(hf, [(c, x) for c, x, _ in encoded])])
     expected = choice_tasks.metrics(task, reference, [s for _, _, s in encoded])
     out = cli_module("evaluate").evaluate(path, f"toy={task_file}", batch_size=4, seq_len=ROW)
     assert out["model"]["family"] == "encoder_decoder"

@@ -12,8 +12,8 @@ import json
 import math
 from typing import Any, Mapping
 
-from transformer.spec import SCHEDULES, ConfigError, eval_tasks, metric_keys
-from transformer.spec.data import eval_set_entries
+from transformer.spec import SCHEDULES, ConfigError
+from transformer.spec.metric_keys import recorded_metrics
 
 MODES = ("isoflop", "lr_scan")
 PARAM_COUNTS = ("total", "non_embedding")
@@ -186,7 +186,7 @@ class SweepSpec:
     validate_flops: float = 0.0        # > 0: after the grid, predict the compute-optimal model and its loss at this
                                        # budget (DIR/fit/predictions.json), train it, DIR/fit/validation.json
     validate_ratio: float = 0.0        # > 1 and validate_flops 0: validate at this × the largest budget (chosen budgets)
-    predict_metrics: str = ""          # comma-separated metrics the runs record (recorded_metrics: a task's or a named
+    predict_metrics: str = ""          # comma-separated metrics the runs record (metric_keys.recorded_metrics: a task's or a named
                                        # set's bits per byte) predicted beside the loss before the validation run
                                        # trains, and checked against it (DIR/fit/predictions.json, validation.json)
 
@@ -383,17 +383,6 @@ def _metric_list(value: Any) -> str:
         raise ConfigError(f"sweep.predict_metrics={value!r} must be metric names, comma-separated, e.g. "
                           "'tasks/arc_easy/bits_per_byte,eval/wiki/bits_per_byte'")
     return ",".join(dict.fromkeys(m.strip() for m in items if m.strip()))
-
-
-def recorded_metrics(base: Mapping[str, Any]) -> list[str]:
-    """The metrics every run of a sweep with training config `base` records beside eval_loss, which
-    sweep.predict_metrics may name: eval_bits_per_byte, each named set's eval/NAME/bits_per_byte and eval/NAME/loss
-    (data.eval_sets), each task's tasks/NAME/bits_per_byte (train.eval_tasks, its tasks located: ConfigError where
-    one is not found)."""
-    sets = [name for name, _ in eval_set_entries(base.get("data", {}).get("eval_sets", ""))]
-    tasks = eval_tasks.names(base.get("train", {}).get("eval_tasks", ""))
-    return (["eval_bits_per_byte"] + [key for n in sets for key in sorted(metric_keys.eval_set_keys(n).values())]
-            + [metric_keys.task_key(n, "bits_per_byte") for n in tasks])
 
 
 def _fields(cls: type, section: Mapping[str, Any], prefix: str) -> dict[str, Any]:

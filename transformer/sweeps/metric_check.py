@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from transformer.spec import ConfigError, MissingInputError
+from transformer.spec import ConfigError, MissingInputError, metric_keys
 
 PREFIX = "loss"     # what run_fit's predictions call the fitted metric's value ...
 RENAMED = "value"   # ... and what predictions.json's "metrics" call it
@@ -78,8 +78,6 @@ def validation(row: dict[str, Any], prediction: dict[str, Any]) -> dict[str, dic
     """{metric: the check} of the validation run's results row against predictions.json's "metrics": `predicted`,
     `predicted_ci95`, `measured` (null unless the run is ok and recorded it), `relative_error`, `inside_ci95`,
     `predicted_params` (the metric's own N_opt) beside the run's `params`."""
-    from transformer.spec import metric_keys
-
     out = {}
     for metric, pred in (prediction.get("metrics") or {}).items():
         value = metric_keys.value(row, metric) if row.get("status") == "ok" else None
