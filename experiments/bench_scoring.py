@@ -70,12 +70,12 @@ def main(argv: list[str]) -> None:
                                         _HEADS.value, _POSITIONS.value)
     loaded = scoring_model.load(path, setting="--hf_dir")
     T, B = loaded.seq_len, _BATCH.value
-    prepared = [PreparedTask(choice_tasks.load(n, p, _LIMIT.value), loaded.tokenizer, T)
+    prepared = [PreparedTask(choice_tasks.load(n, p, _LIMIT.value), loaded.tokenizer, loaded.layout)
                 for n, p in choice_tasks.parse(_TASKS.value)]
     encoded = [scoring_rows.encode_pair(loaded.tokenizer, c, x) for p in prepared for c, x in p.task.requests()]
     pairs = [(list(c), list(x)) for c, x, _ in encoded]
     packed = scoring_rows.pack(pairs, T)
-    scorer = Scorer(loaded.model, LMTask(), T, B)
+    scorer = Scorer(loaded.model, LMTask(), loaded.layout, B)
     t0 = time.perf_counter()
     scorer.score_rows(loaded.params, scoring_rows.pack(pairs[:1], T))  # compiles the one step
     compile_seconds = time.perf_counter() - t0
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> None:
         "ours": {"requests_per_second": ours_rates, "best": max(ours_rates)},
         "harness": {"requests_per_second": theirs_rates, "best": max(theirs_rates)},
         "speedup": max(ours_rates) / max(theirs_rates),
-        "rows": {"packed": len(packed.inputs), "fill": tokens / (len(packed.inputs) * T)},
+        "rows": {"packed": packed.num_rows, "fill": tokens / (packed.num_rows * T)},
         "compile_seconds": compile_seconds,
         "max_abs_loglikelihood_diff": float(np.max(np.abs(ll_ours - ll_theirs))),
         "same_greedy": bool(np.array_equal(greedy_ours, [g for _, g in theirs_out])), "acc": acc,

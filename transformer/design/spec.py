@@ -13,6 +13,7 @@ import math
 from typing import Any, Mapping
 
 from transformer.spec import SCHEDULES, ConfigError
+from transformer.spec.metric_keys import recorded_metrics
 
 MODES = ("isoflop", "lr_scan")
 PARAM_COUNTS = ("total", "non_embedding")
@@ -185,6 +186,9 @@ class SweepSpec:
     validate_flops: float = 0.0        # > 0: after the grid, predict the compute-optimal model and its loss at this
                                        # budget (DIR/fit/predictions.json), train it, DIR/fit/validation.json
     validate_ratio: float = 0.0        # > 1 and validate_flops 0: validate at this × the largest budget (chosen budgets)
+    predict_metrics: str = ""          # comma-separated metrics the runs record (metric_keys.recorded_metrics: a task's or a named
+                                       # set's bits per byte) predicted beside the loss before the validation run
+                                       # trains, and checked against it (DIR/fit/predictions.json, validation.json)
 
     lr_calibration: LrCalibration = LrCalibration()
     seeds: Seeds = Seeds()
@@ -226,6 +230,7 @@ class SweepSpec:
     def __post_init__(self) -> None:
         for name in ("budgets", "d_models"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "predict_metrics", _metric_list(self.predict_metrics))
         if self.mode not in MODES:
             raise ConfigError(f"sweep.mode={self.mode!r} is not valid; choose one of {', '.join(MODES)}")
         if self.param_count not in PARAM_COUNTS:
@@ -310,9 +315,29 @@ class SweepSpec:
         if budgets and self.validate_flops and not self.validate_flops > max(budgets):
             raise ConfigError(f"sweep.validate_flops={self.validate_flops!r} must exceed the largest budget "
                               f"({max(budgets):.3g}): the prediction is checked beyond the grid")
+        self._check_predict_metrics()
+
+    def _check_predict_metrics(self) -> None:
+        """Each of sweep.predict_metrics is a metric every run records (recorded_metrics), with a check to predict."""
+        if not self.predict_metrics:
+            return
+        if not (self.validate_flops or self.validate_ratio):
+            raise ConfigError(f"sweep.predict_metrics={self.predict_metrics!r} is predicted for the validation run: "
+                              "set sweep.validate_flops (or sweep.validate_ratio) too")
+        valid = recorded_metrics(self.base)
+        for name in self.predict_metrics.split(","):
+            if name not in valid:
+                raise ConfigError(
+                    f"sweep.predict_metrics: {name!r} is not a metric this sweep's runs record; valid: "
+                    f"{', '.join(valid) or 'none'} (base.data.eval_sets and base.train.eval_tasks name the sets and "
+                    "tasks; eval_loss is always predicted; a task's accuracy is no power law of compute: "
+                    "experiments.fit --accuracy_metric fits it, the two-step law)")
 
     def _check_lr_scan(self) -> None:
         scan = self.lr_scan
+        if self.predict_metrics:
+            raise ConfigError("sweep.predict_metrics is the prediction check of an IsoFLOP sweep (sweep.mode="
+                              "'isoflop' with sweep.validate_flops); an LR scan predicts nothing")
         if scan.num_lrs < 3:
             raise ConfigError(f"sweep.lr_scan.num_lrs={scan.num_lrs}: an LR scan needs at least 3 learning rates "
                               "per size (the optimum is a parabola through the best point and its neighbours)")
@@ -349,6 +374,15 @@ class SweepSpec:
     def from_settings(cls, sweep: Mapping[str, Any], base: Mapping[str, Any]) -> "SweepSpec":
         """From the `sweep` section's plain dict (unknown keys: ConfigError listing the valid ones)."""
         return cls(**_fields(cls, sweep, "sweep."), base=dict(base))
+
+
+def _metric_list(value: Any) -> str:
+    """sweep.predict_metrics as one comma-separated string without spaces or repeats (also from a list)."""
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if items is None or not all(isinstance(m, str) for m in items):
+        raise ConfigError(f"sweep.predict_metrics={value!r} must be metric names, comma-separated, e.g. "
+                          "'tasks/arc_easy/bits_per_byte,eval/wiki/bits_per_byte'")
+    return ",".join(dict.fromkeys(m.strip() for m in items if m.strip()))
 
 
 def _fields(cls: type, section: Mapping[str, Any], prefix: str) -> dict[str, Any]:

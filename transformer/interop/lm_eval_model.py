@@ -32,6 +32,7 @@ from transformer.inference.generate import generate
 from transformer.inference.sampling import SamplingConfig
 from transformer.interop import scoring_model
 from transformer.tasks.lm import LMTask
+from transformer.spec import ConfigError
 from transformer.training.scoring import Scorer
 
 
@@ -46,10 +47,13 @@ class TransformerLM(LM):
         super().__init__()
         self.loaded = scoring_model.load(str(pretrained), step=None if step in (None, "") else int(step),
                                          seq_len=int(seq_len), setting="pretrained")
+        if self.loaded.family != "decoder":  # rolling windows and the sampler here are a decoder's
+            raise ConfigError(f"pretrained={pretrained}: a model.family={self.loaded.family!r} model; this adapter "
+                              "takes decoders (experiments.evaluate scores an encoder–decoder's multiple-choice tasks)")
         self.batch_size = 16 if batch_size == "auto" else int(batch_size)
         self.max_gen_toks, self.seed = int(max_gen_toks), int(seed)
         self.tokenizer = self.loaded.tokenizer
-        self.scorer = Scorer(self.loaded.model, LMTask(), self.loaded.seq_len, self.batch_size)
+        self.scorer = Scorer(self.loaded.model, LMTask(), self.loaded.layout, self.batch_size)
 
     @property
     def max_length(self) -> int:

@@ -3,9 +3,10 @@
 
 A run directory (config.json with model and train sections, checkpoints/) gives its parameters at a checkpoint
 (training/restore.load_run), its recorded tokenizer and its data.seq_len; a Hugging Face directory (config.json
-with a `model_type`, GPT-2, LLaMA, Qwen3 or GPT-NeoX: a decoder) is imported (hf.from_pretrained), its
-tokenizer.json read as the data.tokenizer of that name would be, and its length is the model's positions (capped
-at MAX_HF_LENGTH for positions without a table). Only decoders score here: an encoder or encoder–decoder is one
+with a `model_type`: GPT-2, LLaMA, Qwen3, GPT-NeoX decoders, T5 encoder–decoders) is imported (hf.from_pretrained),
+its tokenizer.json read as the data.tokenizer of that name would be, and its length is the model's positions (capped
+at MAX_HF_LENGTH for positions without a table). Decoders and encoder–decoders score (their rows: `layout`,
+data/scoring_rows.py; an encoder–decoder's encoder and decoder rows both of that length); an encoder (BERT) is one
 ConfigError.
 """
 from __future__ import annotations
@@ -23,8 +24,10 @@ MAX_HF_LENGTH = 2048  # a Hugging Face model's default length where its position
 
 @dataclasses.dataclass(frozen=True)
 class ScoringModel:
-    """model (a DecoderLM), params (on one device), its tokenizer, `seq_len` (the rows' length), and what it is
-    (`source`: "run" or "huggingface"; `step`: the run's checkpoint step, None for Hugging Face)."""
+    """model (a DecoderLM or EncoderDecoderModel), params (on one device), its tokenizer, `seq_len` (the rows'
+    length), and what it is (`source`: "run" or "huggingface"; `step`: the run's checkpoint step, None for Hugging
+    Face); `task` (whose forward the scoring step calls: LMTask, or SpanCorruptionTask for an encoder–decoder) and
+    `layout` (its scoring rows)."""
     model: Any
     params: Any
     tokenizer: Tokenizer
@@ -32,6 +35,12 @@ class ScoringModel:
     source: str
     step: int | None
     path: str
+    task: Any = None
+    layout: Any = None
+
+    @property
+    def family(self) -> str:
+        return self.model.cfg.family
 
 
 def _is_run(path: str) -> bool:
@@ -44,8 +53,8 @@ def _is_run(path: str) -> bool:
 
 
 def load(path: str, *, step: int | None = None, seq_len: int = 0, setting: str = "--workdir") -> ScoringModel:
-    """The decoder in `path` (the module docstring); `seq_len` > 0 sets the rows' length (at most the model's
-    positions where they are a table)."""
+    """The decoder or encoder–decoder in `path` (the module docstring); `seq_len` > 0 sets the rows' length (at most
+    the model's positions where they are a table)."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         raise MissingInputError(f"{setting}={path} does not exist")
@@ -54,7 +63,7 @@ def load(path: str, *, step: int | None = None, seq_len: int = 0, setting: str =
 
         run = load_run(path, step=step)
         model, params, tokenizer, length = run.model, run.params, run.tokenizer, int(run.spec.data.seq_len)
-        source, at = "run", run.step
+        source, at, decoder_start = "run", run.step, None
     else:
         from transformer.interop import hf
 
@@ -66,12 +75,23 @@ def load(path: str, *, step: int | None = None, seq_len: int = 0, setting: str =
         tokenizer = load_tokenizer_file(path, setting)
         length = min(int(model.cfg.max_len), MAX_HF_LENGTH)
         source, at = "huggingface", None
+        with open(os.path.join(path, "config.json")) as f:
+            decoder_start = int(json.load(f).get("decoder_start_token_id") or 0)  # T5's: pad, 0
     cfg = model.cfg
-    if cfg.family != "decoder":
-        raise ConfigError(f"{setting}={path}: a model.family={cfg.family!r} model; likelihood scoring needs a decoder")
+    if cfg.family not in ("decoder", "encoder_decoder"):
+        raise ConfigError(f"{setting}={path}: a model.family={cfg.family!r} model; likelihood scoring needs a decoder "
+                          "or an encoder–decoder")
     limit = int(cfg.max_len) if cfg.positional in ("learned", "sinusoidal") else None
     if seq_len:
         if limit is not None and seq_len > limit:
             raise ConfigError(f"--seq_len={seq_len} is longer than the model's {limit} positions")
         length = seq_len
-    return ScoringModel(model, params, tokenizer, int(length), source, at, path)
+    from transformer.training import scoring
+    from transformer.tasks.lm import LMTask
+    from transformer.tasks.seq2seq import SpanCorruptionTask
+
+    task = LMTask() if cfg.family == "decoder" else SpanCorruptionTask()
+    layout = scoring.layout_for(task.name, int(length))
+    if decoder_start is not None and layout.seq2seq:  # a Hugging Face model's own decoder start
+        layout = dataclasses.replace(layout, decoder_start=decoder_start)
+    return ScoringModel(model, params, tokenizer, int(length), source, at, path, task, layout)

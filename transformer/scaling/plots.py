@@ -22,6 +22,15 @@ LABEL_C = "compute C (FLOPs)"
 LABEL_N = "parameters N"
 LABEL_D = "tokens D"
 LABEL_LOSS = "validation loss (nats/token)"
+
+
+def loss_label(fit: dict[str, Any]) -> str:
+    """The y label of what the fit fitted as its loss (fit.json's `metric`: eval_loss, or experiments.fit --metric's,
+    a sweep's sweep.predict_metrics)."""
+    metric = fit.get("metric", "eval_loss")
+    if metric == "eval_loss":
+        return LABEL_LOSS
+    return f"{metric} ({'bits/byte' if metric.endswith('bits_per_byte') else 'nats/token'})"
 APPROACH_STYLE = {
     "approach1": ("C0", ":", "1: loss envelope"),
     "approach2": ("C1", "--", "2: IsoFLOP minima"),
@@ -108,7 +117,7 @@ def plot_isoflops(fit: dict[str, Any], path: str) -> str:
                    marker="x", color="C3", lw=0.8, zorder=2, label="budgets left out (no interior minimum)")
     ax.scatter([], [], marker="*", s=120, color="w", edgecolor="k",
                label=f"fitted minimum ({'Akima interpolation' if method == 'akima' else 'parabola'})")
-    ax.set(xlabel=LABEL_N, ylabel=LABEL_LOSS,
+    ax.set(xlabel=LABEL_N, ylabel=loss_label(fit),
            title=f"IsoFLOP curves (N: {fit.get('headline', {}).get('convention', 'as given')})")
     _log_scales(ax, True, False, f"no IsoFLOP budget to draw: {a2.get('note', 'no budgets')}")
     ax.legend(loc="best", fontsize=8)
@@ -248,7 +257,8 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
     missing = _no_predictions(fit, "loss")
     if missing:
         _note(ax, missing, y=0.7, width=90)
-    ax.set(xscale="log", xlabel=LABEL_C, ylabel=LABEL_LOSS, title="loss frontier")
+    ax.set(xscale="log", xlabel=LABEL_C, ylabel=loss_label(fit),
+           title="loss frontier" if fit.get("metric", "eval_loss") == "eval_loss" else f"{fit['metric']} frontier")
     ax.set_ylim(top=min(ax.get_ylim()[1], float(np.quantile(pts["loss"], 0.9)) * 1.05))
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7)

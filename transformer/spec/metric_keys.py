@@ -7,12 +7,16 @@ bottom layer: training writes them, scaling reads them back from a sweep's rows 
 
 metrics.jsonl and TensorBoard carry them flat (TensorBoard groups them by the part before the first `/`);
 summary.json and a sweep's results.jsonl nest them (`nested`): "eval_sets": {NAME: {loss, bits_per_byte}},
-"tasks": {NAME: {acc, acc_norm, bits_per_byte, docs}}.
+"tasks": {NAME: {acc, acc_norm, bits_per_byte, docs}}. `recorded_metrics`: the keys every run of a training config
+records (a sweep's sweep.predict_metrics names some of them).
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
+
+from transformer.spec import eval_tasks
+from transformer.spec.data import eval_set_entries
 
 EVAL_SET_PREFIX = "eval/"
 TASK_PREFIX = "tasks/"
@@ -66,3 +70,14 @@ def value(record: dict[str, Any], metric: str) -> Any:
     if metric.startswith(tuple(SUMMARY_GROUPS.values())):
         return flat(record).get(metric)
     return record.get(metric)
+
+
+def recorded_metrics(base: Mapping[str, Any]) -> list[str]:
+    """The metrics every run of a sweep with training config `base` records beside eval_loss, which
+    sweep.predict_metrics may name: eval_bits_per_byte, each named set's eval/NAME/bits_per_byte and eval/NAME/loss
+    (data.eval_sets), each task's tasks/NAME/bits_per_byte (train.eval_tasks, its tasks located: ConfigError where
+    one is not found)."""
+    sets = [name for name, _ in eval_set_entries(base.get("data", {}).get("eval_sets", ""))]
+    tasks = eval_tasks.names(base.get("train", {}).get("eval_tasks", ""))
+    return (["eval_bits_per_byte"] + [key for n in sets for key in sorted(eval_set_keys(n).values())]
+            + [task_key(n, "bits_per_byte") for n in tasks])

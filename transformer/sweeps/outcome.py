@@ -5,6 +5,8 @@ DIR/fit/fit.json + figures      the fit of the grid runs (role "grid"; transform
 DIR/fit/predictions.json        sweep.validate_flops: the predicted N_opt, D_opt and loss with 95% intervals and
                                 the time it was written, before anything trains at that budget; never rewritten
 DIR/fit/validation.json         the validation run against the prediction: measured loss, relative error
+DIR/fit/metrics/METRIC/         sweep.predict_metrics: each metric's fit; its prediction and check are in
+                                predictions.json's and validation.json's "metrics" (sweeps/metric_check.py)
 DIR/fit/schedule_check.json     sweep.schedule_check: each check run's loss beside the grid run it repeats
 DIR/lr_fit.json (+ lr_scan.png) an LR scan's fit (sweep.mode=lr_scan)
 DIR/fit/fitted_from.json        the digest of results.jsonl the last fit was made from: a rerun with the same
@@ -20,7 +22,7 @@ import os
 from typing import Any
 
 from transformer import file_claims, files
-from transformer.sweeps import execute, results
+from transformer.sweeps import execute, metric_check, results
 
 
 def _fit_dir(workdir: str) -> str:
@@ -57,7 +59,8 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
     """Fits the grid and writes DIR/fit/predictions.json (once: an existing one is returned as it is), before
     the validation run is designed. Its `params` is N_opt in the fit's headline convention (`convention`);
     where the fit cannot predict (too few budget minima for a frontier) `params` and `loss` are null and `note`
-    says why, and the sweep ends without a validation run."""
+    says why, and the sweep ends without a validation run. With sweep.predict_metrics, `metrics` holds each
+    metric's prediction at the same budget (metric_check.predict), written in the same file at the same time."""
     existing = load_prediction(workdir)
     if existing is not None:
         return existing
@@ -74,6 +77,8 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
                            "grid_runs": len(fit["points"]),
                            "backtest": {k: v for k, v in (fit["frontier"].get("backtest") or {}).items() if k != "method"},
                            "frontier_warning": fit["frontier"].get("warning")}}
+    if prediction["params"] is not None and metric_check.names(doc):  # checked on the same validation run
+        prediction["metrics"] = metric_check.predict(workdir, doc, float(pred["flops"]))
     _write(workdir, "predictions.json", prediction)
     return prediction
 
@@ -94,6 +99,8 @@ def validation(workdir: str, doc: dict[str, Any], rows: list[dict[str, Any]]) ->
            "relative_error": None if measured is None else (measured - prediction["loss"]) / prediction["loss"],
            "inside_ci95": None if measured is None or not ci else bool(ci[0] <= measured <= ci[1]),
            "prediction_written_at": prediction["written_at"], "status": row.get("status")}
+    if prediction.get("metrics"):
+        out["metrics"] = metric_check.validation(row, prediction)
     _write(workdir, "validation.json", out)
     return out
 
@@ -168,10 +175,14 @@ def finish(workdir: str, doc: dict[str, Any], announce: bool = True) -> dict[str
     else:
         checked = validation(workdir, doc, rows)
         check = schedule_check(workdir, rows)
-        fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check))
-                                           if v})
+        metric_fits = metric_check.finish(workdir, doc, checked) if metric_check.names(doc) else None
+        fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check),
+                                                             ("metric_fits", metric_fits)) if v})
         if announce and checked is not None and checked["measured_loss"] is not None:
             print(validation_line(checked), flush=True)
+        if announce and checked is not None:
+            for line in metric_check.validation_lines(checked):
+                print(line, flush=True)
     _write(workdir, "fitted_from.json", {"results_sha256": digest, "fit": os.path.relpath(_fit_path(workdir, doc),
                                                                                            workdir)})
     return fit
@@ -210,6 +221,8 @@ def announce_prediction(workdir: str, pred: dict[str, Any]) -> None:
         print(f"warning: {pred['note']}; see {workdir}/fit/fit.json", flush=True)
     else:
         print(prediction_line(workdir, pred), flush=True)
+        for line in metric_check.prediction_lines(pred):
+            print(line, flush=True)
 
 
 def validation_line(checked: dict[str, Any]) -> str:
@@ -263,5 +276,7 @@ def summary_lines(fit: dict[str, Any], rows: list[dict[str, Any]] = ()) -> list[
     checked = fit.get("validation")
     if checked and checked.get("measured_loss") is not None:
         lines.append(validation_line(checked))
+    if checked:
+        lines += metric_check.validation_lines(checked)
     return lines
 

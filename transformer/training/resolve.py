@@ -104,10 +104,13 @@ def check_plain(config: Any) -> None:
     data = DataSpec.of(d["data"])
     train = TrainSpec.from_config(d["train"])
     task = run_task(d["model"].get("family", "decoder"), d["train"].get("task", ""))
-    for setting, given in (("data.eval_sets", data.eval_set_list), ("train.eval_tasks", train.eval_tasks)):
-        if given and task != "lm":
-            raise ConfigError(f"{setting} needs a next-token model (model.family='decoder', train.task='lm'); this "
-                              f"run trains train.task={task!r}: leave {setting} empty")
+    if data.eval_set_list and task != "lm":
+        raise ConfigError(f"data.eval_sets needs a next-token model (model.family='decoder', train.task='lm'); this "
+                          f"run trains train.task={task!r}: leave data.eval_sets empty")
+    if train.eval_tasks and task not in ("lm", "span_corruption"):
+        raise ConfigError(f"train.eval_tasks scores continuations with a decoder (train.task='lm') or an encoder–"
+                          f"decoder (train.task='span_corruption'); this run trains train.task={task!r}: leave "
+                          "train.eval_tasks empty")
     choice_tasks.parse(train.eval_tasks)  # every task found (its documents are read when the run sets up)
 
 

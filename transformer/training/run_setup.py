@@ -208,8 +208,8 @@ def prepare(configs: Sequence[Any], workdirs: Sequence[str], verbose: bool, get_
         run_data = resolved_runs[0].data
         sets = (eval_sets.open_sets(run_data, run_data.ensure_cache(False), verbose and primary)
                 if spec.data.eval_set_list else [])  # each tokenized once; a set of training data refused
-        tasks = scoring.prepare_tasks(t.eval_tasks, t.eval_tasks_limit, run_data.tokenizer, spec.data.seq_len,
-                                      verbose and primary)
+        tasks = scoring.prepare_tasks(t.eval_tasks, t.eval_tasks_limit, run_data.tokenizer,
+                                      scoring.layout_for(task.name, spec.data.seq_len), verbose and primary)
     except BaseException:
         claims.release(remove_created=True)  # a data mistake leaves no workdir (nor a half-made run) behind
         raise

@@ -1,5 +1,6 @@
-"""Loglikelihood scoring with a decoder model: requests packed into rows of one shape (data/scoring_rows.py) and
-scored by one compiled step on the run's mesh, B rows of T positions at a time.
+"""Loglikelihood scoring with a decoder or an encoder–decoder model: requests packed into rows of one shape by the
+model's layout (data/scoring_rows.py: a decoder's rows of T positions; an encoder–decoder's context in the encoder
+row, continuation in the decoder row) and scored by one compiled step on the run's mesh, B rows at a time.
 
 `Scorer` holds the step; `loglikelihoods(params, requests)` gives each request's loglikelihood and whether its
 continuation is the greedy one (lm-evaluation-harness's (logprob, is_greedy)). `TaskEvaluator` is the loop's
@@ -17,15 +18,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.data import choice_tasks, scoring_rows
+from transformer.data.scoring_rows import Layout
 from transformer.data.batches import RowBlocks
 from transformer.spec import ConfigError
 from transformer.spec import metric_keys
 from transformer.training.steps import global_batch
 
 
+def layout_for(task_name: str, seq_len: int) -> Layout:
+    """A run's scoring rows: a decoder's (train.task lm) of data.seq_len positions, or an encoder–decoder's
+    (span_corruption) encoder and decoder rows of data.seq_len each, the decoder starting as in training."""
+    if task_name == "span_corruption":
+        from transformer.data.span_corruption import DECODER_START_ID
+        return Layout(seq_len, source_len=seq_len, decoder_start=DECODER_START_ID)
+    return Layout(seq_len)
+
+
 def make_score_step(model: Any, task: Any):
     """(params, batch) -> {"logprob": float32 [B, T] (the target's log-probability where `weights` > 0, else 0),
-    "greedy": bool [B, T] (the target is the argmax)} for a decoder model and the lm task's batch keys."""
+    "greedy": bool [B, T] (the target is the argmax)} for the task's batch keys (lm: a decoder's rows;
+    span_corruption: an encoder–decoder's, teacher-forced)."""
 
     def score(params: Any, batch: dict) -> dict:
         logits, targets, weights = task.forward(model, params, batch, deterministic=True, rngs=None)
@@ -37,14 +49,15 @@ def make_score_step(model: Any, task: Any):
 
 
 class Scorer:
-    """Scores requests in batches of `batch_size` rows of `seq_len` positions with one compiled step.
+    """Scores requests in batches of `batch_size` rows of the model's `layout` (data/scoring_rows.Layout) with one
+    compiled step.
 
     `params_sharding` / `batch_sharding`: the run's (None: the default device); `rows`: this process's rows of a
     batch (data.batches.process_rows; None: all of them, one process); `runs` > 0: a group's stacked parameters."""
 
-    def __init__(self, model: Any, task: Any, seq_len: int, batch_size: int, *, params_sharding: Any = None,
+    def __init__(self, model: Any, task: Any, layout: Layout, batch_size: int, *, params_sharding: Any = None,
                  batch_sharding: Any = None, rows: RowBlocks | None = None, runs: int = 0):
-        self.seq_len, self.batch_size, self.rows, self.runs = int(seq_len), int(batch_size), rows, runs
+        self.layout, self.batch_size, self.rows, self.runs = layout, int(batch_size), rows, runs
         self.batch_sharding = batch_sharding
         step = make_score_step(model, task)
         if runs:
@@ -65,7 +78,7 @@ class Scorer:
     def score_rows(self, params: Any, packed: scoring_rows.PackedRows) -> list[tuple[np.ndarray, np.ndarray]]:
         """[(loglikelihood float64 [N], is_greedy bool [N])] per run (one entry for a run alone)."""
         outs = []  # dispatched in turn; fetched once at the end
-        for start in range(0, len(packed.inputs), self.batch_size):
+        for start in range(0, packed.num_rows, self.batch_size):
             outs.append(self.step(params, self._local(packed.batch(start, self.batch_size))))
         fetched = jax.device_get(outs)
         R = (fetched[0]["logprob"].shape[0] if fetched else 0) if self.runs else 1  # a group's live runs
@@ -76,26 +89,27 @@ class Scorer:
             for r in range(R):
                 rows_lp[r].append(lp[r] if self.runs else lp)
                 rows_greedy[r].append(greedy[r] if self.runs else greedy)
-        n = len(packed.inputs)
+        n, T = packed.num_rows, self.layout.target_len
         results = []
         for r in range(R):
-            lp = np.concatenate(rows_lp[r])[:n] if rows_lp[r] else np.zeros((0, self.seq_len))
-            greedy = np.concatenate(rows_greedy[r])[:n] if rows_greedy[r] else np.zeros((0, self.seq_len), bool)
+            lp = np.concatenate(rows_lp[r])[:n] if rows_lp[r] else np.zeros((0, T))
+            greedy = np.concatenate(rows_greedy[r])[:n] if rows_greedy[r] else np.zeros((0, T), bool)
             results.append(scoring_rows.reduce(packed, lp, greedy))
         return results
 
     def loglikelihoods(self, params: Any, requests: Sequence[scoring_rows.Request]) -> tuple[np.ndarray, np.ndarray]:
         """(loglikelihood [N], is_greedy [N]) of (context ids, continuation ids) requests (a run alone)."""
-        return self.score_rows(params, scoring_rows.pack(requests, self.seq_len))[0]
+        return self.score_rows(params, self.layout.pack(requests))[0]
 
 
 class PreparedTask:
-    """A task's requests tokenized and packed once (`tokenizer`: the run's; `seq_len`: the rows' length). A
-    document with a continuation longer than `seq_len` tokens cannot be scored in one row: it is left out
-    (`skipped_docs`, with a warning), and a task left without documents is a ConfigError."""
+    """A task's requests tokenized and packed once (`tokenizer`: the run's; `layout`: the model's rows). A document
+    with a continuation longer than the (decoder) rows cannot be scored in one row: it is left out (`skipped_docs`,
+    with a warning), and a task left without documents is a ConfigError."""
 
-    def __init__(self, task: choice_tasks.ChoiceTask, tokenizer: Any, seq_len: int, verbose: bool = True):
-        encoded = [scoring_rows.encode_pair(tokenizer, c, x) for c, x in task.requests()]
+    def __init__(self, task: choice_tasks.ChoiceTask, tokenizer: Any, layout: Layout, verbose: bool = True):
+        seq_len = layout.target_len
+        encoded = [layout.encode(tokenizer, c, x) for c, x in task.requests()]
         kept_docs, kept, i = [], [], 0
         for doc in task.docs:
             mine = encoded[i:i + len(doc.continuations)]
@@ -112,15 +126,15 @@ class PreparedTask:
                   f"left out (a continuation longer than {seq_len} tokens)", flush=True)
         self.task = choice_tasks.ChoiceTask(task.name, task.path, tuple(kept_docs))
         self.scored = [s for _, _, s in kept]
-        self.packed = scoring_rows.pack([(c, x) for c, x, _ in kept], seq_len)
+        self.packed = layout.pack([(c, x) for c, x, _ in kept])
 
     def metrics(self, loglikelihoods: np.ndarray) -> dict[str, float]:
         return choice_tasks.metrics(self.task, loglikelihoods, self.scored)
 
 
-def prepare_tasks(value: str, limit: int, tokenizer: Any, seq_len: int, verbose: bool = True) -> list[PreparedTask]:
+def prepare_tasks(value: str, limit: int, tokenizer: Any, layout: Layout, verbose: bool = True) -> list[PreparedTask]:
     """train.eval_tasks (choice_tasks.parse) read, tokenized and packed; `limit`: documents per task (0: all)."""
-    return [PreparedTask(choice_tasks.load(name, path, limit), tokenizer, seq_len, verbose)
+    return [PreparedTask(choice_tasks.load(name, path, limit), tokenizer, layout, verbose)
             for name, path in choice_tasks.parse(value)]
 
 
