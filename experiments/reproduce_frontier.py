@@ -23,6 +23,9 @@ from transformer.scaling import points as points_lib
 FAR = 4 * 0.99  # a pair extrapolating this factor or more beyond its origin is in the "≥4x" regime
 REGIMES: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("<4x", lambda r: r["ratio"] < FAR), ("≥4x", lambda r: r["ratio"] >= FAR))
+# The tables also show the pairs 4–16x beyond their origin (the ≥4x regime without the far extrapolations from two
+# or three minima, 16x to 1000x).
+SHOWN = REGIMES + (("4–16x", lambda r: FAR <= r["ratio"] < 16 * 0.99),)
 # The rules for E compared (`frontier.choose` with its threshold set to each): 0 frees E unless the minima drive it
 # to 0 (the rule before), inf always holds approach 3's.
 RULES = {"free E (before)": 0.0, "E held at approach 3's": float("inf"), "χ² test (shipped)": getattr(frontier, "E_TEST", None)}
@@ -182,7 +185,7 @@ CASES: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
 
 
 def table(groups: list[tuple[str, list[dict[str, Any]]]], columns: list[tuple[str, str, str]],
-          regimes: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = REGIMES) -> list[str]:
+          regimes: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = SHOWN) -> list[str]:
     """Markdown: per group and regime (or case), n (sets), median |error|, and per (label, covered key, width key) column the
     coverage, median width and width / median |error|."""
     head = "| data | regime | pairs (sets) | median \\|error\\| | " + " | ".join(
@@ -247,11 +250,11 @@ def run(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int)
             for regime, _ in REGIMES if a[regime].get("n")))
     nested = nested_choice(by_rule)
     lines += ["", "Rules for E, median |error| per regime (median over sets of each set's median | pooled):",
-              "| rule | family | " + " | ".join(f"{regime}" for regime, _ in REGIMES) + " |", "|---|---|---|---|"]
+              "| rule | family | " + " | ".join(f"{regime}" for regime, _ in SHOWN) + " |", "|---|---|" + "---|" * len(SHOWN)]
     for rule, rs in list(by_rule.items()) + [("chosen out of sample (per source, on the others)", nested["rows"])]:
         for fam, sel in groups(rs):
             lines.append(f"| {rule} | {fam} | " + " | ".join(_errors([r for r in sel if in_regime(r)])
-                                                              for _, in_regime in REGIMES) + " |")
+                                                              for _, in_regime in SHOWN) + " |")
     lines.append("picked per source: " + ", ".join(f"{rule}: {sum(1 for v in nested['picked'].values() if v == rule)}"
                                                    for rule in RULES))
     stab = stability(sets, samples)
@@ -266,7 +269,7 @@ def run(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int)
                          if s else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     result = {"pairs": rows, "cases": cases, "spread": q, "across_families": across, "rules": {
-        rule: {fam: {regime: _errors([r for r in sel if in_regime(r)]) for regime, in_regime in REGIMES}
+        rule: {fam: {regime: _errors([r for r in sel if in_regime(r)]) for regime, in_regime in SHOWN}
                for fam, sel in groups(rs)} for rule, rs in by_rule.items()}, "picked": nested["picked"],
         "stability": stab}
     return result, lines
