@@ -27,7 +27,6 @@ import os
 import sys
 from typing import Any, Iterator
 
-import numpy as np
 from absl import flags
 
 from experiments import cli, reproduce_frontier, reproduce_points

@@ -28,7 +28,8 @@ REGIMES: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
 SHOWN = REGIMES + (("4–16x", lambda r: FAR <= r["ratio"] < 16 * 0.99),)
 # The rules for E compared (`frontier.choose` with its threshold set to each): 0 frees E unless the minima drive it
 # to 0 (the rule before), inf always holds approach 3's.
-RULES = {"free E (before)": 0.0, "E held at approach 3's": float("inf"), "χ² test (shipped)": getattr(frontier, "E_TEST", None)}
+RULES = {"free E (before)": 0.0, "E held at approach 3's": float("inf"),
+         "χ² test (shipped)": getattr(frontier, "E_TEST", None)}  # (getattr: the harness also runs on the code before)
 
 
 def origins(pts: points_lib.Points) -> Iterator[tuple[float, points_lib.Points, list[dict[str, Any]], int]]:
@@ -220,7 +221,8 @@ def across_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         q = backtest.conformal_multiplier([r["score"] for r in cal], weights=set_weights(cal))
         scored = [{**r, "covered_x": bool(abs(r["error"]) <= np.hypot(r["noise_half"], q * r["lever"])),
                    "width_x": float(2 * np.sinh(np.hypot(r["noise_half"], q * r["lever"])))} for r in test]
-        out.append({"calibrated_on": "Porian et al. (15 settings)" if fam == "Porian" else f"the other {len({r['data'] for r in cal})} sets", "q": q,
+        name = "Porian et al. (15 settings)" if fam == "Porian" else f"the other {len({r['data'] for r in cal})} sets"
+        out.append({"calibrated_on": name, "q": q,
                     **{regime: summary([r for r in scored if in_regime(r)], "covered_x", "width_x")
                        for regime, in_regime in REGIMES}})
     return out
@@ -265,7 +267,8 @@ def run(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int)
         for rule in RULES:
             s = next((s for s in stab if s["data"] == name and s["rule"] == rule), None)
             cells.append(f"{100 * s['loss_max_abs_change']:.2f} / {100 * s['loss_mean_abs_change']:.2f}%; "
-                         f"{100 * s.get('params_max_abs_change', np.nan):.1f} / {100 * s.get('params_mean_abs_change', np.nan):.1f}%"
+                         f"{100 * s.get('params_max_abs_change', np.nan):.1f} / "
+                         f"{100 * s.get('params_mean_abs_change', np.nan):.1f}%"
                          if s else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     result = {"pairs": rows, "cases": cases, "spread": q, "across_families": across, "rules": {

@@ -253,7 +253,8 @@ def predictions(
     the loss noise `source`). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread (without
     draws, the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") and the
     extrapolation term, which grows with the distance beyond the largest fitted budget in units of the compute range
-    of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only one is `loss_noise_ci95`, the terms `loss_interval`."""
+    of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only
+    one is `loss_noise_ci95`, the terms `loss_interval`."""
     out = []
     for c in flops_Q:
         pred: dict[str, Any] = {"flops": float(c)}
