@@ -98,4 +98,4 @@ def test_every_interval_in_a_fit_names_its_source():
     assert fit["approach2"]["ci95_source"] == "seeds" and fit["frontier"]["ci95_source"] == "seeds"
     p = fit["predictions"][0]
     assert p["loss_ci95_source"] == p["params_ci95_source"] == p["loss_noise_ci95_source"] == "seeds"
-    assert isinstance(p["loss_ci95"], list) and p["loss_interval"]["multiplier"] == backtest.INTERVAL_SCALE
+    assert isinstance(p["loss_ci95"], list) and p["loss_interval"]["spread"] == backtest.FRONTIER_SPREAD

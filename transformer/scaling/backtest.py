@@ -1,24 +1,25 @@
-"""Backtests of the loss frontier, and prediction intervals calibrated on them.
+"""Backtests (refit on the data up to an origin, predict beyond it) and the prediction intervals calibrated on them.
 
 Legend: B = budget minima (increasing compute), J = backtest pairs, K = noise draws.
 
-Backtest: for every k ≥ MIN_BUDGETS that leaves a later budget, the frontier (`frontier.fit_largest`: the
-largest FRONTIER_BUDGETS of the first k minima) is refitted on the first k budget minima and predicts the
-optimal loss of each later budget j. Each pair records e = ln(L̂_j / L_j) and the distance
-x = ln(C_j / C_k) beyond the largest budget the refit saw.
+Backtest (`pairs`): for every k ≥ MIN_BUDGETS that leaves a later budget, the frontier is refitted (the same rule
+as the fit: `frontier.choose`) on the first k budget minima and predicts the optimal loss of each later budget j.
+Each pair records e = ln(L̂_j / L_j) and the distance x = ln(C_j / C_k) beyond the largest budget the refit saw;
+fit.json and the console show them, with their RMS per e-fold (`misfit_scale`, `summary`).
 
-Calibration: extrapolation error grows with distance. The misfit scale s is the RMS of e/x (the relative error
-per e-fold of extrapolation) over the pairs whose refit saw as many budgets as the fit being calibrated uses
-(`min_origin`: refits on 3 budgets are worse estimators than one on 6 and would inflate s), pooled with a weak
-prior (PRIOR_ORIGINS pseudo-refits at PRIOR_PER_EFOLD). A prediction at distance x from the fit's largest
-budget then carries σ² = σ_noise² + (s·x)², σ_noise the sd of ln L̂ over the loss-noise draws, and its 95%
-interval is L̂·exp(±m·t·σ), t the Student-t 97.5% quantile with one degree of freedom per refit and prior
-pseudo-refit, and m = INTERVAL_SCALE the conformal multiplier: the 95% quantile (`conformal_multiplier`) of the
-score |e| / (t·σ) over the hold-out backtests of published IsoFLOP sets (`experiments.reproduce`). The refits
-see fewer and smaller budgets than the final fit, so t·σ alone overstates the error (median score 0.11 at 2×,
-0.19 at 4×); m shrinks it to what the published hold-outs need, and `leave_group_out` measures the coverage this
-gives on a data source that the multiplier was not calibrated on. Without a backtest refit (fewer than
-MIN_BUDGETS + 1 minima) the prior alone sets s, and the interval says it is not calibrated.
+The frontier's interval (`frontier_interval`): L̂·exp(±h), h = sqrt((Z·σ_noise)² + (q·x/span)²), σ_noise the sd of
+ln L̂ over the loss-noise draws, x = ln(C / C_largest fitted) and span = ln(C_largest / C_smallest) of the fitted
+minima: the extrapolation term grows with the distance in units of the compute range the data cover. q =
+FRONTIER_SPREAD is one constant, calibrated on the leave-future-out pairs of published IsoFLOP sets
+(`experiments.reproduce_frontier`: the split-conformal 95% quantile of the score each pair needs,
+`conformal_multiplier` with each set weighted equally; `leave_group_out` measures the coverage on a data source q
+was not calibrated on). A set's own backtest is not used for the width: on the published pairs, the RMS per e-fold
+of a set's earlier refits predicts its next error worse than one constant does (docs/fitting.md).
+
+The loss at any (N, D) (`at_points`) keeps the older form (`misfit_scale`, `interval`): its own backtest by
+model size gives the misfit s per e-fold, pooled with a weak prior (PRIOR_ORIGINS pseudo-refits at
+PRIOR_PER_EFOLD), and the interval is L̂·exp(±m·t·sqrt(σ_noise² + (s·x)²)), t the Student-t 97.5% quantile with
+one degree of freedom per refit and prior pseudo-refit, m its conformal multiplier (`at_points.INTERVAL_SCALE`).
 """
 from __future__ import annotations
 
@@ -36,11 +37,15 @@ Z95 = (1 + COVERAGE) / 2
 # tuned settings). It keeps an interval with one or no backtest refit finite and not absurd (t with 2 + n dof).
 PRIOR_ORIGINS = 2
 PRIOR_PER_EFOLD = 0.005
-# The conformal multiplier of t·σ: the 95% quantile of |e| / (t·σ) over the 42 hold-out backtests of the 21
-# published IsoFLOP sets (0.488; docs/fitting.md), rounded up. Left out one source at a time (its multiplier
-# calibrated on the others), the interval covers 41 of 42 hold-outs. Only the frontier's intervals use it; the
-# loss at (N, D) has its own, calibrated the same way on size hold-outs (`at_points.INTERVAL_SCALE`).
-INTERVAL_SCALE = 0.5
+# The frontier's interval (`frontier_interval`): the half-width's extrapolation term is q·x/span (`lever`). q is the
+# split-conformal 95% quantile of the hold-out score sqrt(max(e² − (Z·σ_noise)², 0)) / (x/span) over the
+# leave-future-out pairs of the published IsoFLOP sets (each set weighted equally; experiments.reproduce_frontier),
+# rounded up; each source's q calibrated on the other sources alone covers its pairs out of sample (docs/fitting.md).
+FRONTIER_SPREAD = 0.066
+SPREAD_FROM = ("95% quantile of |error| / lever over the leave-future-out pairs of 21 published IsoFLOP sets "
+               "(Porian et al. 2024's 15 settings, Chinchilla (Epoch AI's extraction), Open-Athena's ml_scalefit, "
+               "epochai_chinchilla, misfitting and Llama 3 raw/exp); docs/fitting.md")
+Z = float(special.ndtri(Z95))  # 1.96: the noise term's 95% normal quantile
 
 
 def pairs(flops_B: Sequence[float], loss_B: Sequence[float],
@@ -64,7 +69,7 @@ def pairs(flops_B: Sequence[float], loss_B: Sequence[float],
 
 
 def misfit_scale(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS,
-                 multiplier: float = INTERVAL_SCALE) -> dict[str, Any]:
+                 multiplier: float = 1.0) -> dict[str, Any]:
     """{"per_efold" s, "origins", "pairs", "t", "multiplier", "backtest_per_efold"}: the RMS of e/x over the pairs
     with x > 0 whose refit saw at least `min_origin` budgets, pooled with a prior of PRIOR_ORIGINS pseudo-refits
     at PRIOR_PER_EFOLD (s² = (n₀·s₀² + n·s_bt²) / (n₀ + n), n the refits); t the Student-t 97.5% quantile with
@@ -125,6 +130,42 @@ def interval(loss: float, distance: float, noise_sd: float | None, scale: dict[s
     return ci, terms
 
 
+def lever(distance: float, span: float) -> float:
+    """The frontier's extrapolation lever x / span: x = ln(C / C_largest fitted) (0 inside the fitted range), span =
+    ln(C_largest / C_smallest) of the fitted minima: how far beyond the data, in units of the compute range they
+    cover."""
+    return max(float(distance), 0.0) / float(span)
+
+
+def frontier_interval(loss: float, distance: float, span: float, noise_sd: float | None, source: str,
+                      spread: float | None = None) -> tuple[Interval, dict[str, Any]]:
+    """The 95% interval of the frontier's predicted loss `loss` at `distance` = ln(C / C_largest fitted):
+    L̂·exp(±h), h = sqrt((Z·σ_noise)² + (q·x/span)²), σ_noise the sd of ln L̂ over the noise draws (`source`;
+    None or 0: no noise term, "none"), x/span = `lever(distance, span)`, q = `spread` (None: FRONTIER_SPREAD,
+    calibrated on the published hold-outs). Returns it and its terms, fit.json's `loss_interval`: what drives the
+    width (each term's half-width in ln L), the inputs, and where the constant came from."""
+    spread = FRONTIER_SPREAD if spread is None else float(spread)
+    noise_sd = float(noise_sd) if noise_sd is not None and np.isfinite(noise_sd) and noise_sd > 0 else 0.0
+    source = source if noise_sd > 0 else "none"
+    lev = lever(distance, span)
+    noise_half, extrap_half = Z * noise_sd, spread * lev
+    half = float(np.hypot(noise_half, extrap_half))
+    with np.errstate(over="ignore"):
+        bounds = [float(loss * np.exp(-half)), float(loss * np.exp(half))]
+    if not (np.isfinite(half) and np.all(np.isfinite(bounds))):
+        ci = Interval(None, None, source, 1.0, "the extrapolation term runs away: no finite interval")
+    elif half <= 0:
+        ci = none(f"{NO_NOISE}, and the prediction is inside the fitted range: no interval")
+    else:
+        ci = Interval(*bounds, source, 1.0, None if source != "none" else
+                      f"{NO_NOISE}: the extrapolation term alone, no noise term")
+    terms = {"method": "ln L ± sqrt((1.96·σ_noise)² + (q·x/span)²)", "half_width_log": half if ci.exists else None,
+             "noise_half_width_log": noise_half, "extrapolation_half_width_log": extrap_half,
+             "noise_sd_log": noise_sd, "source": source, "distance": max(float(distance), 0.0), "span": float(span),
+             "lever": lev, "spread": spread, "spread_from": SPREAD_FROM, "calibrated": ci.exists}
+    return ci, terms
+
+
 def at_multiplier(score: float, unit: float, multiplier: float) -> tuple[bool, float]:
     """A hold-out against the interval L̂·exp(±m·unit) (`interval` with unit = t·σ): whether it covers the truth,
     given the hold-out's score = |ln(L̂ / L)| / unit, and the interval's relative width (hi − lo) / L̂."""
@@ -142,19 +183,28 @@ def log_sd(values_K: np.ndarray) -> float | None:
     return float((q75 - q25) / 1.349)
 
 
-def conformal_multiplier(scores: Sequence[float], level: float = COVERAGE) -> float:
-    """The split-conformal quantile of `scores` (|e| / (t·σ), one per hold-out): the ⌈(n + 1)·level⌉-th smallest,
-    so that a new exchangeable hold-out's score falls below it with probability ≥ `level`; inf when n is too few
-    for `level` (n + 1 < 1 / (1 − level))."""
-    s_N = np.sort(np.asarray(scores, float))
+def conformal_multiplier(scores: Sequence[float], level: float = COVERAGE,
+                         weights: Sequence[float] | None = None) -> float:
+    """The split-conformal quantile of `scores` (one per hold-out): the ⌈(n + 1)·level⌉-th smallest, so that a new
+    exchangeable hold-out's score falls below it with probability ≥ `level`; inf when n is too few for `level`
+    (n + 1 < 1 / (1 − level)). With `weights` (e.g. 1 / the hold-outs of its data set, so that each set counts
+    once): the smallest score whose cumulative weight reaches level·(W + w_max), W the total weight and w_max the
+    largest one standing in for the new hold-out's (equal weights give the unweighted rule)."""
+    s_N = np.asarray(scores, float)
     if s_N.size == 0 or not np.all(np.isfinite(s_N)):
         raise ValueError(f"conformal_multiplier needs finite scores, got {list(scores)}")
-    rank = int(np.ceil((len(s_N) + 1) * level))
-    return float(s_N[rank - 1]) if rank <= len(s_N) else float("inf")
+    w_N = np.ones(s_N.size) if weights is None else np.asarray(weights, float)
+    order = np.argsort(s_N, kind="stable")
+    reach = np.cumsum(w_N[order]) >= level * (w_N.sum() + w_N.max()) * (1 - 1e-12)
+    return float(s_N[order][np.argmax(reach)]) if reach.any() else float("inf")
 
 
-def leave_group_out(scores: Sequence[float], groups: Sequence[str], level: float = COVERAGE) -> list[float]:
-    """For each hold-out, the multiplier calibrated (`conformal_multiplier`) on the hold-outs of every other group
-    (a data source: its near-duplicate extractions together): covered out of sample where score ≤ it."""
+def leave_group_out(scores: Sequence[float], groups: Sequence[str], level: float = COVERAGE,
+                    weights: Sequence[float] | None = None) -> list[float]:
+    """For each hold-out, the multiplier calibrated (`conformal_multiplier`, with `weights` where given) on the
+    hold-outs of every other group (a data source: its near-duplicate extractions together): covered out of sample
+    where score ≤ it."""
     s_N, g_N = np.asarray(scores, float), np.asarray(groups)
-    return [conformal_multiplier(s_N[g_N != g], level) for g in g_N]
+    w_N = np.ones(s_N.size) if weights is None else np.asarray(weights, float)
+    by_group = {g: conformal_multiplier(s_N[g_N != g], level, w_N[g_N != g]) for g in dict.fromkeys(g_N)}
+    return [by_group[g] for g in g_N]

@@ -242,7 +242,7 @@ def fit_summary(fit: dict[str, Any]) -> dict[str, Any]:
                                   for b in a2.get("budgets", [])],
                       "budgets_excluded": [{"flops": b["flops"], "reason": b["reason"]}
                                            for b in a2.get("budgets_excluded", [])]},
-        "frontier": {**{k: front[k] for k in ("form", "law", "E_from", "E_ci95", "gamma_ci95", "ci95_source", "note")
+        "frontier": {**{k: front[k] for k in ("form", "law", "E_from", "test", "E_ci95", "gamma_ci95", "ci95_source", "note")
                         if k in front},
                      **({"draws": {k: [x if x is not None and math.isfinite(x) else None for x in v]
                                    for k, v in draws.items()}} if draws else {})},

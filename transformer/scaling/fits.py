@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.spec import ConfigError
-from transformer.scaling import at_points, conventions, frontier, interval, isoflop, noise, parametric
+from transformer.scaling import at_points, conventions, frontier, interval, isoflop, noise, parametric, refits
 from transformer.scaling.interval import draw_lists  # noqa: F401 (re-exported)
 from transformer.scaling.isoflop import BUDGET_RTOL, approach2, group_budgets  # noqa: F401 (re-exported)
 from transformer.scaling.points import Points
@@ -295,7 +295,11 @@ def fit_all(
     if {"params_non_embedding", "params_total"} <= set(used.extra_P):  # the runs' share outside the embeddings
         share = used.extra_P["params_non_embedding"] / used.extra_P["params_total"]
         result["non_embedding_share"] = {"min": float(share.min()), "max": float(share.max())}
-    result["frontier"], predictions = frontier.with_predictions(a2, draws2, a3, predict_flops, kind)
+    result["frontier"], predictions = frontier.with_predictions(a2, draws2, a3, predict_flops, kind,
+                                                                refits.backtest_e(chosen, a2, a3))
+    stability = refits.leave_one_budget_out(chosen, a2, a3, result["frontier"], predict_flops)
+    if stability is not None:
+        result["frontier"]["sensitivity"] = stability
     if predict_flops:
         result["predictions"] = predictions
     if predict_points:

@@ -6,11 +6,17 @@ The irreducible term E stays in the model: a pure power law through the minima b
 misses the loss at 4× the largest budget by 2–3% (docs, scaling-design notes). The fit is least squares
 in ln L (ln L = logaddexp(ln k − γ ln C, ln E)) with 0 < E < min L_opt and γ ≥ 0, from a few starts.
 
-Which minima set E: the largest FRONTIER_BUDGETS (`fit_largest`). Fitted through every minimum, the smallest
-budgets (where the loss still falls steeply and the form bends most) pull E up, and the frontier over-predicts
-far out: on the published IsoFLOP sets (docs/fitting.md) the largest six give a median |error| of 0.16% at 2×
-and 0.40% at 4× the largest fitted budget, against 0.76% and 1.85% through every minimum (weighting the
-largest budgets, or a pure power law through the last three, fall between).
+Which minima set the law: the largest FRONTIER_BUDGETS (`fit_largest`). Fitted through every minimum, the
+smallest budgets (where the loss still falls steeply and the form bends most) pull E up, and the frontier
+over-predicts far out (docs/fitting.md).
+
+Where E comes from (`choose`): approach 3's E (fitted to every point near an optimum, so hundreds of points
+rather than a handful of minima) is held, and only k and γ are fitted through the minima, unless the minima
+reject it: the held law's residual sum of squares exceeds the free law's by more than E_TEST (the χ² 95% quantile
+with one degree of freedom) times the minima's noise variance. A handful of minima hardly identify E (a free fit
+through 3–5 of them extrapolated 4–10× beyond the data misses by 4–5% on the Chinchilla sets); where many minima
+trace a curve that approach 3's E cannot follow (Porian et al.'s small-scale settings, whose loss carries a term
+that fades with compute), the test frees E. docs/fitting.md has the comparison on the published sets.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ E_STARTS = (0.2, 0.5, 0.8, 0.95)  # E as fractions of the lowest minimum
 
 
 FRONTIER_BUDGETS = 6  # the frontier is fitted to the minima of the largest this many budgets
+E_TEST = 3.841  # χ² 95% quantile, 1 dof: approach 3's E is rejected when it raises the minima's RSS by more (× σ²)
 E_UNIDENTIFIED = 1e-3  # a fitted E below this fraction of the lowest minimum: the minima do not pin E down
 MISFIT_FLAG = 2.0  # the frontier misfits when its residual RMS exceeds this many times the minima's noise sd
 
@@ -116,53 +123,112 @@ def loss_at(law: dict[str, float], flops: np.ndarray) -> np.ndarray:
     return law["E"] + law["k"] * np.power(np.asarray(flops, float), -law["gamma"])
 
 
-def e_unpinned(approach2: dict[str, Any]) -> bool:
-    """Whether approach 2's minima leave E unidentified (the frontier through them drives E to ~0, or there is
-    none): then the frontier holds E at approach 3's, which must be fitted first."""
-    budgets = approach2.get("budgets", [])
-    if not budgets:
-        return False
-    loss_B = [b["loss_opt"] for b in budgets]
-    law = fit_largest([b["C_opt"] for b in budgets], loss_B)
-    return law is None or law["E"] < E_UNIDENTIFIED * min(loss_B)
+def _largest_fits(problems: Sequence[tuple[np.ndarray, np.ndarray, float | None]]) -> list[dict[str, float] | None]:
+    """`fit_largest` of each (flops_B, loss_B, e_fixed), batched: one `fit_many` per number of minima fitted."""
+    pairs = [largest(f, l) for f, l, _ in problems]
+    out: list[dict[str, float] | None] = [None] * len(problems)
+    for size in {len(f) for f, _ in pairs}:
+        idx = [i for i, (f, _) in enumerate(pairs) if len(f) == size]
+        got = fit_many(np.array([pairs[i][0] for i in idx]), np.array([pairs[i][1] for i in idx]),
+                       [problems[i][2] for i in idx])
+        for i, law in zip(idx, got):
+            out[i] = law
+    return out
+
+
+def choose_many(problems: Sequence[tuple[Sequence[float], Sequence[float], float | None]],
+                noise_sd: float | None) -> list[tuple[dict[str, float] | None, dict[str, Any]]]:
+    """`choose` of each (flops_B, loss_B, e3), all their fits in a few batches."""
+    arrays = [(np.asarray(f, float), np.asarray(l, float), e) for f, l, e in problems]
+    usable = [e is not None and 0 < e < l.min() for _, l, e in arrays]
+    laws = _largest_fits([(f, l, None) for f, l, _ in arrays] + [(f, l, e) for (f, l, e), u in zip(arrays, usable) if u])
+    free_K, held_iter = laws[:len(arrays)], iter(laws[len(arrays):])
+    return [_decide(free, next(held_iter) if u else None, l, e, noise_sd)
+            for free, u, (_, l, e) in zip(free_K, usable, arrays)]
+
+
+def choose(flops_B: Sequence[float], loss_B: Sequence[float], e3: float | None,
+           noise_sd: float | None) -> tuple[dict[str, float] | None, dict[str, Any]]:
+    """The frontier through the largest FRONTIER_BUDGETS minima, E held at approach 3's `e3` unless the minima
+    reject it (module docstring), with the record of the choice: {"E_from", "test"}. `noise_sd`: the sd of ln L_opt
+    of one minimum (None: the free law's own residual sd stands in where it has residual degrees of freedom)."""
+    return choose_many([(flops_B, loss_B, e3)], noise_sd)[0]
+
+
+def _decide(free: dict[str, float] | None, held: dict[str, float] | None, loss_B: np.ndarray, e3: float | None,
+            noise_sd: float | None) -> tuple[dict[str, float] | None, dict[str, Any]]:
+    """`choose`'s test, given the free law and the one with E held at `e3` (None: not fitted)."""
+    if held is None:
+        note = "approach 3 gives no E below the lowest minimum to hold" if free else None
+        if free is not None and free["E"] < E_UNIDENTIFIED * loss_B.min():
+            note = ("the minima drive E to 0: a pure power law, which overstates the loss drop far beyond the grid "
+                    "(approach 3 gives no E to hold)")
+        return free, {"E_from": "the minima", "test": note}
+    if free is None or free["E"] < E_UNIDENTIFIED * loss_B.min():
+        return held, {"E_from": "approach 3", "test": "the minima alone do not identify E"}
+    n = min(len(loss_B), FRONTIER_BUDGETS)
+    rss_free, rss_held = free["rms_log_residual"] ** 2 * n, held["rms_log_residual"] ** 2 * n
+    sd, sd_from = noise_sd, "the minima's noise draws"
+    if not (sd and np.isfinite(sd) and sd > 0):
+        sd, sd_from = interval.residual_sd(free["rms_log_residual"], free["dof"]), "the free law's residual sd"
+    if sd is None:
+        return held, {"E_from": "approach 3", "test": "no noise estimate and no residual degrees of freedom to "
+                                                      "test approach 3's E against: held"}
+    statistic = (rss_held - rss_free) / sd**2
+    test = {"statistic": float(statistic), "threshold": E_TEST, "noise_sd": float(sd), "noise_sd_from": sd_from,
+            "E_free": free["E"], "E_approach3": float(e3), "rss_free": float(rss_free), "rss_held": float(rss_held),
+            "rule": "approach 3's E is held unless (RSS_held − RSS_free) / σ² > the χ²(1) 95% quantile"}
+    return (held, {"E_from": "approach 3", "test": test}) if statistic <= E_TEST else \
+        (free, {"E_from": "the minima (they reject approach 3's E)", "test": test})
+
+
+def minima_noise(flops_B: Sequence[float], draws2: dict[str, np.ndarray] | None) -> float | None:
+    """The minima's own noise: the median over the largest FRONTIER_BUDGETS budgets of the sd of ln L_opt over the
+    noise draws (None without draws)."""
+    if draws2 is None:
+        return None
+    _, kept = largest(flops_B, np.arange(len(flops_B)))
+    sd_B = [v for i in kept if (v := backtest.log_sd(draws2["loss_opt"][int(i)])) is not None]
+    return float(np.median(sd_B)) if sd_B else None
 
 
 def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None, approach3: dict[str, Any],
-                 source: str) -> dict[str, Any]:
-    """L_opt(C) = E + k·C^-γ through the largest FRONTIER_BUDGETS of approach 2's minima: fit.json's "frontier"
-    (the law, where E came from, the backtest, the intervals of E and γ over the noise draws `draws2` of
-    approach 2 with their `source`, a misfit warning), plus "_draws" and "_calibration" for `predictions`.
+                 source: str, e3_refits: dict[float, float | None] | None = None) -> dict[str, Any]:
+    """L_opt(C) = E + k·C^-γ through the largest FRONTIER_BUDGETS of approach 2's minima, E from `choose`:
+    fit.json's "frontier" (the law, where E came from and the test, the backtest, the intervals of E and γ over the
+    noise draws `draws2` of approach 2 with their `source`, a misfit warning, the "interval" terms that every
+    prediction shares: span, largest_flops, the spread q and where it came from), plus "_draws" for `predictions`.
 
-    When the minima do not pin E down (`e_unpinned`) E is held at approach 3's (its draws too, where there are
-    any), and the frontier says so; the backtest's refits hold it there as well."""
+    The backtest refits each origin (the first k minima) by the same rule, with approach 3's E refitted on the
+    points of those budgets alone: `e3_refits` maps the C_opt of an origin's largest minimum to that E (None: no
+    refits; the backtest then holds approach 3's E from all the points, which has seen the later budgets)."""
     budgets = approach2.get("budgets", [])
     flops_B, loss_B = [b["C_opt"] for b in budgets], [b["loss_opt"] for b in budgets]
-    law = fit_largest(flops_B, loss_B)
+    noise_sd = minima_noise(flops_B, draws2)
+    e3 = approach3.get("E")
+    law, choice = choose(flops_B, loss_B, e3, noise_sd) if len(budgets) >= 2 else (None, {"E_from": "the minima"})
     out: dict[str, Any] = {"form": f"L_opt(C) = E + k·C^-gamma through the largest {FRONTIER_BUDGETS} "
-                                   "of approach 2's minima", "E_from": "the minima"}
-    e_draws, e_held = None, None
-    if e_unpinned(approach2):
-        if approach3.get("E") and approach3["E"] < min(loss_B):
-            e_held = approach3["E"]
-            law = fit_largest(flops_B, loss_B, e_fixed=e_held)
-            out["E_from"] = "approach 3 (the minima alone do not identify E)"
-            e_draws = approach3.get("bootstrap", {}).get("draws", {}).get("E")
-        elif law is not None:
-            out["E_from"] = "the minima, which drive it to 0: a pure power law, which overstates the loss drop " \
-                            "far beyond the grid (approach 3 gives no E to hold)"
-    out["law"] = law
+                                   "of approach 2's minima", **choice, "law": law, "minima_noise_sd": noise_sd}
     if law is None:
-        out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3"
+        out["note"] = f"{len(budgets)} budget minima; the frontier needs at least 3 (2 with approach 3's E)"
         return out
-    bt = backtest.pairs(flops_B, loss_B, lambda f, l: fit_largest(
-        f, l, e_fixed=e_held if e_held is not None and e_held < min(l) else None), loss_at)
+    order_B = np.argsort(flops_B, kind="stable")
+    f_B, l_B = np.asarray(flops_B, float)[order_B], np.asarray(loss_B, float)[order_B]
+    origins = range(backtest.MIN_BUDGETS, len(f_B))
+    refit_e = (lambda c: e3_refits.get(float(c))) if e3_refits is not None else (lambda c: e3)
+    refit = dict(zip(origins, choose_many([(f_B[:k], l_B[:k], refit_e(f_B[k - 1])) for k in origins], noise_sd)))
+    bt = backtest.pairs(flops_B, loss_B, lambda f, l: refit[len(f)][0], loss_at)
     min_origin = max(backtest.MIN_BUDGETS, min(FRONTIER_BUDGETS, len(flops_B) - 1))
     out["backtest"] = backtest.summary(bt, min_origin)
-    out["_calibration"] = {"largest_flops": float(max(flops_B)), "scale": backtest.misfit_scale(bt, min_origin)}
+    out["backtest"]["approach3_E"] = "refitted per origin" if e3_refits is not None else "from all the points"
+    out["interval"] = {"form": "L̂·exp(±sqrt((1.96·σ_noise)² + (q·x/span)²)), x = ln(C / largest_flops)",
+                       "largest_flops": float(max(flops_B)), "span": float(np.log(max(flops_B) / min(flops_B))),
+                       "spread": backtest.FRONTIER_SPREAD, "spread_from": backtest.SPREAD_FROM}
     if draws2 is not None:
-        e_K = [None if out["E_from"].startswith("the minima") else (
-            e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else law["E"])
-            for k in range(draws2["a"].size)]
+        held = out["E_from"] == "approach 3"
+        e_draws = approach3.get("bootstrap", {}).get("draws", {}).get("E") if held else None
+        e_K = [None if not held else (e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k])
+                                      else law["E"]) for k in range(draws2["a"].size)]
         fits_K = fit_largest_many(draws2["C_opt"], draws2["loss_opt"], e_K)
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
@@ -170,16 +236,11 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
         out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
                             "draws": interval.draw_lists(draws)}
         out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
-        # The minima's own noise: the sd of ln L_opt over the draws, per budget fitted.
-        _, kept_loss = largest(flops_B, np.arange(len(flops_B)))
-        noise_B = [v for i in kept_loss if (v := backtest.log_sd(draws2["loss_opt"][int(i)])) is not None]
-        noise_sd = float(np.median(noise_B)) if noise_B else None
-        out["minima_noise_sd"] = noise_sd
         if noise_sd and law["rms_log_residual"] > MISFIT_FLAG * noise_sd:
             out["warning"] = (f"the frontier's log residual RMS {law['rms_log_residual']:.4f} is "
                               f"{law['rms_log_residual'] / noise_sd:.1f}x the minima's noise sd {noise_sd:.4f}: "
                               "E + k·C^-γ does not describe these minima to their noise; trust the predictions "
-                              "only as far as the backtest's calibrated interval says")
+                              "only as far as the calibrated interval says")
     return out
 
 
@@ -189,10 +250,11 @@ def predictions(
 ) -> list[dict[str, Any]]:
     """One object per budget asked for: flops, params (N_opt), tokens (D_opt), loss (L_opt) and their
     95% intervals (`interval.Interval.fields`; `draws`: a, b, N_coef, D_coef and E, k, gamma, each (K,), from
-    the loss noise `source`). The loss interval is `backtest.interval`'s: the noise draws' spread (without draws,
-    the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") widened by the
-    backtest's misfit at the distance beyond the largest fitted budget (`calibration`: {"largest_flops",
-    "scale"}); the noise-only one is `loss_noise_ci95`, the terms `loss_interval`."""
+    the loss noise `source`). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread (without
+    draws, the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") and the
+    extrapolation term, which grows with the distance beyond the largest fitted budget in units of the compute range
+    of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only
+    one is `loss_noise_ci95`, the terms `loss_interval`."""
     out = []
     for c in flops_Q:
         pred: dict[str, Any] = {"flops": float(c)}
@@ -218,8 +280,9 @@ def predictions(
         if law and calibration is not None:
             noise_sd, noise_source = (backtest.log_sd(loss_K), source) if loss_K is not None else (
                 interval.residual_sd(law.get("rms_log_residual"), law.get("dof", 0)), "fit_residuals")
-            ci, pred["loss_interval"] = backtest.interval(pred["loss"], float(np.log(c / calibration["largest_flops"])),
-                                                          noise_sd, calibration["scale"], noise_source)
+            ci, pred["loss_interval"] = backtest.frontier_interval(
+                pred["loss"], float(np.log(c / calibration["largest_flops"])), calibration["span"], noise_sd,
+                noise_source, calibration["spread"])
             pred.update(ci.fields("loss"))
         elif law:
             pred.update((noise_ci or interval.none("no noise draws and no backtest calibration")).fields("loss"))
@@ -228,10 +291,12 @@ def predictions(
 
 
 def with_predictions(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None, approach3: dict[str, Any],
-                     predict_flops: Sequence[float], source: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                     predict_flops: Sequence[float], source: str,
+                     e3_refits: dict[float, float | None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The one prediction route (`fits.fit_all`, `predict.frontier_predictions`): the frontier (`fit_frontier`,
     as fit.json stores it) and the predictions at `predict_flops` (`predictions`)."""
-    front = fit_frontier(approach2, draws2, approach3, source)
-    draws, calibration = front.pop("_draws", None), front.pop("_calibration", None)
-    preds = predictions(predict_flops, approach2, front.get("law"), draws, calibration, source) if predict_flops else []
+    front = fit_frontier(approach2, draws2, approach3, source, e3_refits)
+    draws = front.pop("_draws", None)
+    preds = predictions(predict_flops, approach2, front.get("law"), draws, front.get("interval"), source) \
+        if predict_flops else []
     return front, preds

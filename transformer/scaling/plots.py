@@ -331,8 +331,10 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
 
 def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
     """The frontier's backtest: each refit's relative error at the later budgets against the extrapolation
-    factor C_j / C_k, with the calibrated 95% band ±t·s·x (None: no backtest)."""
+    factor C_j / C_k, with the prediction interval's extrapolation term ±q·x/span at the fit's own span (None: no
+    backtest)."""
     bt = fit.get("frontier", {}).get("backtest") or {}
+    terms = fit.get("frontier", {}).get("interval") or {}
     if not bt.get("pairs"):
         return None
     fig = figure.Figure(figsize=(7, 4.5), layout="constrained")
@@ -342,11 +344,12 @@ def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
         sel = [p for p in bt["pairs"] if p["k"] == k]
         ax.plot([np.exp(p["distance"]) for p in sel], [100 * (np.exp(p["log_error"]) - 1) for p in sel], "o-",
                 color=f"C{i % 10}", ms=4, lw=1, label=f"fit to the first {k} budgets (≤ {sel[0]['fit_flops']:.2g})")
-    if bt.get("misfit_per_efold") is not None:
+    if terms.get("span"):
         x_G = np.linspace(0, max(p["distance"] for p in bt["pairs"]) * 1.1, 50)
-        half_G = 100 * (np.exp(bt["misfit_t"] * bt["misfit_per_efold"] * x_G) - 1)
+        half_G = 100 * (np.exp(terms["spread"] * x_G / terms["span"]) - 1)
         ax.fill_between(np.exp(x_G), -half_G, half_G, color="0.5", alpha=0.2, lw=0,
-                        label="calibrated 95% misfit band (without the noise term)")
+                        label=f"95% interval's extrapolation term ±q·x/span (q = {terms['spread']:g}, the fit's span "
+                              f"{terms['span']:.2f}; without the noise term)")
     ax.axhline(0, color="k", lw=0.6)
     ax.set(xscale="log", xlabel="extrapolation factor C / C_largest fitted",
            ylabel="predicted / measured optimal loss − 1 (%)", title="frontier backtest")

@@ -122,11 +122,11 @@ def summary(fit: dict[str, Any]) -> str:
     law = fit["frontier"].get("law")
     if law:
         lines.append(f"frontier: L_opt(C) = {law['E']:.3f} + {law['k']:.4g}·C^-{law['gamma']:.3f}"
-                     f"{_ci(fit['frontier'], 'gamma')}"
-                     + (f" (E from {fit['frontier']['E_from']})" if fit["frontier"]["E_from"] != "the minima" else ""))
+                     f"{_ci(fit['frontier'], 'gamma')} (E from {_e_words(fit['frontier'])})")
     if fit["frontier"].get("warning"):
         lines.append(f"frontier WARNING: {fit['frontier']['warning']}")
     lines.extend(backtest_table(fit["frontier"].get("backtest")))
+    lines.extend(sensitivity_lines(fit["frontier"].get("sensitivity")))
     for p in fit.get("predictions", []):
         lines.append(f"prediction at C = {p['flops']:.3g}: N_opt {p.get('params', float('nan')):.4g}"
                      f"{_ci(p, 'params', '.4g')}  D_opt {p.get('tokens', float('nan')):.4g}"
@@ -156,11 +156,27 @@ def summary(fit: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _e_words(front: dict[str, Any]) -> str:
+    """Where the frontier's E came from, and the test that decided it."""
+    test = front.get("test")
+    if isinstance(test, dict):
+        verdict = "≤" if front["E_from"] == "approach 3" else ">"
+        return (f"{front['E_from']}: χ² {test['statistic']:.2f} {verdict} {test['threshold']:.2f}, approach 3's E "
+                f"{test['E_approach3']:.3f} vs the minima's {test['E_free']:.3f}")
+    return front["E_from"] + (f": {test}" if test else "")
+
+
 def _interval_words(p: dict[str, Any]) -> str:
     """How a prediction's loss interval was made: its noise source, the calibration, or why there is none."""
     if not p.get("loss_ci95"):
         return f"no interval: {p.get('loss_ci95_note', 'no noise estimate')}"
     cal = p["loss_interval"]
+    if "spread" in cal:  # the frontier's: a noise term and an extrapolation term
+        noise = "NO noise term" if cal["source"] == "none" else (
+            f"noise ({cal['source']}) ±{100 * cal['noise_half_width_log']:.2f}%")
+        return (f"{noise}, extrapolation ±{100 * cal['extrapolation_half_width_log']:.2f}% = q {cal['spread']:g} × "
+                f"x/span {cal['lever']:.3f} (x = {cal['distance']:.2f} e-folds beyond the largest budget, the minima "
+                f"span {cal['span']:.2f}; q calibrated on published sets)")
     noise = {"fit_residuals": "the fit's residual RMS as noise"}.get(cal.get("source", ""), f"noise: {cal.get('source')}")
     if cal.get("source") == "none":
         noise = "NO noise term: the extrapolation misfit alone"
@@ -171,13 +187,29 @@ def _interval_words(p: dict[str, Any]) -> str:
 def backtest_table(bt: dict[str, Any] | None) -> list[str]:
     """The frontier's backtest as console lines: per refit (first k budgets), the error at each later budget."""
     if not bt or not bt.get("pairs"):
-        return ["backtest: fewer than 4 budget minima: none (the loss interval uses the misfit prior alone)"] if bt else []
+        return ["backtest: fewer than 4 budget minima: none"] if bt else []
     lines = [f"backtest (refit on the first k budget minima, predict each later one): median |error| "
-             f"{100 * bt['median_abs_error']:.2f}%, max {100 * bt['max_abs_error']:.2f}%; misfit "
-             f"{100 * bt['misfit_per_efold']:.2f}% per e-fold of extrapolation (calibrated on {bt['misfit_pairs']} pairs "
-             f"from {bt['misfit_origins']} refits on ≥ {bt['misfit_min_origin']} budgets, with the prior)",
+             f"{100 * bt['median_abs_error']:.2f}%, max {100 * bt['max_abs_error']:.2f}%; RMS "
+             f"{100 * bt['misfit_per_efold']:.2f}% per e-fold of extrapolation ({bt['misfit_pairs']} pairs from "
+             f"{bt['misfit_origins']} refits on ≥ {bt['misfit_min_origin']} budgets, with the prior)",
              "   k  fitted to C      predicts C   x(C/C_k)  predicted  measured  error"]
     for p in bt["pairs"]:
         lines.append(f"  {p['k']:2d}  {p['fit_flops']:10.3g}  {p['flops']:10.3g}  {np.exp(p['distance']):8.2f}  "
                      f"{p['predicted']:9.4f}  {p['measured']:8.4f}  {100 * (np.exp(p['log_error']) - 1):+.2f}%")
+    return lines
+
+
+def sensitivity_lines(sens: dict[str, Any] | None) -> list[str]:
+    """The frontier forecast's leave-one-budget-out stability as console lines, one per prediction budget."""
+    if not sens:
+        return []
+    lines = []
+    for q, c in enumerate(sens["at_flops"]):
+        line = (f"leave one budget out ({len(sens['dropped'])} budgets): the forecast at C = {c:.3g}"
+                + (" (4x the largest budget)" if sens.get("reference") else "") + " moves: loss max "
+                f"{100 * sens['loss_max_abs_change'][q]:.2f}%, mean {100 * sens['loss_mean_abs_change'][q]:.2f}%")
+        if "params_max_abs_change" in sens:
+            line += (f"; N_opt max {100 * sens['params_max_abs_change'][q]:.1f}%, "
+                     f"mean {100 * sens['params_mean_abs_change'][q]:.1f}%")
+        lines.append(line)
     return lines
