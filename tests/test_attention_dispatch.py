@@ -131,7 +131,7 @@ def test_cudnn_gets_causal_and_window_as_flags_and_segments_as_a_mask(captured_c
     np.testing.assert_array_equal(call["mask"][0, 0, 0], np.arange(T) <= 6)
 
 
-@pytest.mark.parametrize("impl", ["einsum", "chunked"])
+@pytest.mark.parametrize("impl", [pytest.param("einsum", marks=pytest.mark.slow), "chunked"])
 def test_decoding_goes_through_the_registry(impl, monkeypatch):
     """Every cached decode step calls the configured entry (with its cache offset) and agrees with the
     full forward pass."""

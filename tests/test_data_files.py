@@ -22,6 +22,10 @@ _WORDS = ("the model reads tokens from files and learns to predict the next one 
           "slowly over many steps of training on text written by people").split()
 
 
+# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_data_files")
+
+
 def _texts(n: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(_WORDS, int(rng.integers(3, 40)))) + "." for _ in range(n)]
@@ -448,6 +452,7 @@ def test_unigram_entropy_of_cached_files_counts_tokens_and_eos(folder, tmp_path)
         scipy.stats.entropy(np.bincount(ids[:50], minlength=tok.vocab_size)), rel=1e-12)
 
 
+@pytest.mark.slow  # CI's time (the default run is at its 15 minutes); -m slow runs it
 def test_resume_on_files_equals_uninterrupted(folder, tmp_path):
     """The cache iterator's position (next batch index) goes through the checkpoint and back."""
     from configs.lm import get_config

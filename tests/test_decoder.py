@@ -114,7 +114,8 @@ def test_kv_cache_decoding_matches_full_forward(base):
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [GPT2, GPT2.replace(scan_layers=True)], ids=["layers", "scanned"])
+@pytest.mark.parametrize("cfg", [pytest.param(GPT2, marks=pytest.mark.slow), GPT2.replace(scan_layers=True)],
+                         ids=["layers", "scanned"])
 def test_decoding_past_the_cache_is_an_error(cfg):
     """dynamic_update_slice clamps its start: without the check the 5th token would overwrite slot 3.
     Scanned layers are checked once by the stack, outside nn.scan (blocks.py)."""

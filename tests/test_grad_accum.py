@@ -143,6 +143,7 @@ def test_accumulation_on_eight_devices_equals_one_device():
     _assert_same(_full_batch_run(), _train(2, _batches(2, batch_size=32), n_devices=8))
 
 
+@pytest.mark.slow  # CI's time (the default run is at its 15 minutes); -m slow runs it
 def test_accumulation_in_a_vmapped_group():
     batches = _batches(2)
     _assert_same(_train(1, batches, runs=2), _train(4, batches, runs=2))
@@ -189,6 +190,7 @@ def _without_accum(cfg: dict) -> dict:
     return d
 
 
+@pytest.mark.slow  # CI's time (the default run is at its 15 minutes); -m slow runs it
 def test_accumulation_lowers_peak_memory():
     """XLA's memory analysis of the compiled step: the temporaries (activations) shrink with k. (The steps of
     the 32-row runs above: lowering them again reuses their compilations.)"""

@@ -76,7 +76,7 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n == "bert" else []) for n in SHAPES])
 def test_pruned_model_matches_transformers_pruned_and_exports(name, tmp_path):
     cls, config, prune, path = SHAPES[name]
     hf = perturbed(cls, config)

@@ -64,7 +64,7 @@ def _init(cfg: ModelConfig):
     return model, jax.tree.map(lambda x: x + jnp.asarray(rng.normal(0, 0.05, x.shape), x.dtype), params)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c == "decoder" else []) for c in CASES])
 def test_pruned_model_computes_the_masked_model(case):
     settings, removed = CASES[case]
     cfg = _cfg(settings)
@@ -133,6 +133,7 @@ def test_scanned_layers_have_one_score_row_per_layer():
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow  # CI's time (the default run is at its 15 minutes); -m slow runs it
 def test_pruning_curve_removes_units_by_importance_or_at_random():
     cfg = _cfg(CASES["decoder-gqa"][0], num_heads=8, num_kv_heads=4)  # groups of 2: units are whole groups
     model, params = _init(cfg)

@@ -24,6 +24,10 @@ LRS = (1e-3, 3e-3, 1e-2)
 SEEDS = (0, 1, 0)
 
 
+# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_multirun")
+
+
 def _setup():
     c = lm.get_config("gpt2_tiny")
     c.data.seq_len, c.train.batch_size = T, B
@@ -95,6 +99,7 @@ def test_multirun_equals_separate_runs():
     assert int(states.step[0]) == STEPS
 
 
+@pytest.mark.slow  # CI's time (the default run is at its 15 minutes); -m slow runs it
 def test_multi_eval_and_unstack():
     c, model, task = _setup()
     states, _, eval_fn, mesh = _group(c, model, task, (1e-3, 1e-3), (3, 4))

@@ -128,6 +128,7 @@ def test_coordinates_stay_flat_across_width_under_mup():
         f"width^{trained[worst]:.2f}")
 
 
+@pytest.mark.slow  # CI's time (the default run is at its 15 minutes); -m slow runs it
 def test_logits_and_blocks_grow_with_width_under_sp():
     trained = _slopes(_coordinate_check("sp"))[1:]
     logits, blocks = trained[:, -1], trained[:, 1:-1]

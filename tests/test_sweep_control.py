@@ -167,6 +167,7 @@ def _sweep(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # CI's time (the default run is at its 15 minutes); -m slow runs it
 def test_the_cli_dry_run_refuses_as_the_real_run_and_says_a_finished_sweep_trains_nothing(tmp_path, trained):
     """Before: `--dry_run` on a DIR holding another sweep exited 0 ("13 runs would train"), and on a finished
     sweep printed the priors' plan ("3 runs would train") where the rerun trains none."""
