@@ -237,8 +237,9 @@ def fit_all(
     `predict_flops`, predictions. `bootstrap` > 0: that many loss-noise draws give 95% intervals (200
     are drawn when predictions are asked for without it). `isoflop_window`/`isoflop_method`: see
     `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points). `predict_points`: (N, D) pairs
-    whose loss approach 3 or Gadre et al.'s over-training form predicts (whichever does better on a backtest by
-    model size), with intervals calibrated on that backtest (`at_points`).
+    whose loss approach 3 or Gadre et al.'s over-training form predicts, both fitted to every point (whichever does
+    better in the backtests by model size and by tokens per parameter), with intervals that grow with the distance
+    of extrapolation (`at_points`): `approach3_near` does not change them.
     """
     if bootstrap < 0:
         raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
@@ -250,7 +251,7 @@ def fit_all(
     headline = headline or names[0]
     if headline not in names:
         raise ConfigError(f"headline={headline!r} is not valid for these points; available: {', '.join(names)}")
-    samples = bootstrap or (200 if predict_flops or predict_points else 0)
+    samples = bootstrap or (200 if predict_flops else 0)
     rng = np.random.default_rng(seed)
     sigma = noise.estimate(used)
     kind = interval.noise_kind(sigma)  # the intervals' noise source
@@ -299,7 +300,7 @@ def fit_all(
     if predict_flops:
         result["predictions"] = predictions
     if predict_points:
-        result["point_predictions"] = at_points.predict(chosen, a3, predict_points, sigma["sigma"], kind)
+        result["point_predictions"] = at_points.predict(main, predict_points, sigma["sigma"])
     return result
 
 
