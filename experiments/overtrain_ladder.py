@@ -1,11 +1,14 @@
 """The over-training ladder: a few model sizes, each trained at 5, 10, 20, ... tokens per parameter, on the CPU.
 
-  python -m experiments.overtrain_ladder --out=FILE.csv --workdir=DIR [--d_models=24,32,40,56,80]
-      [--max_tokens_per_param=640,640,640,320,80] [--tokens_per_param=5,10,20,40,80,160,320,640] [--seed=0]
+  python -m experiments.overtrain_ladder --out=FILE.csv --workdir=DIR [--d_models=24,32,48,64,80]
+      [--max_tokens_per_param=640,640,160,40,20] [--tokens_per_param=5,10,20,40,80,160,320,640] [--seed=0]
+      [--plot=FILE.png]
 
-Reference data for the loss at any (N, D) (`transformer/scaling/at_points.py`): how the loss of one model size
-goes on falling as it is trained far past compute-optimal. Each size is ONE warm-up–stable–decay run on its own
-workdir (DIR/<shape>), trained first to the fewest tokens per parameter, then continued to each next count with
+The defaults make the shipped ladder (experiments/reference_data/overtrain_ladder_cpu.csv; docs/results/
+2026-11-27-overtrain-ladder.md): five sizes, N = 2.4e4–1.9e5, the larger ones stopping earlier (about an hour of
+two CPU cores). Reference data for the loss at any (N, D) (`transformer/scaling/at_points.py`): how the loss of
+one model size goes on falling as it is trained far past compute-optimal. Each size is ONE warm-up–stable–decay
+run on its own workdir (DIR/<shape>), trained first to the fewest tokens per parameter, then continued to each next count with
 the mechanism a wsd run already has (`experiments.train` on its workdir with a larger `train.steps`: it resumes
 from the kept decay-start checkpoint, sets the old decay aside in superseded_checkpoints/, and ends like the
 longer run trained from step 0; docs/sweeps.md "Warm-up–stable–decay branches"). So a size costs its longest
@@ -23,13 +26,15 @@ rerun of the same command goes on from there): size, d_model, num_layers, params
 tokens_per_param, flops (the training loop's accounting, attention included), loss (final eval loss, nats per
 byte token), bits_per_byte, seed, epochs (passes over the training split), steps, learning_rate, warmup_steps,
 seconds (the branch's wall time). A branch that would read the training split more than `--max_epochs` times is
-refused before anything trains.
+refused before anything trains. Stopped by SIGTERM, the run in progress checkpoints and the command exits 3; the
+same command goes on from there.
 """
 from __future__ import annotations
 
 import csv
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -43,13 +48,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/sweeps/cpu.py",
                                           "The sweep config whose rules the ladder's runs follow.")
 _OUT = DEFINE_path("out", None, "The CSV written (one row per branch).")
 _WORKDIR = DEFINE_path("workdir", None, "Directory of the runs: one workdir per size, DIR/<shape>.")
-_D_MODELS = flags.DEFINE_list("d_models", ["24", "32", "40", "56", "80"], "Widths of the ladder's sizes.")
-_MAX_TPP = flags.DEFINE_list("max_tokens_per_param", ["640"],
+_D_MODELS = flags.DEFINE_list("d_models", ["24", "32", "48", "64", "80"], "Widths of the ladder's sizes.")
+_MAX_TPP = flags.DEFINE_list("max_tokens_per_param", ["640", "640", "160", "40", "20"],
                              "The most tokens per parameter each size is trained to (one value, or one per size).")
 _TPP = flags.DEFINE_list("tokens_per_param", ["5", "10", "20", "40", "80", "160", "320", "640"],
                          "The branches: tokens per parameter, increasing.")
 _SEED = flags.DEFINE_integer("seed", 0, "train.seed of every run.")
 _LR_COEFFICIENT = flags.DEFINE_float("lr_coefficient", 1.40, "Peak learning rate = this · N^sweep.lr_exponent.")
+_PLOT = DEFINE_path("plot", None, "Also draw the CSV: loss against tokens per parameter, one line per size (PNG).")
 _MAX_EPOCHS = flags.DEFINE_float("max_epochs", 4.0, "Refuse a branch that reads the training split more often.")
 
 COLUMNS = ("size", "d_model", "num_layers", "params", "params_non_embedding", "tokens", "tokens_per_param", "flops",
@@ -169,6 +175,10 @@ def run_ladder(sizes: list[dict[str, Any]], workdir: str, out: str, seed: int) -
                 continue
             t0 = time.time()
             summary = train(cfg, run_dir, verbose=False)
+            if summary.get("status") == "preempted":  # SIGTERM: checkpointed; the same command goes on from there
+                print(f"stopped in {run_dir} at {t:g} tokens per parameter (step {summary.get('step')}): rerun the "
+                      f"same command to go on; the rows so far are in {out}", flush=True)
+                sys.exit(3)
             if summary.get("status") != "ok" or summary.get("eval_loss") is None:
                 raise ConfigError(f"{run_dir} at {t:g} tokens per parameter ended {summary.get('status')!r} "
                                   f"({summary.get('error')}); its rows so far are in {out}")
@@ -177,6 +187,28 @@ def run_ladder(sizes: list[dict[str, Any]], workdir: str, out: str, seed: int) -
             print(f"{size['shape'].name} N={size['params']:,} {t:g} tokens/param: loss {summary['eval_loss']:.4f} "
                   f"({summary['epochs']:.2f} epochs, {time.time() - t0:.0f} s)", flush=True)
     return rows
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """Loss (and the compute-optimal region's tokens per parameter) against tokens per parameter, per size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for size in dict.fromkeys(r["size"] for r in rows):
+        mine = [r for r in rows if r["size"] == size]
+        ax.plot([float(r["tokens_per_param"]) for r in mine], [float(r["loss"]) for r in mine], "o-",
+                label=f"{size} (N = {int(mine[0]['params']):,})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per parameter (D / N)")
+    ax.set_ylabel("final eval loss (nats per byte)")
+    ax.set_title("CPU over-training ladder: one wsd run per size, a decay per branch")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: list[str]) -> None:
@@ -195,7 +227,9 @@ def main(argv: list[str]) -> None:
               f"{s['learning_rate']:.4g}, warm-up {s['warmup_steps']} steps, branches at "
               f"{', '.join(f'{t:g}' for t, _ in s['branches'])} tokens/param", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    run_ladder(sizes, _WORKDIR.value, _OUT.value, _SEED.value)
+    rows = run_ladder(sizes, _WORKDIR.value, _OUT.value, _SEED.value)
+    if _PLOT.value:
+        plot(rows, _PLOT.value)
 
 
 if __name__ == "__main__":
