@@ -192,6 +192,7 @@ def run_ladder(sizes: list[dict[str, Any]], workdir: str, out: str, seed: int) -
 def plot(rows: list[dict[str, Any]], path: str) -> None:
     """Loss (and the compute-optimal region's tokens per parameter) against tokens per parameter, per size."""
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -203,7 +204,9 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("tokens per parameter (D / N)")
     ax.set_ylabel("final eval loss (nats per byte)")
-    ax.set_title("CPU over-training ladder: one wsd run per size, a decay per branch")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
+    ax.set_title("CPU over-training ladder (one wsd run per size)")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
