@@ -179,8 +179,9 @@ def main(argv: list[str]) -> None:
         cases + [{**c, "group": f"family: {c['family']}"} for c in cases if c["family"] == "Open-Athena"]
         + [{**c, "group": "all"} for c in cases])
     result["points_regimes"] = reproduce_points.regime_table(cases)
+    result["points_family_split"] = reproduce_points.family_split(cases)
     print("\nLoss at (N, D), hold-outs by size and by tokens per parameter:\n" + "\n".join(result["points_table"])
-          + "\n" + "\n".join(result["points_regimes"]))
+          + "\n\n" + "\n".join(result["points_regimes"]) + "\n\n" + "\n".join(result["points_family_split"]))
     for direction, m in result["points_multipliers"].items():
         m_out = [c["m_out"][direction] for c in cases if "m_out" in c]
         print(f"multiplier by {direction.replace('_', ' ')} over these hold-outs: {m:.3f} (shipped "

@@ -1,16 +1,22 @@
 """Hold-outs of the loss at any (N, D) (`at_points`) on published grids and the CPU over-training ladder, for
 `experiments.reproduce`: the calibration of `point_interval`'s multipliers and its out-of-sample check.
 
-Each set is refitted (`at_points.predict`, the predictor a user gets: both forms fitted to every point kept, chosen
-by their backtests) on part of its points and predicts every other point, in two regimes:
+Each set is refitted (`fits.fit_all(..., predict_points=...)` with the default `approach3_near`: the predictor a
+user gets, both forms fitted to the points approach 3 keeps and chosen by their backtests) on part of its points
+and predicts every other point, in two regimes:
 - by size: the points of the model sizes ≤ N_max/2 ("size 2x") and ≤ N_max/4 ("size 4x"), N_max the set's largest;
 - by tokens per parameter: the points at ≤ 10 ("tpp ≤ 10") and ≤ 40 ("tpp ≤ 40") tokens per parameter.
-A held-out point's score is the multiplier its direction's term needs to reach its error e = ln(L̂/L) beside the
-noise term: sqrt(max(e² − (t·σ)², 0)) / (b·g(x)) (`point_interval`), from the size hold-outs' points for the size
-multiplier (those beyond the data in size only) and the tokens-per-parameter hold-outs' for the other. The points
-of one hold-out share one fit and their errors move together, so each (set, hold-out) weighs the same: a
-multiplier is the `point_interval.COVERAGE` quantile of its scores with each point weighted 1 / (its hold-out's
-points). Out of sample (`calibrate`), each data source's hold-outs get the multipliers of the other sources'.
+Held out are the other points trained on at least MIN_TOKENS_PER_PARAM tokens per parameter: IsoFLOP grids reach
+down to 0.01 (a 1B model on 10M tokens), which no one trains and which approach 3's default fit (the points near
+each budget's optimum) does not describe; below the fitted range the interval has the same term as above it, not
+calibrated there (docs/fitting.md).
+A held-out point of a hold-out by size has the score m_N its size term needs to reach its error e = ln(L̂/L) beside
+the noise term and the tokens-per-parameter term at the current m_M: sqrt(max(e² − (t·σ)² − (m_M·u_M)², 0)) / u_N,
+u = b·g(x) (`point_interval`); a point of a hold-out by tokens per parameter likewise gives m_M. The points of one
+hold-out share one fit and their errors move together, so each (set, hold-out) weighs the same: a multiplier is the
+`point_interval.COVERAGE` quantile of its regime's scores with each point weighted 1 / (its hold-out's points),
+the two found in turn until they settle (`multipliers`). Out of sample (`calibrate`), each data source's hold-outs
+get the multipliers of the other sources'.
 """
 from __future__ import annotations
 
@@ -18,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from transformer.scaling import at_points, point_interval
+from transformer.scaling import at_points, fits, point_interval
 from transformer.scaling import points as points_lib
 
 CASES = (("size 2x", "size", 2.0), ("size 4x", "size", 4.0),
          ("tpp ≤ 10", "tokens_per_param", 10.0), ("tpp ≤ 40", "tokens_per_param", 40.0))
 SHIPPED = {"size": point_interval.SIZE_MULTIPLIER, "tokens_per_param": point_interval.TPP_MULTIPLIER}
+MIN_TOKENS_PER_PARAM = 1.0
 REGIMES = {"size": "params", "tokens_per_param": "tokens_per_param"}  # a regime's direction → its distance key
 
 
@@ -36,8 +43,8 @@ def train_mask(pts: points_lib.Points, regime: str, value: float) -> np.ndarray:
 
 def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
     """One record per case of `name`: {"data", "case", "regime", "chosen", "points": [{"params", "tokens", "truth",
-    "predicted", "log_error", "distances", "noise", "unit": {direction: b·g(x)}, "score"?}]} or {"data", "case",
-    "regime", "note"}."""
+    "predicted", "log_error", "distances", "noise", "unit": {direction: b·g(x)}}]} or {"data", "case", "regime",
+    "note"}."""
     out = []
     for label, regime, value in CASES:
         train_P = train_mask(pts, regime, value)
@@ -47,19 +54,22 @@ def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
             out.append({**rec, "note": f"{sizes} sizes, {int(train_P.sum())} of {len(pts)} points kept: "
                                        + ("nothing held out" if train_P.all() else "too few to fit")})
             continue
-        held = np.flatnonzero(~train_P)
-        got = at_points.predict(pts.subset(train_P), [(float(pts.params_P[i]), float(pts.tokens_P[i])) for i in held])
+        held = np.flatnonzero(~train_P & (pts.tokens_P / pts.params_P >= MIN_TOKENS_PER_PARAM))
+        if not len(held):
+            out.append({**rec, "note": f"no point left out at ≥ {MIN_TOKENS_PER_PARAM:g} tokens per parameter"})
+            continue
+        got = fits.fit_all(pts.subset(train_P), approach3_near=fits.APPROACH3_NEAR, predict_points=[
+            (float(pts.params_P[i]), float(pts.tokens_P[i])) for i in held])["point_predictions"]
+        if "predictions" not in got:
+            out.append({**rec, "note": got.get("note", "no prediction")})
+            continue
         rows = []
         for i, p in zip(held, got["predictions"]):
             cal, truth = p["loss_interval"], float(pts.loss_P[i])
             unit = {d: cal["scales_log"][d] * point_interval.growth(cal["distances"][REGIMES[d]]) for d in REGIMES}
-            row = {"params": p["params"], "tokens": p["tokens"], "truth": truth, "predicted": p["loss"],
-                   "log_error": float(np.log(p["loss"] / truth)), "distances": cal["distances"],
-                   "noise": cal["terms_log"]["noise"], "unit": unit}
-            other = [d for d in REGIMES if d != regime]
-            if unit[regime] > 0 and all(unit[d] == 0 for d in other):  # beyond the data in this direction only
-                row["score"] = float(np.sqrt(max(row["log_error"] ** 2 - row["noise"] ** 2, 0.0)) / unit[regime])
-            rows.append(row)
+            rows.append({"params": p["params"], "tokens": p["tokens"], "truth": truth, "predicted": p["loss"],
+                         "log_error": float(np.log(p["loss"] / truth)), "distances": cal["distances"],
+                         "noise": cal["terms_log"]["noise"], "unit": unit})
         out.append({**rec, "points": rows, "chosen": got["chosen"], "held_sizes": len(np.unique(pts.params_P[held]))})
     return out
 
@@ -69,15 +79,25 @@ def half_width(p: dict[str, Any], m: dict[str, float]) -> float:
     return float(np.sqrt(p["noise"] ** 2 + sum((m[d] * p["unit"][d]) ** 2 for d in REGIMES)))
 
 
-def weighted_quantile(cases: list[dict[str, Any]], regime: str, level: float = point_interval.COVERAGE) -> float:
-    """The `level` quantile of the scores of `regime`'s hold-outs, each (set, hold-out) weighted equally (inf
-    where there are none)."""
+def score(p: dict[str, Any], regime: str, m: dict[str, float]) -> float:
+    """The multiplier `regime`'s term needs for the interval to reach the point's error, the other direction's term
+    at its multiplier in `m` (0 where the rest covers it; inf where the point has no term in `regime`)."""
+    rest = p["noise"] ** 2 + sum((m[d] * p["unit"][d]) ** 2 for d in REGIMES if d != regime)
+    need = p["log_error"] ** 2 - rest
+    if need <= 0:
+        return 0.0
+    return float(np.sqrt(need) / p["unit"][regime]) if p["unit"][regime] > 0 else float("inf")
+
+
+def weighted_quantile(cases: list[dict[str, Any]], regime: str, m: dict[str, float],
+                      level: float = point_interval.COVERAGE) -> float:
+    """The `level` quantile of the scores (`score`, the other multiplier at `m`) of `regime`'s hold-outs, each
+    (set, hold-out) weighted equally (inf where there are none)."""
     values, weights = [], []
     for c in cases:
-        scores = [p["score"] for p in c.get("points", []) if "score" in p]
-        if c["regime"] == regime and scores:
-            values += scores
-            weights += [1.0 / len(scores)] * len(scores)
+        if c["regime"] == regime and c.get("points"):
+            values += [score(p, regime, m) for p in c["points"]]
+            weights += [1.0 / len(c["points"])] * len(c["points"])
     if not values:
         return float("inf")
     order = np.argsort(values)
@@ -85,24 +105,32 @@ def weighted_quantile(cases: list[dict[str, Any]], regime: str, level: float = p
     return float(np.asarray(values)[order][np.searchsorted(cum, level - 1e-12)])
 
 
+def multipliers(cases: list[dict[str, Any]], rounds: int = 8) -> dict[str, float]:
+    """Both directions' multipliers over `cases`, each the weighted quantile given the other, in turn."""
+    m = {d: 0.0 for d in REGIMES}
+    for _ in range(rounds):
+        for d in REGIMES:
+            m[d] = weighted_quantile(cases, d, m)
+            m[d] = m[d] if np.isfinite(m[d]) else 0.0
+    return m
+
+
 def calibrate(cases: list[dict[str, Any]]) -> dict[str, float]:
-    """The multipliers over every hold-out ({direction: m}); adds to each case with points `m_out` (each direction's
-    m from the other data sources' hold-outs, by "source") and per point `covered`/`width` under the shipped
+    """The multipliers over every hold-out ({direction: m}); adds to each case with points `m_out` (the multipliers
+    of the other data sources' hold-outs, by "source") and per point `covered`/`width` under the shipped
     multipliers and `covered_out`/`width_out` under m_out (width: (hi − lo) / L̂)."""
     sel = [c for c in cases if "points" in c]
-    shipped = SHIPPED
     by_source: dict[str, dict[str, float]] = {}
     for c in sel:
         if c["source"] not in by_source:
-            others = [o for o in sel if o["source"] != c["source"]]
-            by_source[c["source"]] = {d: weighted_quantile(others, d) for d in REGIMES}
+            by_source[c["source"]] = multipliers([o for o in sel if o["source"] != c["source"]])
         c["m_out"] = by_source[c["source"]]
         for p in c["points"]:
-            for key, m in (("", shipped), ("_out", c["m_out"])):
+            for key, m in (("", SHIPPED), ("_out", c["m_out"])):
                 h = half_width(p, m)
                 p["covered" + key] = bool(abs(p["log_error"]) <= h)
                 p["width" + key] = float(2 * np.sinh(h))
-    return {d: weighted_quantile(sel, d) for d in REGIMES}
+    return multipliers(sel)
 
 
 def table(cases: list[dict[str, Any]]) -> list[str]:
@@ -142,4 +170,26 @@ def regime_table(cases: list[dict[str, Any]]) -> list[str]:
         width = np.median([p["width_out"] for p in pts])
         lines.append(f"| by {regime.replace('_', ' ')} | {len(sel)} | {len(pts)} | {cover:.1f}% | {100 * error:.2f}% "
                      f"| {100 * width:.2f}% | {width / error:.1f} |")
+    return lines
+
+
+def family_split(cases: list[dict[str, Any]]) -> list[str]:
+    """Leave one family out (Markdown): each family's hold-outs under the multipliers of the other families' (a
+    harder split than one source out: a family's settings share a code base and data)."""
+    sel = [c for c in cases if "points" in c]
+    lines = ["| family left out | regime | multiplier from the others | 95% covers (sets weighted equally) | median "
+             "width | median abs error |", "|---|---|---|---|---|---|"]
+    for family in dict.fromkeys(c["family"] for c in sel):
+        m = multipliers([c for c in sel if c["family"] != family])
+        for regime in REGIMES:
+            mine = [c for c in sel if c["family"] == family and c["regime"] == regime]
+            if not mine:
+                continue
+            pts = [p for c in mine for p in c["points"]]
+            cover = 100 * np.mean([np.mean([abs(p["log_error"]) <= half_width(p, m) for p in c["points"]])
+                                   for c in mine])
+            width = np.median([2 * np.sinh(half_width(p, m)) for p in pts])
+            error = np.median(np.abs([np.expm1(p["log_error"]) for p in pts]))
+            lines.append(f"| {family} | by {regime.replace('_', ' ')} | {m[regime]:.2f} | {cover:.1f}% | "
+                         f"{100 * width:.2f}% | {100 * error:.2f}% |")
     return lines

@@ -133,9 +133,9 @@ def test_interval_is_calibrated_on_published_holdouts():
 
 def test_interval_grows_beyond_the_data_in_tokens_per_parameter():
     """A model inside the fitted sizes and tokens but trained at 4× the most tokens per parameter fitted (the
-    smallest size at 1,280 tokens per parameter: D = 1.3e10 < D_max 1e11) is an extrapolation: its interval is
-    driven by the tokens-per-parameter term, wider than inside the data (here, on the law's own form, 1.45×), and
-    covers the truth.
+    smallest size at 1,280 tokens per parameter: D = 1.3e10 < D_max 1e11) is an extrapolation: its interval has
+    a tokens-per-parameter term, m_M·b_M·(1 + x), is wider than inside the data (here, on the law's own form and
+    0.3% noise, 1.3× or more), and covers the truth.
     Before, the distance counted model size and tokens only (0 here): it got the noise-only interval of a point
     inside the data."""
     pts = gadre_grid(1)
@@ -146,7 +146,10 @@ def test_interval_grows_beyond_the_data_in_tokens_per_parameter():
     assert widths[0] > 1.3 * widths[1], widths
     assert far["loss_interval"]["distances"]["tokens_per_param"] == pytest.approx(np.log(4), rel=1e-6)
     assert far["loss_interval"]["distances"]["params"] == 0 and far["loss_interval"]["distances"]["tokens"] == 0
-    assert far["loss_interval"]["driven_by"] == "tokens_per_param" and near["loss_interval"]["driven_by"] == "noise"
+    terms, iv = far["loss_interval"]["terms_log"], out["interval"]
+    assert terms["size"] == 0 and terms["tokens_per_param"] == pytest.approx(
+        iv["multipliers"]["tokens_per_param"] * iv["scales_log"]["tokens_per_param"] * (1 + np.log(4)))
+    assert near["loss_interval"]["driven_by"] == "noise" and near["loss_interval"]["terms_log"]["tokens_per_param"] == 0
     truth = overtrain.loss_at(GADRE, *beyond)
     assert far["loss_ci95"][0] <= truth <= far["loss_ci95"][1]
 
@@ -164,16 +167,23 @@ def isoflop_grid(seed: int = 0) -> points_lib.Points:
     return points_lib.from_arrays(n, d, loss, flops=c)
 
 
-def test_point_predictions_do_not_depend_on_approach3_near():
-    """The loss at (N, D) is fitted to every point: approach 3's headline selection (`--approach3_near`, 3 by
-    default: the points within 3× of each budget's optimum) does not change it. Before, the CLI default fitted
-    the predictor to the near-optimum points only while its multiplier had been calibrated with
-    `--approach3_near=0`: the two disagreed."""
-    pts, asked = isoflop_grid(), [(3e9, 6e10), (2e8, 2e11)]
-    default, every = (fits.fit_all(pts, approach3_near=near, predict_points=asked) for near in (3.0, 0.0))
-    assert default["approach3"]["selection"] != every["approach3"]["selection"]
-    assert default["point_predictions"]["predictions"] == every["point_predictions"]["predictions"]
-    assert default["point_predictions"]["chosen"] == every["point_predictions"]["chosen"]
+def test_intervals_are_calibrated_with_the_default_approach3_near(monkeypatch):
+    """The loss at (N, D) is fitted to the points approach 3 keeps (`--approach3_near`, 3 by default: the points
+    within 3× of each budget's optimum); its multipliers are calibrated on hold-outs fitted the same way, with the
+    CLI's default, and a fit with another setting says so. Before, the multiplier was calibrated with
+    `--approach3_near=0` (every point) while the CLI's default was 3: the two disagreed."""
+    reproduce_points, fit_cli = cli_module("reproduce_points"), cli_module("fit")
+    assert fit_cli._NEAR.default == fits.APPROACH3_NEAR
+    seen = []
+    real = fits.fit_all
+    monkeypatch.setattr(fits, "fit_all", lambda *a, **kw: seen.append(kw["approach3_near"]) or real(*a, **kw))
+    cases = reproduce_points.holdout("iso", isoflop_grid())
+    assert seen and set(seen) == {fits.APPROACH3_NEAR}, seen
+    assert any("points" in c for c in cases)
+    pts, asked = isoflop_grid(), [(3e9, 6e10)]
+    default, every = (real(pts, approach3_near=near, predict_points=asked) for near in (fits.APPROACH3_NEAR, 0.0))
+    assert "note" not in default["point_predictions"]
+    assert "calibrated with the default approach3_near=3" in every["point_predictions"]["note"]
 
 
 def test_form_is_chosen_by_both_backtests_and_reported():

@@ -5,9 +5,10 @@ with the distance of extrapolation in model size and in tokens per parameter (`p
 
 Legend: P = points, Q = (N, D) pairs asked for, K = refits.
 
-Both forms are fitted to every point (whatever approach 3's headline fit keeps: `approach3_near` selects the points
-near each budget's optimum for the compute-optimal exponents, not for this) and backtested inside the data in both
-directions (`point_backtests`): refitted on the smaller model sizes, and on the points at fewer tokens per
+Both forms are fitted to the points approach 3 fits (by default those within 3× in N of their budget's optimum,
+all of an over-training grid; on the published IsoFLOP sets this predicts the points at 1 or more tokens per
+parameter better than a fit to every point, whose advantage is at models trained on far fewer tokens than
+parameters: docs/fitting.md) and backtested inside the data in both directions (`point_backtests`): refitted on the smaller model sizes, and on the points at fewer tokens per
 parameter, each predicts the points beyond. The form with the smaller mean of its two backtests' median |log error|
 predicts (approach 3 on a tie, or where neither backtest has a pair); fit.json and the console give both forms'
 errors in both directions. The interval's noise term is the chosen form's log residual RMS, its extrapolation terms
@@ -112,15 +113,11 @@ def predict(points: Points, asked_Q: Sequence[tuple[float, float]], sigma: float
     noise_sd = interval.residual_sd(form["rms"], len(points) - form["params"])
     b = {d: point_backtests.median_abs(bt) for d, bt in form["backtests"].items()}
     scale = point_interval.scales(b["size"], b["tokens_per_param"], noise_sd)
-    m_P = points.tokens_P / points.params_P
-    fitted = {"params_max": float(points.params_P.max()), "tokens_per_param_max": float(m_P.max()),
-              "compute_max": float((6 * points.params_P * points.tokens_P).max()),
-              "tokens_max": float(points.tokens_P.max())}
+    fitted = point_interval.fitted_range(points.params_P, points.tokens_P)
     preds = []
     for n, d in asked_Q:
         loss = float(form["loss_fn"](form["law"], n, d))
-        x = point_interval.distances(n, d, fitted["params_max"], fitted["tokens_per_param_max"],
-                                     fitted["compute_max"], fitted["tokens_max"])
+        x = point_interval.distances(n, d, fitted)
         ci, terms = point_interval.interval(loss, x, noise_sd, len(points) - form["params"], scale, "fit_residuals")
         preds.append({"params": n, "tokens": d, "loss": loss, **ci.fields("loss"), "loss_interval": terms})
     out: dict[str, Any] = {

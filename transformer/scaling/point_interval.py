@@ -1,11 +1,12 @@
 """The 95% interval of a predicted loss at (N, D): a noise term inside the data, and one term per direction of
 extrapolation (model size, tokens per parameter), each growing with its distance and calibrated out of sample.
 
-An asked (N, D) lies x_N = max(0, ln(N / N_max)) e-folds beyond the largest fitted model and x_M = max(0,
-ln(M / M_max)) beyond the most tokens per parameter fitted (M = D/N); `distances` also gives those in compute
-(C = 6ND) and in tokens, which are reported but do not set the width: in the published IsoFLOP backtests every
-held-out point is inside the fitted compute range (x_C = 0) and still misses by 1–30%, so compute distance does
-not tell the hard predictions from the easy ones. The interval is L̂·exp(±h),
+An asked (N, D) lies x_N e-folds outside the fitted model sizes (ln(N / N_max) above the largest, ln(N_min / N)
+below the smallest) and x_M outside the fitted tokens per parameter (M = D/N; approach 3's default fit keeps the
+points within 3× of each budget's optimum, so a model trained on far fewer tokens than that is outside it too);
+`distances` also gives those in compute (C = 6ND) and in tokens, which are reported but do not set the width: in
+the hold-outs below, 94% of the held-out points are inside the fitted compute range (x_C = 0) and still miss by up
+to 30%, so the distance in compute does not tell the hard predictions from the easy ones. The interval is L̂·exp(±h),
 
     h = sqrt((t·σ)² + (m_N·b_N·g(x_N))² + (m_M·b_M·g(x_M))²),   g(x) = 1 + GROWTH·x for x > 0, else 0,
 
@@ -20,8 +21,8 @@ not tell the hard predictions from the easy ones. The interval is L̂·exp(±h),
   intervals at the same coverage: docs/fitting.md);
 - m_N = SIZE_MULTIPLIER, m_M = TPP_MULTIPLIER: calibrated on the hold-outs of published grids and the CPU
   over-training ladder (`experiments.reproduce`, `experiments.reproduce_points`): each set refitted on part of
-  its points predicts the rest, by size (sizes ≤ N_max/2, ≤ N_max/4) and by tokens per parameter (points at
-  ≤ 10 and ≤ 40 tokens per parameter); a point's score is the m its term needs to reach its error; m is the
+  its points predicts the rest trained on ≥ 1 token per parameter, by size (sizes ≤ N_max/2, ≤ N_max/4) and by
+  tokens per parameter (points at ≤ 10 and ≤ 40 tokens per parameter); a point's score is the m its term needs to reach its error; m is the
   COVERAGE quantile of the scores with each (set, hold-out) weighted equally (CALIBRATION holds the figures and
   the data each constant came from). Out of sample (each data source's m from the other sources) the tables in
   docs/fitting.md "Loss at any (N, D)".
@@ -37,22 +38,42 @@ from transformer.scaling.interval import NO_NOISE, Interval, none
 
 COVERAGE = 0.95
 GROWTH = 1.0  # the terms' growth per e-fold of extrapolation (chosen among 0, 0.5, 1, 2: docs/fitting.md)
-SIZE_MULTIPLIER = 3.6
-TPP_MULTIPLIER = 1.35
+# The multipliers: the 95% quantiles of the hold-out scores (`experiments.reproduce_points.multipliers`, each (set,
+# hold-out) weighted equally), 2.096 and 1.228 over 44 hold-outs by size and 44 by tokens per parameter of the 21
+# published IsoFLOP sets and the CPU ladder, rounded up. Out of sample (each source's from the other sources'):
+# by size 1.78–2.10, by tokens per parameter 1.13–1.31.
+SIZE_MULTIPLIER = 2.1
+TPP_MULTIPLIER = 1.23
 CALIBRATION = {
-    "size": "",
-    "tokens_per_param": "",
+    "size": ("95% quantile of the scores of hold-outs by model size (refit on the sizes ≤ N_max/2 and ≤ N_max/4, "
+             "predict the larger ones at ≥ 1 token per parameter): Porian et al. 2024's 15 settings "
+             "(porian2024_isoflop_points.csv), Chinchilla (Epoch AI's extraction), the Open-Athena set's 5 experiments "
+             "(ml_scalefit and Epoch AI Chinchilla, Li et al. 2025 misfitting, Llama 3 raw and exp loss), the CPU "
+             "over-training ladder (overtrain_ladder_cpu.csv); python -m experiments.reproduce"),
+    "tokens_per_param": ("95% quantile of the scores of hold-outs by tokens per parameter (refit on the points at ≤ 10 "
+                         "and ≤ 40 tokens per parameter, predict the rest): the same 22 sets; python -m "
+                         "experiments.reproduce"),
 }
 DIRECTIONS = ("size", "tokens_per_param")
 
 
-def distances(params: float, tokens: float, n_max: float, m_max: float, c_max: float,
-              d_max: float) -> dict[str, float]:
-    """E-folds beyond the fitted data (0 inside): in model size, tokens per parameter, compute (6ND) and tokens."""
-    return {"params": max(0.0, float(np.log(params / n_max))),
-            "tokens_per_param": max(0.0, float(np.log(tokens / params / m_max))),
-            "compute": max(0.0, float(np.log(6.0 * params * tokens / c_max))),
-            "tokens": max(0.0, float(np.log(tokens / d_max)))}
+def _outside(value: float, lo: float, hi: float) -> float:
+    return max(0.0, float(np.log(value / hi)), float(np.log(lo / value)))
+
+
+def distances(params: float, tokens: float, fitted: dict[str, float]) -> dict[str, float]:
+    """E-folds outside the fitted range (0 inside; above its largest or below its smallest value), in model size,
+    tokens per parameter, compute (6ND) and tokens; `fitted`: {"params_min", "params_max", ...} of each."""
+    values = {"params": params, "tokens_per_param": tokens / params, "compute": 6.0 * params * tokens,
+              "tokens": tokens}
+    return {k: _outside(v, fitted[f"{k}_min"], fitted[f"{k}_max"]) for k, v in values.items()}
+
+
+def fitted_range(params_P: np.ndarray, tokens_P: np.ndarray) -> dict[str, float]:
+    """The smallest and largest model size, tokens per parameter, compute and tokens of the fitted points."""
+    values = {"params": params_P, "tokens_per_param": tokens_P / params_P, "compute": 6.0 * params_P * tokens_P,
+              "tokens": tokens_P}
+    return {f"{k}_{end}": float(f(v)) for k, v in values.items() for end, f in (("min", np.min), ("max", np.max))}
 
 
 def growth(x: float) -> float:
@@ -104,6 +125,6 @@ def interval(loss: float, x: dict[str, float], noise_sd: float | None, dof: int,
               "scales_log": {d: scale[d] for d in DIRECTIONS}, "growth_per_efold": GROWTH,
               "calibrated": bool(calibrated and ci.exists), "source": source,
               "method": "ln L ± sqrt((t·σ)² + (m_N·b_N·g(x_N))² + (m_M·b_M·g(x_M))²), g(x) = 1 + "
-                        f"{GROWTH:g}·x beyond the data; b: the form's backtest median |error| per direction; m: calibrated out of "
-                        "sample on published hold-outs (point_interval.CALIBRATION)"}
+                        f"{GROWTH:g}·x beyond the data; b: the form's backtest median |error| per direction; m: "
+                        "calibrated out of sample on published hold-outs (point_interval.CALIBRATION)"}
     return ci, record
