@@ -184,6 +184,7 @@ def test_intervals_are_calibrated_with_the_default_approach3_near(monkeypatch):
     default, every = (real(pts, approach3_near=near, predict_points=asked) for near in (fits.APPROACH3_NEAR, 0.0))
     assert "note" not in default["point_predictions"]
     assert "calibrated with the default approach3_near=3" in every["point_predictions"]["note"]
+    assert "note: fitted to all points" in report.summary(every)
 
 
 def test_form_is_chosen_by_both_backtests_and_reported():

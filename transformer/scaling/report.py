@@ -159,6 +159,8 @@ def points_lines(at: dict[str, Any]) -> list[str]:
                  "sample on published hold-outs)")
     if at.get("warning"):
         lines.append(f"{at['chosen']} WARNING (applies to these losses): {at['warning']}")
+    if at.get("note"):
+        lines.append(f"note: {at['note']}")
     for p in at["predictions"]:
         x = p["loss_interval"]["distances"]
         where = (f"{x['params']:.2f} e-folds beyond the largest model, {x['tokens_per_param']:.2f} beyond the most "
