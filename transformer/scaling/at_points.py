@@ -62,14 +62,18 @@ def _loss(fit: dict[str, float] | parametric.LossFit, n: np.ndarray, d: np.ndarr
     return parametric.law_loss(get("E"), get("A"), get("B"), get("alpha"), get("beta"), n, d)
 
 
-def _forms(points: Points) -> dict[str, dict[str, Any]]:
+def _forms(points: Points, a3: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Both forms fitted to all the points and backtested in both directions: per form {"fit", "loss_fn", "rms",
     "params", "backtests": {"size": pairs, "tokens_per_param": pairs}}. The refits start from their own profile
     grid, not from the fit to all the points: a start that knows the held-out points leaks them into the refit
-    wherever the optimizer stops short of the refit's own optimum."""
+    wherever the optimizer stops short of the refit's own optimum. `a3`: approach 3 already fitted to these points
+    (its E, A, B, alpha, beta), else fitted here."""
     n_P, d_P, l_P = points.params_P, points.tokens_P, points.loss_P
-    a3 = parametric.fit_loss(n_P, d_P, l_P)
-    law3 = {k: float(getattr(a3, k)) for k in ("E", "A", "B", "alpha", "beta")}
+    keys = ("E", "A", "B", "alpha", "beta")
+    if a3 is None or any(a3.get(k) is None for k in keys):
+        fit = parametric.fit_loss(n_P, d_P, l_P)
+        a3 = {k: getattr(fit, k) for k in keys}
+    law3 = {k: float(a3[k]) for k in keys}
     law_ot = overtrain.fit(n_P, d_P, l_P)
     fit_many = {"approach3": lambda train_KP: parametric.fit_batch(n_P, d_P, np.broadcast_to(l_P, train_KP.shape),
                                                                      train_KP),
@@ -93,16 +97,18 @@ def _score(form: dict[str, Any]) -> float:
     return float(np.mean(medians)) if medians else float("inf")
 
 
-def predict(points: Points, asked_Q: Sequence[tuple[float, float]], sigma: float | None = None) -> dict[str, Any]:
+def predict(points: Points, asked_Q: Sequence[tuple[float, float]], sigma: float | None = None,
+            a3: dict[str, Any] | None = None) -> dict[str, Any]:
     """fit.json's "point_predictions": {"form", "chosen", "chosen_by", "candidates" (each form's law, residual RMS
     and backtest errors in both directions), "backtest" (the chosen form's, per direction), "fitted_range",
     "interval" (what sets every interval), "predictions": [{"params", "tokens", "loss", "loss_ci95",
     "loss_ci95_source", "loss_interval"}], "warning"?} for the (N, D) pairs `asked_Q`, from both forms fitted to
-    all of `points` (module docstring). `sigma`: the loss noise σ in ln L, for the misfit warning."""
+    all of `points` (module docstring). `sigma`: the loss noise σ in ln L, for the misfit warning; `a3`: approach
+    3 fitted to `points` (fit.json's "approach3"), else fitted here."""
     if len(points) < 5 or len(np.unique(points.params_P)) < 2:
         return {"note": f"{len(points)} points of {len(np.unique(points.params_P))} model sizes: the loss at (N, D) "
                         "needs at least 5 points and 2 sizes"}
-    forms = _forms(points)
+    forms = _forms(points, a3)
     chosen = "overtrain" if _score(forms["overtrain"]) < _score(forms["approach3"]) else "approach3"
     form = forms[chosen]
     candidates = {name: {"form": FORMS[name], "law": f["law"], "rms_log_residual": f["rms"],

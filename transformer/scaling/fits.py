@@ -300,7 +300,7 @@ def fit_all(
     if predict_flops:
         result["predictions"] = predictions
     if predict_points:
-        result["point_predictions"] = at_points.predict(chosen, predict_points, sigma["sigma"])
+        result["point_predictions"] = at_points.predict(chosen, predict_points, sigma["sigma"], a3)
         if approach3_near != APPROACH3_NEAR:
             result["point_predictions"]["note"] = (
                 f"fitted to {a3['selection']}; the interval multipliers were calibrated with the default "
