@@ -17,7 +17,7 @@ the chosen form's backtest errors per direction, scaled by multipliers calibrate
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -63,8 +63,8 @@ def _loss(fit: dict[str, float] | parametric.LossFit, n: np.ndarray, d: np.ndarr
 
 
 def _forms(points: Points, a3: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Both forms fitted to all the points and backtested in both directions: per form {"fit", "loss_fn", "rms",
-    "params", "backtests": {"size": pairs, "tokens_per_param": pairs}}. The refits start from their own profile
+    """Both forms fitted to the points and backtested in both directions: per form {"law", "loss_fn", "rms" (log
+    residual RMS), "params" (its parameter count), "backtests": {"size": pairs, "tokens_per_param": pairs}}. The refits start from their own profile
     grid, not from the fit to all the points: a start that knows the held-out points leaks them into the refit
     wherever the optimizer stops short of the refit's own optimum. `a3`: approach 3 already fitted to these points
     (its E, A, B, alpha, beta), else fitted here."""
@@ -103,7 +103,7 @@ def predict(points: Points, asked_Q: Sequence[tuple[float, float]], sigma: float
     and backtest errors in both directions), "backtest" (the chosen form's, per direction), "fitted_range",
     "interval" (what sets every interval), "predictions": [{"params", "tokens", "loss", "loss_ci95",
     "loss_ci95_source", "loss_interval"}], "warning"?} for the (N, D) pairs `asked_Q`, from both forms fitted to
-    all of `points` (module docstring). `sigma`: the loss noise σ in ln L, for the misfit warning; `a3`: approach
+    `points` (the points approach 3 fits; module docstring). `sigma`: the loss noise σ in ln L, for the misfit warning; `a3`: approach
     3 fitted to `points` (fit.json's "approach3"), else fitted here."""
     if len(points) < 5 or len(np.unique(points.params_P)) < 2:
         return {"note": f"{len(points)} points of {len(np.unique(points.params_P))} model sizes: the loss at (N, D) "
