@@ -12,10 +12,11 @@ experiments/reference_data (docs/fitting.md shows the table this prints).
    median width, per regime (< 4x, ≥ 4x beyond the origin) and for the older table's two cases per set; the
    spread calibrated on one family and applied to the other; the rules for E compared and chosen out of sample;
    how far the forecast at 4x the largest budget moves when one budget is dropped.
-4. Size hold-outs of the loss at any (N, D) (`at_points`, `experiments.reproduce_points`) on the same sets: refit on
-   the model sizes ≤ N_max/2 ("2x") and ≤ N_max/4 ("4x"), predict every point of the larger sizes; coverage (points,
-   sets weighted equally) with m = 1, the shipped `at_points.INTERVAL_SCALE` and out of sample, median |error| and
-   width, and the conformal m over one score per (set, case).
+4. Hold-outs of the loss at any (N, D) (`at_points`, `experiments.reproduce_points`) on the same sets and the CPU
+   over-training ladder (experiments/reference_data/overtrain_ladder_cpu.csv): refit on the model sizes ≤ N_max/2
+   and ≤ N_max/4, and on the points at ≤ 10 and ≤ 40 tokens per parameter, predict every other point; coverage
+   (points, sets weighted equally) with the shipped `point_interval` multipliers and out of sample (each source's
+   from the other sources'), median |error| and width, per set and per regime, and the multipliers these give.
 `--extra`: an Open-Athena-format CSV (columns source, experiment, params, tokens, budget, loss; not shipped here,
 it has no licence: ../shared/reference-data/isoflops_openathena_nonmarin.csv) adds its experiments to 3 and 4.
 """
@@ -30,16 +31,26 @@ from typing import Any, Iterator
 from absl import flags
 
 from experiments import cli, reproduce_frontier, reproduce_points
-from transformer.scaling import at_points, fits
+from transformer.scaling import fits
 from transformer.scaling import points as points_lib
 
 REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_data")
+LADDER = os.path.join(REFERENCE, "overtrain_ladder_cpu.csv")
 PORIAN_SETTING = ("dataset", "experiment", "hparams", "warmup", "decay", "param_count", "loss_type")
 EPOCH_AI = {"E": 1.817, "alpha": 0.348, "beta": 0.366}
 
 _OUT = flags.DEFINE_string("out", None, "Write every figure as JSON here.")
 _EXTRA = flags.DEFINE_string("extra", None, "An Open-Athena-format IsoFLOP CSV whose experiments join the backtests.")
 _SAMPLES = flags.DEFINE_integer("samples", 100, "Loss-noise draws per prediction.", lower_bound=2)
+
+
+def ladder() -> points_lib.Points:
+    """The CPU over-training ladder (`experiments.overtrain_ladder`): N the total parameters, C = 6·N·D."""
+    with open(LADDER, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return points_lib.from_arrays([float(r["params"]) for r in rows], [float(r["tokens"]) for r in rows],
+                                  [float(r["loss"]) for r in rows], ids=[f"{r['size']}@{r['tokens_per_param']}"
+                                                                         for r in rows], source=LADDER)
 
 
 def porian_settings() -> Iterator[tuple[dict[str, str], points_lib.Points]]:
@@ -93,16 +104,22 @@ def main(argv: list[str]) -> None:
     result["frontier"], lines = reproduce_frontier.run(sets, _SAMPLES.value)
     print("\n".join(lines))
     result["table"] = lines
-    cases = [{**c, **tags} for name, pts, tags in sets for c in reproduce_points.size_holdout(name, pts, _SAMPLES.value)]
-    result["points_conformal_multiplier"] = reproduce_points.calibrate(cases, at_points.INTERVAL_SCALE)
+    ladder_sets = [("CPU over-training ladder", ladder(), {"group": "CPU over-training ladder (shipped)",
+                                                           "family": "ladder", "source": "ladder"})]
+    cases = [{**c, **tags} for name, pts, tags in sets + ladder_sets for c in reproduce_points.holdout(name, pts)]
+    result["points_multipliers"] = reproduce_points.calibrate(cases)
     result["points_holdout"] = cases
     result["points_table"] = reproduce_points.table(
         cases + [{**c, "group": f"family: {c['family']}"} for c in cases if c["family"] == "Open-Athena"]
         + [{**c, "group": "all"} for c in cases])
-    print("\nLoss at (N, D), size hold-outs:\n" + "\n".join(result["points_table"]))
-    m_out = [c["m_out"] for c in cases if "m_out" in c]
-    print(f"conformal multiplier over these size hold-outs: {result['points_conformal_multiplier']:.3f} (shipped "
-          f"at_points.INTERVAL_SCALE {at_points.INTERVAL_SCALE}); out of sample: {min(m_out):.3f}–{max(m_out):.3f}")
+    result["points_regimes"] = reproduce_points.regime_table(cases)
+    result["points_family_split"] = reproduce_points.family_split(cases)
+    print("\nLoss at (N, D), hold-outs by size and by tokens per parameter:\n" + "\n".join(result["points_table"])
+          + "\n\n" + "\n".join(result["points_regimes"]) + "\n\n" + "\n".join(result["points_family_split"]))
+    for direction, m in result["points_multipliers"].items():
+        m_out = [c["m_out"][direction] for c in cases if "m_out" in c]
+        print(f"multiplier by {direction.replace('_', ' ')} over these hold-outs: {m:.3f} (shipped "
+              f"{reproduce_points.SHIPPED[direction]}); out of sample: {min(m_out):.3f}–{max(m_out):.3f}")
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(result, f, indent=1)

@@ -95,13 +95,14 @@ def test_conformal_multiplier_and_leave_group_out():
     assert out[0] == float("inf")  # without "a", two scores are too few to calibrate a 95% multiplier
 
 
-def test_interval_widens_with_distance_and_without_backtest_says_uncalibrated():
-    scale = {"per_efold": 0.01, "t": 2.0, "origins": 5, "pairs": 10}  # as misfit_scale gives
-    near, _ = backtest.interval(2.0, np.log(2), 0.001, scale, "seeds")
-    far, _ = backtest.interval(2.0, np.log(8), 0.001, scale, "seeds")
+def test_interval_widens_with_distance_in_units_of_the_fitted_span():
+    near, _ = backtest.frontier_interval(2.0, np.log(2), np.log(16), 0.001, "seeds")
+    far, terms = backtest.frontier_interval(2.0, np.log(8), np.log(16), 0.001, "seeds")
     assert far.hi - far.lo > 2.5 * (near.hi - near.lo) and far.source == "seeds"
-    bare, terms = backtest.interval(2.0, np.log(8), 0.001, backtest.misfit_scale([]), "seeds")  # the prior alone
-    assert not terms["calibrated"] and bare.hi / 2.0 - 1 > 3 * 1.96 * 0.001
+    assert terms["lever"] == pytest.approx(0.75) and terms["spread_from"]
+    narrow_data, _ = backtest.frontier_interval(2.0, np.log(8), np.log(4), 0.001, "seeds")
+    assert narrow_data.hi - narrow_data.lo > 1.8 * (far.hi - far.lo)  # the same distance is twice as far for a
+    # quarter of the span (lever 1.5 against 0.75)
 
 
 def test_backtest_pairs_every_origin_with_three_budgets_and_exact_law_has_no_error():
@@ -146,7 +147,6 @@ def test_frontier_warns_when_its_form_misfits_the_minima_beyond_their_noise():
     assert "does not describe these minima" in frontier_of(smooth_B * (1 + 0.01 * (-1) ** np.arange(8)))["warning"]
 
 
-def test_a_runaway_backtest_gives_no_interval_instead_of_inf():
-    scale = {"per_efold": 1e3, "t": 4.0, "origins": 1, "pairs": 1}
-    ci, terms = backtest.interval(2.0, 2.0, 0.01, scale, "residuals")
+def test_a_runaway_extrapolation_gives_no_interval_instead_of_inf():
+    ci, terms = backtest.frontier_interval(2.0, 2.0, 1e-300, 0.01, "residuals")
     assert ci.to_json() is None and "runs away" in ci.note and not terms["calibrated"]

@@ -52,16 +52,16 @@ def test_in_range_points_without_a_noise_estimate_get_a_residual_interval_not_a_
     json.dumps(fit, allow_nan=False)
 
 
-def test_with_no_noise_at_all_an_interval_is_null_or_says_it_is_the_misfit_alone():
-    scale = {"per_efold": 0.01, "t": 2.0, "origins": 3, "multiplier": 2.6}
-    inside, terms = backtest.interval(2.0, 0.0, None, scale, "seeds")
+def test_with_no_noise_at_all_an_interval_is_null_or_says_it_is_the_extrapolation_alone():
+    inside, terms = backtest.frontier_interval(2.0, 0.0, np.log(16), None, "seeds")
     assert inside.to_json() is None and inside.source == "none" and "no interval" in inside.note
     assert not terms["calibrated"]
-    beyond, terms = backtest.interval(2.0, np.log(4), 0.0, scale, "residuals")
-    assert beyond.lo < 2.0 < beyond.hi and beyond.source == "none" and "misfit alone" in beyond.note
-    with_noise, terms = backtest.interval(2.0, 0.0, 0.01, scale, "seeds")
-    assert with_noise.source == "seeds" and with_noise.multiplier == 2.6 and terms["calibrated"]
-    assert with_noise.hi / 2.0 == pytest.approx(math.exp(2.6 * 2.0 * 0.01))
+    beyond, terms = backtest.frontier_interval(2.0, np.log(4), np.log(16), 0.0, "residuals", spread=0.1)
+    assert beyond.lo < 2.0 < beyond.hi and beyond.source == "none" and "extrapolation term alone" in beyond.note
+    assert beyond.hi / 2.0 == pytest.approx(math.exp(0.1 * 0.5))  # q · x / span
+    with_noise, terms = backtest.frontier_interval(2.0, 0.0, np.log(16), 0.01, "seeds")
+    assert with_noise.source == "seeds" and terms["calibrated"]
+    assert with_noise.hi / 2.0 == pytest.approx(math.exp(1.959964 * 0.01), rel=1e-5)
 
 
 def three_size_grid(seed: int = 0) -> points_lib.Points:

@@ -16,10 +16,7 @@ FRONTIER_SPREAD is one constant, calibrated on the leave-future-out pairs of pub
 was not calibrated on). A set's own backtest is not used for the width: on the published pairs, the RMS per e-fold
 of a set's earlier refits predicts its next error worse than one constant does (docs/fitting.md).
 
-The loss at any (N, D) (`at_points`) keeps the older form (`misfit_scale`, `interval`): its own backtest by
-model size gives the misfit s per e-fold, pooled with a weak prior (PRIOR_ORIGINS pseudo-refits at
-PRIOR_PER_EFOLD), and the interval is L̂·exp(±m·t·sqrt(σ_noise² + (s·x)²)), t the Student-t 97.5% quantile with
-one degree of freedom per refit and prior pseudo-refit, m its conformal multiplier (`at_points.INTERVAL_SCALE`).
+The loss at any (N, D) has its own backtests and interval (`point_backtests`, `point_interval`).
 """
 from __future__ import annotations
 
@@ -98,38 +95,6 @@ def summary(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS) -> dict
     return out
 
 
-def interval(loss: float, distance: float, noise_sd: float | None, scale: dict[str, Any],
-             source: str) -> tuple[Interval, dict[str, Any]]:
-    """The calibrated 95% interval of a predicted loss `loss` at `distance` = ln(C / C_largest fitted) (≤ 0:
-    inside the fitted range, no extrapolation term), with the noise sd `noise_sd` in ln L from `source`
-    (`interval.SOURCES`; None or 0: no noise term, the source "none"), and its terms ("sigma_log",
-    "noise_sd_log", "distance", "t", "multiplier", "calibrated", "source", "method"): the fit.json
-    `loss_interval`. With no noise term inside the fitted range it is null (a zero-width interval is no 95% one);
-    beyond it, the misfit term alone, which its note says."""
-    noise_sd = float(noise_sd) if noise_sd is not None and np.isfinite(noise_sd) and noise_sd > 0 else 0.0
-    source = source if noise_sd > 0 else "none"
-    x = max(float(distance), 0.0)
-    sigma = float(np.hypot(noise_sd, scale["per_efold"] * x))
-    t, multiplier = scale["t"], float(scale.get("multiplier", 1.0))
-    half = multiplier * t * sigma
-    with np.errstate(over="ignore"):
-        bounds = [float(loss * np.exp(-half)), float(loss * np.exp(half))]
-    if not (np.isfinite(half) and np.all(np.isfinite(bounds))):  # a runaway backtest: no finite interval
-        ci = Interval(None, None, source, multiplier, "the backtest's misfit runs away: no finite interval")
-    elif half <= 0:
-        ci = none(f"{NO_NOISE}, and the prediction is inside the fitted range: no interval", multiplier)
-    else:
-        ci = Interval(*bounds, source, multiplier, None if source != "none" else
-                      f"{NO_NOISE}: the extrapolation misfit alone, no noise term")
-    calibrated = bool(scale["origins"]) and ci.exists
-    terms = {"sigma_log": sigma if np.isfinite(sigma) else None, "noise_sd_log": noise_sd, "distance": x,
-             "t": float(t), "multiplier": multiplier, "calibrated": calibrated, "source": source,
-             "method": "ln L ± m·t·sqrt(σ_noise² + (s·x)²), s from the backtest pooled with the prior, m the "
-                       "conformal multiplier" + (
-                 "" if scale["origins"] else " (no backtest refit: the prior alone, not calibrated on these data)")}
-    return ci, terms
-
-
 def lever(distance: float, span: float) -> float:
     """The frontier's extrapolation lever x / span: x = ln(C / C_largest fitted) (0 inside the fitted range), span =
     ln(C_largest / C_smallest) of the fitted minima: how far beyond the data, in units of the compute range they
@@ -164,12 +129,6 @@ def frontier_interval(loss: float, distance: float, span: float, noise_sd: float
              "noise_sd_log": noise_sd, "source": source, "distance": max(float(distance), 0.0), "span": float(span),
              "lever": lev, "spread": spread, "spread_from": SPREAD_FROM, "calibrated": ci.exists}
     return ci, terms
-
-
-def at_multiplier(score: float, unit: float, multiplier: float) -> tuple[bool, float]:
-    """A hold-out against the interval L̂·exp(±m·unit) (`interval` with unit = t·σ): whether it covers the truth,
-    given the hold-out's score = |ln(L̂ / L)| / unit, and the interval's relative width (hi − lo) / L̂."""
-    return bool(score <= multiplier), float(2 * np.sinh(multiplier * unit))
 
 
 def log_sd(values_K: np.ndarray) -> float | None:

@@ -237,8 +237,9 @@ def fit_all(
     `predict_flops`, predictions. `bootstrap` > 0: that many loss-noise draws give 95% intervals (200
     are drawn when predictions are asked for without it). `isoflop_window`/`isoflop_method`: see
     `isoflop.approach2`. `approach3_near`: see `near_optimum` (0: all points). `predict_points`: (N, D) pairs
-    whose loss approach 3 or Gadre et al.'s over-training form predicts (whichever does better on a backtest by
-    model size), with intervals calibrated on that backtest (`at_points`).
+    whose loss approach 3 or Gadre et al.'s over-training form predicts, both fitted to the points approach 3 fits
+    (whichever does better in the backtests by model size and by tokens per parameter), with intervals that grow
+    with the distance of extrapolation (`at_points`), calibrated with the default `approach3_near`.
     """
     if bootstrap < 0:
         raise ConfigError(f"bootstrap={bootstrap} is not valid; choose 0 (off) or a positive sample count")
@@ -250,7 +251,7 @@ def fit_all(
     headline = headline or names[0]
     if headline not in names:
         raise ConfigError(f"headline={headline!r} is not valid for these points; available: {', '.join(names)}")
-    samples = bootstrap or (200 if predict_flops or predict_points else 0)
+    samples = bootstrap or (200 if predict_flops else 0)
     rng = np.random.default_rng(seed)
     sigma = noise.estimate(used)
     kind = interval.noise_kind(sigma)  # the intervals' noise source
@@ -303,7 +304,11 @@ def fit_all(
     if predict_flops:
         result["predictions"] = predictions
     if predict_points:
-        result["point_predictions"] = at_points.predict(chosen, a3, predict_points, sigma["sigma"], kind)
+        result["point_predictions"] = at_points.predict(chosen, predict_points, sigma["sigma"], a3)
+        if approach3_near != APPROACH3_NEAR:
+            result["point_predictions"]["note"] = (
+                f"fitted to {a3['selection']}; the interval multipliers were calibrated with the default "
+                f"approach3_near={APPROACH3_NEAR:g} (point_interval.CALIBRATION)")
     return result
 
 

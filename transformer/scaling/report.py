@@ -136,21 +136,7 @@ def summary(fit: dict[str, Any]) -> str:
                         if p.get("loss_interval") else ""))
     at = fit.get("point_predictions")
     if at and at.get("predictions"):
-        bt = at["backtest"]
-        cand = at.get("candidates", {})
-        lines.append(f"loss at (N, D) from {at.get('chosen', 'approach3')}: {at['form']}" + (
-            " (chosen by the backtest by model size, median |error| " + " vs ".join(
-                f"{name} {100 * c['backtest_median_abs_error']:.2f}%" for name, c in cand.items()
-                if c.get("backtest_median_abs_error") is not None) + ")" if cand else ""))
-        lines.append("backtest by model size: " + (
-            f"median |error| {100 * bt['median_abs_error']:.2f}%, misfit {100 * bt['misfit_per_efold']:.2f}% per "
-            f"e-fold beyond the largest fitted model ({bt['misfit_pairs']} pairs)" if bt.get("pairs") else
-            "none (too few model sizes): noise-only intervals"))
-        if at.get("warning"):
-            lines.append(f"{at.get('chosen', 'approach3')} WARNING (applies to these losses): {at['warning']}")
-        for p in at["predictions"]:
-            lines.append(f"loss at N = {p['params']:.4g}, D = {p['tokens']:.4g}: {p['loss']:.4f}{_ci(p, 'loss', '.4f')}"
-                         f" ({_interval_words(p)})")
+        lines += points_lines(at)
     elif at:
         lines.append(f"loss at (N, D): {at.get('note')}")
     return "\n".join(lines)
@@ -164,6 +150,34 @@ def _e_words(front: dict[str, Any]) -> str:
         return (f"{front['E_from']}: χ² {test['statistic']:.2f} {verdict} {test['threshold']:.2f}, approach 3's E "
                 f"{test['E_approach3']:.3f} vs the minima's {test['E_free']:.3f}")
     return front["E_from"] + (f": {test}" if test else "")
+
+def points_lines(at: dict[str, Any]) -> list[str]:
+    """The loss at (N, D) on the console: the form and why (both forms' backtest errors in both directions), what
+    sets the intervals, and each prediction with its distances beyond the data and its largest term."""
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"
+    cand = at["candidates"]
+    lines = [f"loss at (N, D) from {at['chosen']}: {at['form']} (chosen by the backtests, median |error| by model "
+             "size / by tokens per parameter: " + ", ".join(
+                 f"{name} {pct(c['backtest_size']['median_abs_error'])} / "
+                 f"{pct(c['backtest_tokens_per_param']['median_abs_error'])}" for name, c in cand.items()) + ")"]
+    iv = at["interval"]
+    lines.append(f"interval: noise {pct(iv['noise_sd_log'])} (the fit's residual RMS); beyond the data "
+                 f"{iv['multipliers']['size']:g} × {pct(iv['scales_log']['size'])} in model size and "
+                 f"{iv['multipliers']['tokens_per_param']:g} × {pct(iv['scales_log']['tokens_per_param'])} in tokens "
+                 f"per parameter, × (1 + {iv['growth_per_efold']:g}·x) per e-fold x (multipliers calibrated out of "
+                 "sample on published hold-outs)")
+    if at.get("warning"):
+        lines.append(f"{at['chosen']} WARNING (applies to these losses): {at['warning']}")
+    if at.get("note"):
+        lines.append(f"note: {at['note']}")
+    for p in at["predictions"]:
+        x = p["loss_interval"]["distances"]
+        where = (f"{x['params']:.2f} e-folds beyond the largest model, {x['tokens_per_param']:.2f} beyond the most "
+                 f"tokens per parameter, {x['compute']:.2f} in compute; width from {p['loss_interval']['driven_by']}"
+                 if p["loss_interval"]["half_width_log"] > 0 else "")
+        lines.append(f"loss at N = {p['params']:.4g}, D = {p['tokens']:.4g}: {p['loss']:.4f}{_ci(p, 'loss', '.4f')}"
+                     f" ({where + '; ' if where else ''}{_interval_words(p)})")
+    return lines
 
 
 def _interval_words(p: dict[str, Any]) -> str:
@@ -180,6 +194,10 @@ def _interval_words(p: dict[str, Any]) -> str:
     noise = {"fit_residuals": "the fit's residual RMS as noise"}.get(cal.get("source", ""), f"noise: {cal.get('source')}")
     if cal.get("source") == "none":
         noise = "NO noise term: the extrapolation misfit alone"
+    if "multipliers" in cal:  # the loss at (N, D) (`point_interval`)
+        inside = cal["distance"] <= 0
+        return noise + ("; inside the data" if inside else "; calibrated" if cal["calibrated"] else
+                        "; NOT calibrated: no backtest pair, the residual RMS stands in")
     return noise + "; " + (f"calibrated on the backtest, m = {cal.get('multiplier', 1.0):g}" if cal["calibrated"]
                            else "NOT calibrated: no backtest refit, the misfit prior alone")
 
