@@ -64,10 +64,6 @@ CASES = [
 ]
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_bad_inputs")
-
-
 def _prepare(work: str) -> None:
     """Files a careless command could damage: another run's workdir, CSVs, a sweep dir."""
     os.makedirs(os.path.join(work, "other_run"), exist_ok=True)

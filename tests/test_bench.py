@@ -29,10 +29,6 @@ FLOPS_PER_TOKEN_CAUSAL_HALF = 6 * (L * (4 * D * D + 2 * D * F) + V * D) + 6 * L 
 PARAMS = V * D + 1024 * D + L * (2 * 2 * D + 4 * D * D + 4 * D + 2 * D * F + F + D) + 2 * D
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_bench")
-
-
 def _bench(*extra: str, devices: int = 1) -> dict:
     """experiments.bench in a fresh process on `devices` CPU devices (not the 8 this test session simulates,
     unless asked for)."""

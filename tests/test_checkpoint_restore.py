@@ -15,10 +15,6 @@ from transformer.training import checkpointing
 from transformer.training.loop import train
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_checkpoint_restore")
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, corpus_dir) -> str:
     workdir = str(tmp_path_factory.mktemp("restore") / "run")

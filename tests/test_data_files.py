@@ -22,10 +22,6 @@ _WORDS = ("the model reads tokens from files and learns to predict the next one 
           "slowly over many steps of training on text written by people").split()
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_data_files")
-
-
 def _texts(n: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(_WORDS, int(rng.integers(3, 40)))) + "." for _ in range(n)]

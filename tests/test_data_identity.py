@@ -18,10 +18,6 @@ from transformer.training.resolve import resolve
 from transformer.training.run_io import check_workdir_config
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_data_identity")
-
-
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory):
     """A run on local files with a SentencePiece file as tokenizer, checkpointed at step 1 of 2."""

@@ -35,10 +35,6 @@ SMALL = ["--config.train.steps=2", "--config.train.warmup_steps=1", "--config.da
          "--config.train.batch_size=8"]
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_fault_trial")
-
-
 def real(workdir: str) -> list[str]:
     """A real (not dry) run of two small steps in {work}/WORKDIR: each case its own, so that a case that writes
     (a bug) cannot change what the next one sees."""

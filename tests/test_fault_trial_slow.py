@@ -23,7 +23,7 @@ import pytest
 from fault_runner import REPO, environment
 from test_data_files import train_hf_tokenizer
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_fault_trial_slow")]  # module fixtures: one worker
+pytestmark = pytest.mark.slow
 
 T = ["--config=configs/lm.py:gpt2_tiny", "--config.train.steps=30", "--config.data.seq_len=64",
      "--config.train.batch_size=8", "--config.train.checkpoint_every=10", "--config.train.eval_every=15",

@@ -26,10 +26,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMIT_S = 360.0
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_gpu_quick")
-
-
 def _env(**extra: str) -> dict:
     return {**os.environ, "PYTHONPATH": REPO, "TRANSFORMER_HUGE_PAGES": "0",
             "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""), **extra}

@@ -36,10 +36,6 @@ SHAPES = {
 CONFIGS = {"GPT2LMHeadModel": "GPT2Config", "LlamaForCausalLM": "LlamaConfig", "BertForMaskedLM": "BertConfig"}
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_interop")
-
-
 def _hf_model(name: str):
     cls_name, kwargs = SHAPES[name]
     config = getattr(transformers, CONFIGS[cls_name])(vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0,

@@ -34,10 +34,6 @@ SHAPES = {
 }
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_interop_t5")
-
-
 def _hf_model(name: str):
     kwargs, own_head = SHAPES[name]
     config = transformers.T5Config(vocab_size=V, dropout_rate=0.0, **kwargs)

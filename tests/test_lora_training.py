@@ -12,10 +12,6 @@ from transformer.training.loop import train
 from transformer.training.restore import load_run
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_lora_training")
-
-
 def _config(corpus_dir: str, steps: int):
     c = lm.get_config("gpt2_tiny")
     c.data.data_dir, c.data.seq_len = corpus_dir, 32

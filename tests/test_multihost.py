@@ -25,10 +25,6 @@ STOP_AT = 4
 COMPARED = ("train_loss", "eval_loss", "eval_bits_per_byte", "grad_norm")
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_multihost")
-
-
 def _env(devices: int) -> dict:
     return {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 

@@ -24,10 +24,6 @@ LRS = (1e-3, 3e-3, 1e-2)
 SEEDS = (0, 1, 0)
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_multirun")
-
-
 def _setup():
     c = lm.get_config("gpt2_tiny")
     c.data.seq_len, c.train.batch_size = T, B

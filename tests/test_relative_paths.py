@@ -21,10 +21,6 @@ TINY = ["--config.train.steps=2", "--config.train.warmup_steps=1", "--config.tra
         "--config.train.checkpoint_every=2", "--config.train.log_every=1", "--config.data.eval_fraction=0.25"]
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_relative_paths")
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> str:
     """A user's working directory, outside the repository: data/*.txt, tok.json (a BPE tokenizer.json)."""

@@ -33,10 +33,6 @@ TIMING = ("tokens_per_second",)
 STEPS = 100
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_reliability")
-
-
 def _overrides(data_dir: str) -> list[str]:
     return [f"--config.data.data_dir={data_dir}", "--config.data.seq_len=32", f"--config.train.steps={STEPS}",
             "--config.train.batch_size=8", "--config.train.warmup_steps=5", "--config.train.log_every=5",

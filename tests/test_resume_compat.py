@@ -17,10 +17,6 @@ NEW_KEYS = {"model": ("qk_norm", "parallel_block"), "train": ("max_skipped_fract
             "data": ("shuffle_seed",)}
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_resume_compat")
-
-
 def _forget(workdir: str, keys: dict[str, tuple[str, ...]]) -> None:
     """config.json as a run recorded before `keys` existed wrote it."""
     path = os.path.join(workdir, "config.json")

@@ -29,10 +29,6 @@ WORDS = ("the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "blu
 POSITIONS = 48
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_task_scoring")
-
-
 def write_task(path: str, docs: int = 14, seed: int = 0, per_choice_contexts: bool = True) -> str:
     """A jsonl task of the documented format: varied lengths, contexts ending in a space (moved into the
     continuation), one context longer than the model's positions (truncated on the left) and, with

@@ -25,10 +25,6 @@ from transformer.training.scoring import Scorer  # noqa: E402
 ROW = 48  # the encoder's and the decoder's rows
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_task_scoring_t5")
-
-
 @pytest.fixture(scope="module")
 def t5_dir(tmp_path_factory):
     """A local Hugging Face T5 directory: a random 2+2-layer model over the bytes tokenizer's 259 ids."""

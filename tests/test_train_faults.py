@@ -22,10 +22,6 @@ from transformer.training.loop import train, train_runs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_train_faults")
-
-
 def _files(root: str) -> list[str]:
     return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**"), recursive=True))
 

@@ -25,10 +25,6 @@ from transformer.training.state import abstract_state, init_state
 from cli_modules import cli_module
 
 
-# its module-scoped fixtures run once: every test of this file on one xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_training")
-
-
 def tiny_config(tmp_data_dir: str, **train_overrides):
     c = lm.get_config("gpt2_tiny")
     c.data.data_dir = tmp_data_dir
