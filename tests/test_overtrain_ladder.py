@@ -67,7 +67,7 @@ def test_ladder_end_to_end_continues_each_size_and_resumes(tmp_path, corpus_dir)
     again and the CSV is unchanged."""
     out, workdir = tmp_path / "ladder.csv", tmp_path / "runs"
     args = [sys.executable, "-m", "experiments.overtrain_ladder", f"--out={out}", f"--workdir={workdir}",
-            "--d_models=16,24", "--tokens_per_param=1,2", f"--config.base.data.data_dir={corpus_dir}",
+            "--d_models=16,24", "--tokens_per_param=1,2", "--max_tokens_per_param=2", f"--config.base.data.data_dir={corpus_dir}",
             "--config.base.train.eval_steps=2"]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
