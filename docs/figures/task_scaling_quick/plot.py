@@ -14,6 +14,8 @@ import numpy as np
 from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
+from transformer.spec.metric_keys import value as _value  # a row's metric by its key (eval/…, tasks/…)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRICS = ("tasks/basic_skills_coding/bits_per_byte", "tasks/arc_easy/bits_per_byte", "eval/absl/bits_per_byte",
            "eval/licenses/bits_per_byte")
@@ -25,11 +27,6 @@ def _load() -> tuple[list[dict], dict, dict, dict]:
         rows = [json.loads(line) for line in f if line.strip()]
     read = lambda name: json.load(open(os.path.join(HERE, name)))
     return rows, read("predictions.json"), read("validation.json"), read("fits.json")
-
-
-def _value(row: dict, metric: str) -> float:
-    group, name, key = metric.split("/")
-    return row["tasks" if group == "tasks" else "eval_sets"][name][key]
 
 
 def task_scaling(rows: list[dict], pred: dict, checked: dict, fits: dict) -> str:
