@@ -1,5 +1,6 @@
 """Step times of several configs measured in alternating rounds in one process (the CPU is shared: alternating
-spreads the load changes over all of them). Usage: python interleave.py lora|pruned"""
+spreads the load changes over all of them). Usage, from the repository root:
+    PYTHONPATH=. python docs/figures/lora_heads/step_times.py lora|pruned [ROUNDS]"""
 import json, statistics, sys
 import jax
 from configs import mlm
