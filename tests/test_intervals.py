@@ -99,3 +99,18 @@ def test_every_interval_in_a_fit_names_its_source():
     p = fit["predictions"][0]
     assert p["loss_ci95_source"] == p["params_ci95_source"] == p["loss_noise_ci95_source"] == "seeds"
     assert isinstance(p["loss_ci95"], list) and p["loss_interval"]["spread"] == backtest.FRONTIER_SPREAD
+
+
+def test_the_backtest_misfit_scale_pools_the_refits_with_the_prior():
+    """Two refits (k = 3, 4) with e/x = 0.02 and 0.04 (the k = 2 and x = 0 pairs left out): s² pools their mean
+    square with PRIOR_ORIGINS pseudo-refits at PRIOR_PER_EFOLD; the record describes the backtest only (no t or
+    multiplier: the frontier's interval is `frontier_interval`'s, not built on this scale)."""
+    pairs = [{"k": 3, "distance": 1.0, "log_error": 0.02}, {"k": 4, "distance": 0.5, "log_error": -0.02},
+             {"k": 2, "distance": 1.0, "log_error": 0.5}, {"k": 4, "distance": 0.0, "log_error": 0.5}]
+    scale = backtest.misfit_scale(pairs)
+    s_bt2 = (0.02**2 + 0.04**2) / 2
+    n0, s0 = backtest.PRIOR_ORIGINS, backtest.PRIOR_PER_EFOLD
+    assert scale["backtest_per_efold"] == pytest.approx(math.sqrt(s_bt2))
+    assert scale["per_efold"] == pytest.approx(math.sqrt((n0 * s0**2 + 2 * s_bt2) / (n0 + 2)))
+    assert (scale["origins"], scale["pairs"], scale["min_origin"]) == (2, 2, backtest.MIN_BUDGETS)
+    assert set(scale) == {"per_efold", "backtest_per_efold", "origins", "pairs", "min_origin"}

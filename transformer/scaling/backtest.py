@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy import special  # stdtrit: the Student-t quantile (scipy.stats costs ~0.5 s to import)
+from scipy import special  # ndtri: the normal quantile (scipy.stats costs ~0.5 s to import)
 
 from transformer.scaling.interval import NO_NOISE, Interval, none
 
@@ -31,7 +31,7 @@ MIN_BUDGETS = 3  # a frontier refit needs 3 minima (E, k, γ)
 COVERAGE = 0.95  # the intervals are 95% ones
 Z95 = (1 + COVERAGE) / 2
 # The prior of the misfit scale: 2 pseudo-refits at 0.5% per e-fold (the median backtest misfit of Porian et al.'s
-# tuned settings). It keeps an interval with one or no backtest refit finite and not absurd (t with 2 + n dof).
+# tuned settings), so that a set with one or no backtest refit still reports a finite scale.
 PRIOR_ORIGINS = 2
 PRIOR_PER_EFOLD = 0.005
 # The frontier's interval (`frontier_interval`): the half-width's extrapolation term is q·x/span (`lever`). q is the
@@ -65,21 +65,17 @@ def pairs(flops_B: Sequence[float], loss_B: Sequence[float],
     return out
 
 
-def misfit_scale(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS,
-                 multiplier: float = 1.0) -> dict[str, Any]:
-    """{"per_efold" s, "origins", "pairs", "t", "multiplier", "backtest_per_efold"}: the RMS of e/x over the pairs
-    with x > 0 whose refit saw at least `min_origin` budgets, pooled with a prior of PRIOR_ORIGINS pseudo-refits
-    at PRIOR_PER_EFOLD (s² = (n₀·s₀² + n·s_bt²) / (n₀ + n), n the refits); t the Student-t 97.5% quantile with
-    n₀ + n degrees of freedom; `multiplier` m of t·σ (the module docstring)."""
-    if not multiplier > 0:
-        raise ValueError(f"the interval multiplier must be positive, got {multiplier}")
+def misfit_scale(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS) -> dict[str, Any]:
+    """{"per_efold" s, "backtest_per_efold", "origins", "pairs", "min_origin"}: the RMS of e/x over the pairs with
+    x > 0 whose refit saw at least `min_origin` budgets, pooled with a prior of PRIOR_ORIGINS pseudo-refits at
+    PRIOR_PER_EFOLD (s² = (n₀·s₀² + n·s_bt²) / (n₀ + n), n the refits). A description of the set's backtest for
+    fit.json and the console; the interval does not use it (module docstring)."""
     usable = [p for p in bt_J if p["distance"] > 0 and p["k"] >= min_origin]
     origins = len({p["k"] for p in usable})
     s_bt = float(np.sqrt(np.mean([(p["log_error"] / p["distance"]) ** 2 for p in usable]))) if usable else None
     s2 = (PRIOR_ORIGINS * PRIOR_PER_EFOLD**2 + origins * (s_bt or 0.0) ** 2) / (PRIOR_ORIGINS + origins)
     return {"per_efold": float(np.sqrt(s2)), "backtest_per_efold": s_bt, "origins": origins, "pairs": len(usable),
-            "min_origin": min_origin, "t": float(special.stdtrit(PRIOR_ORIGINS + origins, Z95)),
-            "multiplier": float(multiplier)}
+            "min_origin": min_origin}
 
 
 def summary(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS) -> dict[str, Any]:

@@ -111,13 +111,6 @@ def fit_largest(flops_B: Sequence[float], loss_B: Sequence[float], e_fixed: floa
     return fit(*largest(flops_B, loss_B), e_fixed=e_fixed)
 
 
-def fit_largest_many(flops_BK: np.ndarray, loss_BK: np.ndarray,
-                     e_fixed_K: Sequence[float | None]) -> list[dict[str, float] | None]:
-    """`fit_largest` of K noise draws of the minima at once, (B, K) each (`fit_many`)."""
-    pairs = [largest(flops_BK[:, k], loss_BK[:, k]) for k in range(flops_BK.shape[1])]
-    return fit_many(np.array([f for f, _ in pairs]), np.array([l for _, l in pairs]), e_fixed_K)
-
-
 def loss_at(law: dict[str, float], flops: np.ndarray) -> np.ndarray:
     """L_opt(C) = E + k·C^(−γ)."""
     return law["E"] + law["k"] * np.power(np.asarray(flops, float), -law["gamma"])
@@ -229,7 +222,8 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
         e_draws = approach3.get("bootstrap", {}).get("draws", {}).get("E") if held else None
         e_K = [None if not held else (e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k])
                                       else law["E"]) for k in range(draws2["a"].size)]
-        fits_K = fit_largest_many(draws2["C_opt"], draws2["loss_opt"], e_K)
+        fits_K = _largest_fits([(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e)
+                                for k, e in enumerate(e_K)])
         nan = {"E": np.nan, "k": np.nan, "gamma": np.nan}
         draws = {key: np.array([(f or nan)[key] for f in fits_K]) for key in ("E", "k", "gamma")}
         out.update(interval.of_draws(draws, ("E", "gamma"), source))

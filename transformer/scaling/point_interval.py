@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from transformer.scaling.backtest import COVERAGE  # noqa: F401 (one 95% for every interval; re-exported)
 from transformer.scaling.interval import NO_NOISE, Interval, none
 
-COVERAGE = 0.95
 GROWTH = 1.0  # the terms' growth per e-fold of extrapolation (chosen among 0, 0.5, 1, 2: docs/fitting.md)
 # The multipliers: the 95% quantiles of the hold-out scores (`experiments.reproduce_points.multipliers`, each (set,
 # hold-out) weighted equally), 2.096 and 1.228 over 44 hold-outs by size and 44 by tokens per parameter of the 21
