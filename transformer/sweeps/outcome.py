@@ -35,16 +35,19 @@ def _write(workdir: str, name: str, obj: dict[str, Any]) -> None:
     files.write_json(os.path.join(_fit_dir(workdir), name), obj, indent=1)
 
 
-def _n_kind(doc: dict[str, Any]) -> str:
-    return "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
-
-
-def _fit(workdir: str, doc: dict[str, Any], annotate: dict[str, Any] | None = None) -> dict[str, Any]:
+def fit_grid(workdir: str, doc: dict[str, Any], annotate: dict[str, Any] | None = None, *,
+             metric: str = "eval_loss", out_dir: str | None = None, make_plots: bool = True) -> dict[str, Any]:
+    """The fit of `metric` over the sweep's rows (scaling/report.run_fit with the sweep's N convention and
+    bootstrap, predicting at sweep.validate_flops) written to `out_dir` (default DIR/fit): the loss's, and each of
+    sweep.predict_metrics' (metric_check.py)."""
+    from transformer.scaling import points
     from transformer.scaling.report import run_fit
 
+    n_kind = "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
     validate_flops = float(doc["sweep"].get("validate_flops") or 0.0)
-    return run_fit(workdir, _fit_dir(workdir), n_kind=_n_kind(doc), bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)),
-                   seed=0, predict_flops=[validate_flops] if validate_flops else (), annotate=annotate)
+    return run_fit(points.read_sweep(workdir, n_kind=n_kind, metric=metric), out_dir or _fit_dir(workdir),
+                   n_kind=n_kind, bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)), seed=0,
+                   predict_flops=[validate_flops] if validate_flops else (), annotate=annotate, make_plots=make_plots)
 
 
 def load_prediction(workdir: str) -> dict[str, Any] | None:
@@ -64,7 +67,7 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
     existing = load_prediction(workdir)
     if existing is not None:
         return existing
-    fit = _fit(workdir, doc)
+    fit = fit_grid(workdir, doc)
     pred = fit["predictions"][0]
     if pred.get("loss") is None or pred.get("params") is None:  # recorded as such: the sweep ends without it
         pred = {**pred, "params": None, "loss": None,
@@ -78,7 +81,7 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
                            "backtest": {k: v for k, v in (fit["frontier"].get("backtest") or {}).items() if k != "method"},
                            "frontier_warning": fit["frontier"].get("warning")}}
     if prediction["params"] is not None and metric_check.names(doc):  # checked on the same validation run
-        prediction["metrics"] = metric_check.predict(workdir, doc, float(pred["flops"]))
+        prediction["metrics"] = metric_check.predict(workdir, doc)
     _write(workdir, "predictions.json", prediction)
     return prediction
 
@@ -96,8 +99,7 @@ def validation(workdir: str, doc: dict[str, Any], rows: list[dict[str, Any]]) ->
            "predicted_params": prediction["params"], "predicted_tokens": prediction.get("tokens"),
            "convention": prediction["convention"], "predicted_loss": prediction["loss"],
            "predicted_loss_ci95": ci, "measured_loss": measured,
-           "relative_error": None if measured is None else (measured - prediction["loss"]) / prediction["loss"],
-           "inside_ci95": None if measured is None or not ci else bool(ci[0] <= measured <= ci[1]),
+           **metric_check.compare(measured, prediction["loss"], ci),
            "prediction_written_at": prediction["written_at"], "status": row.get("status")}
     if prediction.get("metrics"):
         out["metrics"] = metric_check.validation(row, prediction)
@@ -176,7 +178,7 @@ def finish(workdir: str, doc: dict[str, Any], announce: bool = True) -> dict[str
         checked = validation(workdir, doc, rows)
         check = schedule_check(workdir, rows)
         metric_fits = metric_check.finish(workdir, doc, checked) if metric_check.names(doc) else None
-        fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check),
+        fit = fit_grid(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check),
                                                              ("metric_fits", metric_fits)) if v})
         if announce and checked is not None and checked["measured_loss"] is not None:
             print(validation_line(checked), flush=True)
@@ -229,9 +231,7 @@ def validation_line(checked: dict[str, Any]) -> str:
     """The prediction check in one line: predicted and measured loss, the error, and whether the measurement
     landed inside the prediction's 95% interval (validation.json's inside_ci95)."""
     ci = checked.get("predicted_loss_ci95")
-    inside = checked.get("inside_ci95")
-    verdict = ("no interval to check against" if inside is None else
-               "inside its 95% interval" if inside else "OUTSIDE its 95% interval")
+    verdict = metric_check.verdict(checked.get("inside_ci95"))
     return (f"prediction check at {checked['flops']:.3g} FLOPs: predicted loss {checked['predicted_loss']:.4f}"
             + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
             + f", measured {checked['measured_loss']:.4f}: relative error {100 * checked['relative_error']:+.2f}%, "
