@@ -97,6 +97,29 @@ def test_the_metrics_follow_the_loglikelihoods():
     assert m["bits_per_byte"] == pytest.approx(np.mean([2 / np.log(2) / 5, 5 / np.log(2) / 2]))
 
 
+class _Counting(ByteTokenizer):
+    """The bytes tokenizer, counting the texts it encodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, int] = {}
+
+    def encode(self, text):
+        self.seen[text] = self.seen.get(text, 0) + 1
+        return super().encode(text)
+
+
+@pytest.mark.parametrize("layout", [scoring_rows.Layout(64), scoring_rows.Layout(64, 64, decoder_start=0)])
+def test_a_documents_context_is_tokenized_once_for_all_its_choices(tmp_path, layout):
+    task = choice_tasks.load("toy", write_task(str(tmp_path / "toy.jsonl"), per_choice_contexts=False))
+    counting = _Counting()
+    encoded = layout.encode_all(counting, task.requests())
+    assert encoded == [layout.encode(ByteTokenizer(), c, x) for c, x in task.requests()]  # the same ids
+    contexts = {c.rstrip() for c, _ in task.requests()}
+    assert len(contexts) < len(task.requests())  # choices share contexts: something to save
+    assert all(counting.seen[c] == 1 for c in contexts if c)
+
+
 def test_bad_task_files_and_names_are_one_error_each(tmp_path):
     bad = tmp_path / "bad.jsonl"
     for line, says in (('{"context": "a", "choices": [], "label": 0}', "'choices' must be a list"),

@@ -109,7 +109,7 @@ class PreparedTask:
 
     def __init__(self, task: choice_tasks.ChoiceTask, tokenizer: Any, layout: Layout, verbose: bool = True):
         seq_len = layout.target_len
-        encoded = [layout.encode(tokenizer, c, x) for c, x in task.requests()]
+        encoded = layout.encode_all(tokenizer, task.requests())
         kept_docs, kept, i = [], [], 0
         for doc in task.docs:
             mine = encoded[i:i + len(doc.continuations)]
