@@ -1,8 +1,8 @@
 """The prediction check of the metrics named in sweep.predict_metrics (a task's correct-answer bits per byte, a named
 evaluation set's bits per byte or loss), beside the loss's (outcome.py):
 
-  predict     each metric fitted over the grid as the loss is (outcome.fit_grid: scaling/report.run_fit on the
-              sweep's rows read with `metric`, the same approaches, frontier, backtest and calibrated 95%
+  predict     each metric fitted over the grid as the loss is (`fit`: scaling/report.run_fit on the sweep's
+              rows read with `metric`, the same approaches, frontier, backtest and calibrated 95%
               intervals as experiments.fit --metric) and its compute-optimal value at sweep.validate_flops
               predicted; outcome.predict writes these into DIR/fit/predictions.json ("metrics") with the loss's,
               before the validation run trains
@@ -37,13 +37,18 @@ def metric_dir(workdir: str, metric: str) -> str:
 
 
 def fit(workdir: str, doc: dict[str, Any], metric: str, annotate: dict[str, Any] | None = None,
-        make_plots: bool = True) -> dict[str, Any]:
-    """The fit of `metric` as the loss's is made (outcome.fit_grid), written to metric_dir (fit.json, and the
-    figures with `make_plots`)."""
-    from transformer.sweeps import outcome  # outcome imports this module
+        make_plots: bool = True, out_dir: str | None = None) -> dict[str, Any]:
+    """The fit of `metric` over the sweep's rows (scaling/report.run_fit with the sweep's N convention and
+    bootstrap, predicting at sweep.validate_flops), written to `out_dir` (default metric_dir; fit.json, and the
+    figures with `make_plots`): the loss's (outcome._fit, into DIR/fit) and each predicted metric's."""
+    from transformer.scaling import points
+    from transformer.scaling.report import run_fit
 
-    return outcome.fit_grid(workdir, doc, annotate, metric=metric, out_dir=metric_dir(workdir, metric),
-                            make_plots=make_plots)
+    n_kind = "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
+    validate_flops = float(doc["sweep"].get("validate_flops") or 0.0)
+    return run_fit(points.read_sweep(workdir, n_kind=n_kind, metric=metric), out_dir or metric_dir(workdir, metric),
+                   n_kind=n_kind, bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)), seed=0,
+                   predict_flops=[validate_flops] if validate_flops else (), annotate=annotate, make_plots=make_plots)
 
 
 def compare(measured: float | None, predicted: float | None, ci: Any) -> dict[str, Any]:

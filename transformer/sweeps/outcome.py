@@ -35,19 +35,9 @@ def _write(workdir: str, name: str, obj: dict[str, Any]) -> None:
     files.write_json(os.path.join(_fit_dir(workdir), name), obj, indent=1)
 
 
-def fit_grid(workdir: str, doc: dict[str, Any], annotate: dict[str, Any] | None = None, *,
-             metric: str = "eval_loss", out_dir: str | None = None, make_plots: bool = True) -> dict[str, Any]:
-    """The fit of `metric` over the sweep's rows (scaling/report.run_fit with the sweep's N convention and
-    bootstrap, predicting at sweep.validate_flops) written to `out_dir` (default DIR/fit): the loss's, and each of
-    sweep.predict_metrics' (metric_check.py)."""
-    from transformer.scaling import points
-    from transformer.scaling.report import run_fit
-
-    n_kind = "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
-    validate_flops = float(doc["sweep"].get("validate_flops") or 0.0)
-    return run_fit(points.read_sweep(workdir, n_kind=n_kind, metric=metric), out_dir or _fit_dir(workdir),
-                   n_kind=n_kind, bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)), seed=0,
-                   predict_flops=[validate_flops] if validate_flops else (), annotate=annotate, make_plots=make_plots)
+def _fit(workdir: str, doc: dict[str, Any], annotate: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The loss's fit into DIR/fit (metric_check.fit: each predicted metric's is made the same way)."""
+    return metric_check.fit(workdir, doc, "eval_loss", annotate, out_dir=_fit_dir(workdir))
 
 
 def load_prediction(workdir: str) -> dict[str, Any] | None:
@@ -67,7 +57,7 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
     existing = load_prediction(workdir)
     if existing is not None:
         return existing
-    fit = fit_grid(workdir, doc)
+    fit = _fit(workdir, doc)
     pred = fit["predictions"][0]
     if pred.get("loss") is None or pred.get("params") is None:  # recorded as such: the sweep ends without it
         pred = {**pred, "params": None, "loss": None,
@@ -178,7 +168,7 @@ def finish(workdir: str, doc: dict[str, Any], announce: bool = True) -> dict[str
         checked = validation(workdir, doc, rows)
         check = schedule_check(workdir, rows)
         metric_fits = metric_check.finish(workdir, doc, checked) if metric_check.names(doc) else None
-        fit = fit_grid(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check),
+        fit = _fit(workdir, doc, annotate={k: v for k, v in (("validation", checked), ("schedule_check", check),
                                                              ("metric_fits", metric_fits)) if v})
         if announce and checked is not None and checked["measured_loss"] is not None:
             print(validation_line(checked), flush=True)
