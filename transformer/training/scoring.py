@@ -25,12 +25,14 @@ from transformer.spec import metric_keys
 from transformer.training.steps import global_batch
 
 
-def layout_for(task_name: str, seq_len: int) -> Layout:
-    """A run's scoring rows: a decoder's (train.task lm) of data.seq_len positions, or an encoder–decoder's
-    (span_corruption) encoder and decoder rows of data.seq_len each, the decoder starting as in training."""
+def layout_for(task_name: str, seq_len: int, decoder_start: int | None = None) -> Layout:
+    """A model's scoring rows: a decoder's (train.task lm) of `seq_len` positions, or an encoder–decoder's
+    (span_corruption) encoder and decoder rows of `seq_len` each, the decoder starting with `decoder_start` (None:
+    as a span-corruption run trains, data/span_corruption.DECODER_START_ID)."""
     if task_name == "span_corruption":
         from transformer.data.span_corruption import DECODER_START_ID
-        return Layout(seq_len, source_len=seq_len, decoder_start=DECODER_START_ID)
+        start = DECODER_START_ID if decoder_start is None else decoder_start
+        return Layout(seq_len, source_len=seq_len, decoder_start=start)
     return Layout(seq_len)
 
 
