@@ -120,6 +120,13 @@ def test_the_seq2seq_rows_keep_each_request_in_its_segment():
             assert f["targets"][r][tgt].tolist() == cont
             assert f["decoder_inputs"][r][tgt].tolist() == [0] + cont[:-1]
             assert f["inputs"][r][f["input_segment_ids"][r] == seg].tolist() == ctx[-8:]
+            src = f["input_segment_ids"][r] == seg  # positions restart at 0 in each segment, on both sides
+            assert f["input_positions"][r][src].tolist() == list(range(len(ctx[-8:])))
+            assert f["target_positions"][r][tgt].tolist() == list(range(len(cont)))
+    assert (f["weights"] == (f["target_segment_ids"] > 0)).all()  # every continuation token scored, padding not
+    assert (packed.request_RT >= 0).sum() == sum(len(c) for _, c in requests)
+    for key in ("inputs", "input_positions"):
+        assert (f[key][f["input_segment_ids"] == 0] == 0).all(), key  # padding is zeros
 
 
 @pytest.mark.slow
