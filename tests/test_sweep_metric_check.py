@@ -97,16 +97,36 @@ def test_each_metric_is_predicted_before_the_validation_run_trains_then_checked(
     assert task_check["relative_error"] == pytest.approx(
         (task_check["measured"] - task_check["predicted"]) / task_check["predicted"])
     assert abs(task_check["relative_error"]) < 0.03 and task_check["inside_ci95"] is not None
+    lo, hi = task_check["predicted_ci95"]
+    assert task_check["inside_ci95"] == (lo <= task_check["measured"] <= hi)
     assert task_check["params"] == row["params"] and task_check["predicted_params"] > 0
     folder = os.path.join(workdir, "fit", "metrics", "tasks_toy_bits_per_byte")
     metric_fit = json.load(open(os.path.join(folder, "fit.json")))
     assert metric_fit["metric"] == TASK and metric_fit["validation"]["measured_loss"] == task_check["measured"]
+    loss_fit = json.load(open(os.path.join(workdir, "fit", "fit.json")))  # the metric fitted as the loss is
+    assert (metric_fit["n_kind"], len(metric_fit["points"])) == (loss_fit["n_kind"], len(loss_fit["points"]))
     assert os.path.exists(os.path.join(folder, "loss_frontier.png")) and fit["metric_fits"] == {
         TASK: os.path.join("fit", "metrics", "tasks_toy_bits_per_byte")}
     out = capsys.readouterr().out
     line = next(s for s in out.splitlines() if s.startswith(f"prediction check of {TASK} at 1.6e+12 FLOPs"))
     assert f"measured {task_check['measured']:.4f}" in line and "95% interval" in line
     assert line in outcome.summary_lines(fit)  # and in the command's end summary
+
+
+def test_a_metric_that_cannot_be_predicted_is_recorded_and_not_checked():
+    """A metric whose fit gave no value: its check carries the note and no verdict, and says nothing on the console;
+    a prediction interval with a missing end checks nothing either (the loss's check reads the same rule)."""
+    from transformer.sweeps import metric_check
+
+    row = {"status": "ok", "flops": 8e11, "params": 1000, "tasks": {"toy": {"bits_per_byte": 1.2}}}
+    prediction = {"metrics": {TASK: {"flops": 8e11, "value": None, "note": "no frontier"}}}
+    checked = metric_check.validation(row, prediction)[TASK]
+    assert checked["measured"] == 1.2 and checked["predicted"] is None and checked["note"] == "no frontier"
+    assert checked["relative_error"] is None and checked["inside_ci95"] is None
+    assert metric_check.validation_lines({"metrics": {TASK: checked}}) == []
+    assert metric_check.compare(1.2, 1.0, [None, 1.3]) == {"relative_error": pytest.approx(0.2), "inside_ci95": None}
+    assert metric_check.compare(1.2, 1.0, [1.1, 1.3])["inside_ci95"] is True
+    assert metric_check.verdict(False) == "OUTSIDE its 95% interval"
 
 
 CONFIG = '''from configs.sweeps import quick

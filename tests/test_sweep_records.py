@@ -107,6 +107,23 @@ def test_a_rerun_with_nothing_to_do_writes_nothing(tmp_path):
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
+def test_a_rerun_under_another_schedule_writes_nothing(tmp_path):
+    """The estimate note says how this invocation trains (--parallel, the GPUs it sees): a finished sweep rerun
+    another way designs the same sweep, so DIR/sweep.json stays as it is (a read-only DIR reruns too)."""
+    from transformer.design.estimate import Schedule
+    from transformer.sweeps import next_stage
+
+    c = _isoflop(max_hours=10.0)
+    workdir = str(tmp_path)
+    doc = _finish_with_summaries(workdir, c)
+    assert any(n.startswith("estimated time") and "in one process" in n for n in doc["notes"])
+    before = os.stat(os.path.join(workdir, "sweep.json"))
+    ns = next_stage.next_stage(workdir, c, write=True, schedule=Schedule(how="in 2 worker processes, stage by stage"))
+    assert any("in 2 worker processes" in n for n in ns.doc["notes"]) and not ns.todo  # said, not recorded
+    after = os.stat(os.path.join(workdir, "sweep.json"))
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
 @pytest.fixture
 def read_only(tmp_path):
     """(a writable directory, the same directory mounted read-only); skipped where mounting is not allowed."""

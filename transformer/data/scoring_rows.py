@@ -29,12 +29,17 @@ import numpy as np
 Request = tuple[Sequence[int], Sequence[int]]  # (context ids: bos first, or eos last; continuation ids)
 
 
+def _spaces_moved(context: str, continuation: str) -> tuple[str, str]:
+    """(context, continuation) with the context's trailing spaces moved to the continuation's start (the harness's
+    rule for either family)."""
+    n_spaces = len(context) - len(context.rstrip())
+    return (context[:-n_spaces], context[-n_spaces:] + continuation) if n_spaces else (context, continuation)
+
+
 def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[int], list[int], str]:
     """(context ids with bos first, continuation ids, the continuation as scored: with the context's trailing
     spaces), lm-evaluation-harness's causal-model encoding (the module docstring)."""
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    context, continuation = _spaces_moved(context, continuation)
     bos = [int(tokenizer.bos_id)]
     context_ids = bos + [int(i) for i in tokenizer.encode(context)] if context else bos
     whole = bos + [int(i) for i in tokenizer.encode(context + continuation)]
@@ -128,9 +133,7 @@ def pack(requests: Sequence[Request], seq_len: int) -> PackedRows:
 def encode_seq2seq_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[int], list[int], str]:
     """(context ids ending with eos, continuation ids, the continuation as scored: with the context's trailing
     spaces), lm-evaluation-harness's encoder–decoder encoding (the module docstring)."""
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    context, continuation = _spaces_moved(context, continuation)
     context_ids = [int(i) for i in tokenizer.encode(context)] + [int(tokenizer.eos_id)]
     return context_ids, [int(i) for i in tokenizer.encode(continuation)], continuation
 
@@ -165,6 +168,20 @@ def pack_seq2seq(requests: Sequence[Request], source_len: int, target_len: int, 
     return PackedRows({**src, **tgt, "weights": weights}, request_RT, len(requests), int(truncated))
 
 
+class _MemoTokenizer:
+    """A tokenizer's encode (int ids) remembered per text, with its bos_id and eos_id: Layout.encode_all's."""
+
+    def __init__(self, tokenizer: Any):
+        self._tokenizer, self._ids = tokenizer, {}
+        self.bos_id, self.eos_id = tokenizer.bos_id, tokenizer.eos_id
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = self._ids[text] = [int(i) for i in self._tokenizer.encode(text)]
+        return ids
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """How a model's requests become rows (the module docstring): a decoder's rows of `target_len` positions, or,
@@ -181,6 +198,12 @@ class Layout:
     def encode(self, tokenizer: Any, context: str, continuation: str) -> tuple[list[int], list[int], str]:
         """encode_pair, or encode_seq2seq_pair for an encoder–decoder."""
         return (encode_seq2seq_pair if self.seq2seq else encode_pair)(tokenizer, context, continuation)
+
+    def encode_all(self, tokenizer: Any, texts: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int], str]]:
+        """`encode` of each (context, continuation), each distinct text tokenized once: the choices of a document
+        share its context, which would otherwise be tokenized once per choice."""
+        memo = _MemoTokenizer(tokenizer)
+        return [self.encode(memo, c, x) for c, x in texts]
 
     def pack(self, requests: Sequence[Request]) -> PackedRows:
         """pack, or pack_seq2seq for an encoder–decoder."""

@@ -31,7 +31,6 @@ from transformer.data import scoring_rows
 from transformer.inference.generate import generate
 from transformer.inference.sampling import SamplingConfig
 from transformer.interop import scoring_model
-from transformer.tasks.lm import LMTask
 from transformer.spec import ConfigError
 from transformer.training.scoring import Scorer
 
@@ -53,7 +52,7 @@ class TransformerLM(LM):
         self.batch_size = 16 if batch_size == "auto" else int(batch_size)
         self.max_gen_toks, self.seed = int(max_gen_toks), int(seed)
         self.tokenizer = self.loaded.tokenizer
-        self.scorer = Scorer(self.loaded.model, LMTask(), self.loaded.layout, self.batch_size)
+        self.scorer = Scorer(self.loaded.model, self.loaded.task, self.loaded.layout, self.batch_size)
 
     @property
     def max_length(self) -> int:

@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any
 
+from transformer.data.scoring_rows import Layout
 from transformer.data.tokenizers import Tokenizer, load_tokenizer_file
 from transformer.spec import ConfigError, MissingInputError
 
@@ -24,23 +25,27 @@ MAX_HF_LENGTH = 2048  # a Hugging Face model's default length where its position
 
 @dataclasses.dataclass(frozen=True)
 class ScoringModel:
-    """model (a DecoderLM or EncoderDecoderModel), params (on one device), its tokenizer, `seq_len` (the rows'
-    length), and what it is (`source`: "run" or "huggingface"; `step`: the run's checkpoint step, None for Hugging
-    Face); `task` (whose forward the scoring step calls: LMTask, or SpanCorruptionTask for an encoder–decoder) and
-    `layout` (its scoring rows)."""
+    """model (a DecoderLM or EncoderDecoderModel), params (on one device), its tokenizer, what it is (`source`:
+    "run" or "huggingface"; `step`: the run's checkpoint step, None for Hugging Face), `task` (whose forward the
+    scoring step calls: LMTask, or SpanCorruptionTask for an encoder–decoder) and `layout` (its scoring rows,
+    data/scoring_rows.Layout)."""
     model: Any
     params: Any
     tokenizer: Tokenizer
-    seq_len: int
     source: str
     step: int | None
     path: str
-    task: Any = None
-    layout: Any = None
+    task: Any
+    layout: Layout
 
     @property
     def family(self) -> str:
         return self.model.cfg.family
+
+    @property
+    def seq_len(self) -> int:
+        """The (decoder) rows' length."""
+        return self.layout.target_len
 
 
 def _is_run(path: str) -> bool:
@@ -76,7 +81,7 @@ def load(path: str, *, step: int | None = None, seq_len: int = 0, setting: str =
         length = min(int(model.cfg.max_len), MAX_HF_LENGTH)
         source, at = "huggingface", None
         with open(os.path.join(path, "config.json")) as f:
-            decoder_start = int(json.load(f).get("decoder_start_token_id") or 0)  # T5's: pad, 0
+            decoder_start = int(json.load(f).get("decoder_start_token_id") or 0)  # its own (T5's: pad, 0)
     cfg = model.cfg
     if cfg.family not in ("decoder", "encoder_decoder"):
         raise ConfigError(f"{setting}={path}: a model.family={cfg.family!r} model; likelihood scoring needs a decoder "
@@ -91,7 +96,5 @@ def load(path: str, *, step: int | None = None, seq_len: int = 0, setting: str =
     from transformer.tasks.seq2seq import SpanCorruptionTask
 
     task = LMTask() if cfg.family == "decoder" else SpanCorruptionTask()
-    layout = scoring.layout_for(task.name, int(length))
-    if decoder_start is not None and layout.seq2seq:  # a Hugging Face model's own decoder start
-        layout = dataclasses.replace(layout, decoder_start=decoder_start)
-    return ScoringModel(model, params, tokenizer, int(length), source, at, path, task, layout)
+    return ScoringModel(model, params, tokenizer, source, at, path, task,
+                        scoring.layout_for(task.name, int(length), decoder_start))

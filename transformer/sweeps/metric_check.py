@@ -1,10 +1,11 @@
 """The prediction check of the metrics named in sweep.predict_metrics (a task's correct-answer bits per byte, a named
 evaluation set's bits per byte or loss), beside the loss's (outcome.py):
 
-  predict     each metric fitted over the grid as the loss is (scaling/report.run_fit on the sweep's rows read with
-              `metric`: the same approaches, frontier, backtest and calibrated 95% intervals as experiments.fit
-              --metric) and its compute-optimal value at sweep.validate_flops predicted; outcome.predict writes
-              these into DIR/fit/predictions.json ("metrics") with the loss's, before the validation run trains
+  predict     each metric fitted over the grid as the loss is (`fit`: scaling/report.run_fit on the sweep's
+              rows read with `metric`, the same approaches, frontier, backtest and calibrated 95%
+              intervals as experiments.fit --metric) and its compute-optimal value at sweep.validate_flops
+              predicted; outcome.predict writes these into DIR/fit/predictions.json ("metrics") with the loss's,
+              before the validation run trains
   validation  the validation run's measured value of each metric against its prediction (validation.json's
               "metrics")
   finish      each metric fitted again at the end into DIR/fit/metrics/<metric, '/' as '_'>/ (fit.json and the
@@ -35,17 +36,33 @@ def metric_dir(workdir: str, metric: str) -> str:
     return os.path.join(workdir, "fit", "metrics", metric.replace("/", "_"))
 
 
-def fit(workdir: str, doc: dict[str, Any], metric: str, predict_flops: list[float],
-        annotate: dict[str, Any] | None = None, make_plots: bool = True) -> dict[str, Any]:
-    """The fit of `metric` over the sweep's grid rows (outcome._fit's settings), written to metric_dir (fit.json, and
-    the figures with `make_plots`)."""
-    from transformer.scaling import points as points_lib
+def fit(workdir: str, doc: dict[str, Any], metric: str, annotate: dict[str, Any] | None = None,
+        make_plots: bool = True, out_dir: str | None = None) -> dict[str, Any]:
+    """The fit of `metric` over the sweep's rows (scaling/report.run_fit with the sweep's N convention and
+    bootstrap, predicting at sweep.validate_flops), written to `out_dir` (default metric_dir; fit.json, and the
+    figures with `make_plots`): the loss's (outcome._fit, into DIR/fit) and each predicted metric's."""
+    from transformer.scaling import points
     from transformer.scaling.report import run_fit
 
     n_kind = "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
-    points = points_lib.read_sweep(workdir, n_kind=n_kind, metric=metric)
-    return run_fit(points, metric_dir(workdir, metric), n_kind=n_kind, bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)),
-                   seed=0, predict_flops=predict_flops, annotate=annotate, make_plots=make_plots)
+    validate_flops = float(doc["sweep"].get("validate_flops") or 0.0)
+    return run_fit(points.read_sweep(workdir, n_kind=n_kind, metric=metric), out_dir or metric_dir(workdir, metric),
+                   n_kind=n_kind, bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)), seed=0,
+                   predict_flops=[validate_flops] if validate_flops else (), annotate=annotate, make_plots=make_plots)
+
+
+def compare(measured: float | None, predicted: float | None, ci: Any) -> dict[str, Any]:
+    """`relative_error` of a measurement against its prediction and whether it is `inside_ci95` (None where either
+    is missing, or there is no interval): the loss's check (outcome.validation) and each metric's."""
+    checked = measured is not None and predicted is not None
+    return {"relative_error": (measured - predicted) / predicted if checked else None,
+            "inside_ci95": bool(ci[0] <= measured <= ci[1]) if checked and ci and None not in ci else None}
+
+
+def verdict(inside: bool | None) -> str:
+    """compare's inside_ci95 in words, as the console's prediction-check lines say it."""
+    return ("no interval to check against" if inside is None else
+            "inside its 95% interval" if inside else "OUTSIDE its 95% interval")
 
 
 def _renamed(pred: dict[str, Any]) -> dict[str, Any]:
@@ -53,14 +70,14 @@ def _renamed(pred: dict[str, Any]) -> dict[str, Any]:
     return {(RENAMED + k[len(PREFIX):] if k.startswith(PREFIX) else k): v for k, v in pred.items()}
 
 
-def predict(workdir: str, doc: dict[str, Any], flops: float) -> dict[str, dict[str, Any]]:
-    """{metric: its prediction at `flops`}: `value` (the compute-optimal value), `value_ci95` (and its source),
-    `params`/`tokens` (the metric's own N_opt, D_opt), `convention`, `fit` (where the fit is); where the fit cannot
-    predict, `value` null and `note`."""
-    out = {}
+def predict(workdir: str, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{metric: its prediction at sweep.validate_flops, as the loss's}: `value` (the compute-optimal value),
+    `value_ci95` (and its source), `params`/`tokens` (the metric's own N_opt, D_opt), `convention`, `fit` (where the
+    fit is); where the fit cannot predict, `value` null and `note`."""
+    out, flops = {}, float(doc["sweep"].get("validate_flops") or 0.0)
     for metric in names(doc):
         try:
-            result = fit(workdir, doc, metric, [flops], make_plots=False)  # drawn at the end, with the check
+            result = fit(workdir, doc, metric, make_plots=False)  # drawn at the end, with the check
         except (ConfigError, MissingInputError) as e:  # e.g. no grid run recorded a finite value of it
             out[metric] = {"flops": flops, "value": None, "note": f"{metric} could not be fitted: {e}"}
             continue
@@ -83,11 +100,9 @@ def validation(row: dict[str, Any], prediction: dict[str, Any]) -> dict[str, dic
         value = metric_keys.value(row, metric) if row.get("status") == "ok" else None
         measured = float(value) if isinstance(value, (int, float)) else None
         predicted, ci = pred.get("value"), pred.get("value_ci95")
-        checked = measured is not None and predicted is not None
         out[metric] = {"flops": row["flops"], "params": row["params"], "predicted": predicted,
                        "predicted_ci95": ci, "predicted_params": pred.get("params"), "measured": measured,
-                       "relative_error": (measured - predicted) / predicted if checked else None,
-                       "inside_ci95": bool(ci[0] <= measured <= ci[1]) if checked and ci and None not in ci else None,
+                       **compare(measured, predicted, ci),
                        **({"note": pred["note"]} if pred.get("note") else {})}
     return out
 
@@ -96,7 +111,6 @@ def finish(workdir: str, doc: dict[str, Any], checked: dict[str, Any] | None) ->
     """Each metric fitted at the end into metric_dir (its validation drawn beside its prediction: the keys
     plots.py reads of fit.json's `validation`); {metric: the fit's directory, or why there is none}."""
     out = {}
-    flops = float(doc["sweep"].get("validate_flops") or 0.0)
     for metric in names(doc):
         check = ((checked or {}).get("metrics") or {}).get(metric)
         annotate = None
@@ -106,7 +120,7 @@ def finish(workdir: str, doc: dict[str, Any], checked: dict[str, Any] | None) ->
                                        "predicted_loss": check["predicted"],
                                        "relative_error": check["relative_error"]}}
         try:
-            fit(workdir, doc, metric, [flops] if flops else [], annotate)
+            fit(workdir, doc, metric, annotate)
             out[metric] = os.path.relpath(metric_dir(workdir, metric), workdir)
         except (ConfigError, MissingInputError) as e:
             out[metric] = f"not fitted: {e}"
@@ -132,10 +146,9 @@ def validation_lines(checked: dict[str, Any]) -> list[str]:
     for metric, c in (checked.get("metrics") or {}).items():
         if c.get("relative_error") is None:
             continue
-        ci, inside = c.get("predicted_ci95"), c.get("inside_ci95")
-        verdict = ("no interval to check against" if inside is None else
-                   "inside its 95% interval" if inside else "OUTSIDE its 95% interval")
+        ci = c.get("predicted_ci95")
         lines.append(f"prediction check of {metric} at {c['flops']:.3g} FLOPs: predicted {c['predicted']:.4f}"
                      + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci and None not in ci else "")
-                     + f", measured {c['measured']:.4f}: relative error {100 * c['relative_error']:+.2f}%, {verdict}")
+                     + f", measured {c['measured']:.4f}: relative error {100 * c['relative_error']:+.2f}%, "
+                     + verdict(c.get("inside_ci95")))
     return lines

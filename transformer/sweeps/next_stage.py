@@ -66,8 +66,8 @@ def sweep_document(config: Any, p: Any) -> dict[str, Any]:
 def check_recorded(workdir: str, doc: dict[str, Any]) -> bool:
     """Whether `doc` may be DIR's sweep, and whether DIR/sweep.json would be written for it. A DIR holding a sweep
     designed with other settings (spec.design_changes: every sweep.* key but spec.RERUN_SETTINGS), other data, or
-    runs `doc` does not keep is one ConfigError. Nothing is written when the file already says the same (a finished
-    sweep reruns in a read-only DIR), nor when `doc` is a waiting plan whose runs begin the recorded ones (a result a
+    runs `doc` does not keep is one ConfigError. Nothing is written when the file already says the same but for its notes (a
+    finished sweep reruns in a read-only DIR, under any --parallel), nor when `doc` is a waiting plan whose runs begin the recorded ones (a result a
     later stage was designed from went missing: its run trains again, and the next design must give the recorded
     runs). Fills doc's data_identity from the recorded one where it cannot be computed yet."""
     path = os.path.join(workdir, "sweep.json")
@@ -92,7 +92,10 @@ def check_recorded(workdir: str, doc: dict[str, Any]) -> bool:
         differ = sorted(set(old_ids) ^ set(new_ids)) or [i for i, j in zip(old_ids, new_ids) if i != j]
         raise ConfigError(f"--workdir={workdir} holds a different sweep ({len(differ)} runs differ, "
                           f"e.g. {differ[0]}); use a new --workdir, or the same settings to resume")
-    return json.loads(json.dumps(doc)) != old_doc
+    # the notes are left out: what they add to the design (runs, settings, waiting) is how this invocation trains
+    # (the estimate line: --parallel, the GPUs it sees), which a rerun may change without changing the sweep
+    designed = lambda d: {k: v for k, v in d.items() if k != "notes"}
+    return designed(json.loads(json.dumps(doc))) != designed(old_doc)
 
 
 def write_sweep(workdir: str, doc: dict[str, Any]) -> None:

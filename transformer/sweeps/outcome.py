@@ -35,16 +35,9 @@ def _write(workdir: str, name: str, obj: dict[str, Any]) -> None:
     files.write_json(os.path.join(_fit_dir(workdir), name), obj, indent=1)
 
 
-def _n_kind(doc: dict[str, Any]) -> str:
-    return "params" if doc["sweep"]["param_count"] == "total" else "params_non_embedding"
-
-
 def _fit(workdir: str, doc: dict[str, Any], annotate: dict[str, Any] | None = None) -> dict[str, Any]:
-    from transformer.scaling.report import run_fit
-
-    validate_flops = float(doc["sweep"].get("validate_flops") or 0.0)
-    return run_fit(workdir, _fit_dir(workdir), n_kind=_n_kind(doc), bootstrap=int(doc["sweep"].get("fit_bootstrap", 0)),
-                   seed=0, predict_flops=[validate_flops] if validate_flops else (), annotate=annotate)
+    """The loss's fit into DIR/fit (metric_check.fit: each predicted metric's is made the same way)."""
+    return metric_check.fit(workdir, doc, "eval_loss", annotate, out_dir=_fit_dir(workdir))
 
 
 def load_prediction(workdir: str) -> dict[str, Any] | None:
@@ -78,7 +71,7 @@ def predict(workdir: str, doc: dict[str, Any]) -> dict[str, Any]:
                            "backtest": {k: v for k, v in (fit["frontier"].get("backtest") or {}).items() if k != "method"},
                            "frontier_warning": fit["frontier"].get("warning")}}
     if prediction["params"] is not None and metric_check.names(doc):  # checked on the same validation run
-        prediction["metrics"] = metric_check.predict(workdir, doc, float(pred["flops"]))
+        prediction["metrics"] = metric_check.predict(workdir, doc)
     _write(workdir, "predictions.json", prediction)
     return prediction
 
@@ -96,8 +89,7 @@ def validation(workdir: str, doc: dict[str, Any], rows: list[dict[str, Any]]) ->
            "predicted_params": prediction["params"], "predicted_tokens": prediction.get("tokens"),
            "convention": prediction["convention"], "predicted_loss": prediction["loss"],
            "predicted_loss_ci95": ci, "measured_loss": measured,
-           "relative_error": None if measured is None else (measured - prediction["loss"]) / prediction["loss"],
-           "inside_ci95": None if measured is None or not ci else bool(ci[0] <= measured <= ci[1]),
+           **metric_check.compare(measured, prediction["loss"], ci),
            "prediction_written_at": prediction["written_at"], "status": row.get("status")}
     if prediction.get("metrics"):
         out["metrics"] = metric_check.validation(row, prediction)
@@ -229,9 +221,7 @@ def validation_line(checked: dict[str, Any]) -> str:
     """The prediction check in one line: predicted and measured loss, the error, and whether the measurement
     landed inside the prediction's 95% interval (validation.json's inside_ci95)."""
     ci = checked.get("predicted_loss_ci95")
-    inside = checked.get("inside_ci95")
-    verdict = ("no interval to check against" if inside is None else
-               "inside its 95% interval" if inside else "OUTSIDE its 95% interval")
+    verdict = metric_check.verdict(checked.get("inside_ci95"))
     return (f"prediction check at {checked['flops']:.3g} FLOPs: predicted loss {checked['predicted_loss']:.4f}"
             + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
             + f", measured {checked['measured_loss']:.4f}: relative error {100 * checked['relative_error']:+.2f}%, "

@@ -15,11 +15,11 @@ import os
 import types
 from typing import Any, Mapping
 
-from transformer.data import choice_tasks, get_tokenizer
+from transformer.data import get_tokenizer
 from transformer.data.identity import IDENTITY_KEY, RunData, check_same, check_settings, resolvable, resolve_data
 from transformer.models import resolve as resolve_names
 from transformer.spec import (AUTO_WARMUP, ConfigError, DataSpec, MeshSpec, ModelConfig, RunSpec, TrainSpec, model_spec,
-                              run_task, warmup_steps)
+                              eval_tasks, run_task, warmup_steps)
 from transformer.tasks import model_vocab_size
 from transformer.training import profiler, wandb_run
 from transformer.training.run_io import read_run_json
@@ -111,7 +111,7 @@ def check_plain(config: Any) -> None:
         raise ConfigError(f"train.eval_tasks scores continuations with a decoder (train.task='lm') or an encoder–"
                           f"decoder (train.task='span_corruption'); this run trains train.task={task!r}: leave "
                           "train.eval_tasks empty")
-    choice_tasks.parse(train.eval_tasks)  # every task found (its documents are read when the run sets up)
+    eval_tasks.parse(train.eval_tasks)  # every task found (its documents are read when the run sets up)
 
 
 def resolve(config: Any, num_devices: int, process_count: int, tokenizer: Any = None) -> Resolved:

@@ -20,17 +20,19 @@ import numpy as np
 from transformer.data import choice_tasks, scoring_rows
 from transformer.data.scoring_rows import Layout
 from transformer.data.batches import RowBlocks
-from transformer.spec import ConfigError
+from transformer.spec import ConfigError, eval_tasks
 from transformer.spec import metric_keys
 from transformer.training.steps import global_batch
 
 
-def layout_for(task_name: str, seq_len: int) -> Layout:
-    """A run's scoring rows: a decoder's (train.task lm) of data.seq_len positions, or an encoder–decoder's
-    (span_corruption) encoder and decoder rows of data.seq_len each, the decoder starting as in training."""
+def layout_for(task_name: str, seq_len: int, decoder_start: int | None = None) -> Layout:
+    """A model's scoring rows: a decoder's (train.task lm) of `seq_len` positions, or an encoder–decoder's
+    (span_corruption) encoder and decoder rows of `seq_len` each, the decoder starting with `decoder_start` (None:
+    as a span-corruption run trains, data/span_corruption.DECODER_START_ID)."""
     if task_name == "span_corruption":
         from transformer.data.span_corruption import DECODER_START_ID
-        return Layout(seq_len, source_len=seq_len, decoder_start=DECODER_START_ID)
+        start = DECODER_START_ID if decoder_start is None else decoder_start
+        return Layout(seq_len, source_len=seq_len, decoder_start=start)
     return Layout(seq_len)
 
 
@@ -109,7 +111,7 @@ class PreparedTask:
 
     def __init__(self, task: choice_tasks.ChoiceTask, tokenizer: Any, layout: Layout, verbose: bool = True):
         seq_len = layout.target_len
-        encoded = [layout.encode(tokenizer, c, x) for c, x in task.requests()]
+        encoded = layout.encode_all(tokenizer, task.requests())
         kept_docs, kept, i = [], [], 0
         for doc in task.docs:
             mine = encoded[i:i + len(doc.continuations)]
@@ -119,10 +121,10 @@ class PreparedTask:
                 kept.extend(mine)
         self.skipped_docs = len(task.docs) - len(kept_docs)
         if not kept_docs:
-            raise ConfigError(f"{choice_tasks.SETTING}: {task.name}: every document has a continuation longer than "
+            raise ConfigError(f"{eval_tasks.SETTING}: {task.name}: every document has a continuation longer than "
                               f"the model's {seq_len} positions (data.seq_len); raise it or choose another task")
         if self.skipped_docs and verbose:
-            print(f"warning: {choice_tasks.SETTING}: {task.name}: {self.skipped_docs} of {len(task.docs)} documents "
+            print(f"warning: {eval_tasks.SETTING}: {task.name}: {self.skipped_docs} of {len(task.docs)} documents "
                   f"left out (a continuation longer than {seq_len} tokens)", flush=True)
         self.task = choice_tasks.ChoiceTask(task.name, task.path, tuple(kept_docs))
         self.scored = [s for _, _, s in kept]
@@ -133,9 +135,9 @@ class PreparedTask:
 
 
 def prepare_tasks(value: str, limit: int, tokenizer: Any, layout: Layout, verbose: bool = True) -> list[PreparedTask]:
-    """train.eval_tasks (choice_tasks.parse) read, tokenized and packed; `limit`: documents per task (0: all)."""
+    """train.eval_tasks (spec/eval_tasks.parse) read, tokenized and packed; `limit`: documents per task (0: all)."""
     return [PreparedTask(choice_tasks.load(name, path, limit), tokenizer, layout, verbose)
-            for name, path in choice_tasks.parse(value)]
+            for name, path in eval_tasks.parse(value)]
 
 
 class TaskEvaluator:
