@@ -49,8 +49,8 @@ CASES = [
     ("train_other_runs_workdir", TRAIN + ["--workdir={work}/other_run"], r"holds a different run's config"),
     ("train_unknown_flag", TRAIN + ["--stepz=3"], r"Unknown command line flag 'stepz'"),
     ("sweep_unknown_key", SWEEP + ["--config.sweep.bogus=1"], r"'bogus' is not a setting.*valid keys under sweep"),
-    ("sweep_bad_parallel", SWEEP + ["--parallel=-1"],  # 0 is valid since packing: the sweep chooses
-     r"--parallel=-1 must be 0 \(the sweep chooses\) or a number of workers"),
+    # (--parallel=0 is valid since the sweep packs runs: it chooses; a negative count is the fault trial's case)
+    ("sweep_bad_parallel", SWEEP + ["--parallel=two"], r"flag --parallel=two: invalid literal for int\(\)"),
     ("sweep_missing_sweep_json", ["experiments.sweep", "--workdir={work}/empty", "--run_index=0"],
      r"sweep\.json: no such file"),
     ("sweep_unknown_launcher", SWEEP + ["--launcher=k8s"], r"--launcher"),
