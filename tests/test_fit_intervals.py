@@ -150,3 +150,28 @@ def test_frontier_warns_when_its_form_misfits_the_minima_beyond_their_noise():
 def test_a_runaway_extrapolation_gives_no_interval_instead_of_inf():
     ci, terms = backtest.frontier_interval(2.0, 2.0, 1e-300, 0.01, "residuals")
     assert ci.to_json() is None and "runs away" in ci.note and not terms["calibrated"]
+
+
+def test_each_noise_draw_of_the_frontier_repeats_the_choice_of_e():
+    """Draw k of the frontier is `frontier.choose` on draw k of the minima with approach 3's draw k of E: where
+    that E is one the drawn minima reject, the draw frees E as the point estimate would have (before, every draw
+    held approach 3's draw because the point estimate did, and the draws left out the choice's own uncertainty:
+    the compute multiplier's intervals covered 85–89% inside the grid, docs/limitations.md)."""
+    flops_B, k_draws = np.geomspace(1e18, 1e18 * 2**10, 6), 12
+    loss_B = 1.7 + 300.0 * flops_B ** -0.15
+    rng = np.random.default_rng(0)
+    a2 = {"a": 0.5, "budgets": [{"C_opt": c, "loss_opt": l} for c, l in zip(flops_B, loss_B)]}
+    draws2 = {"C_opt": np.repeat(flops_B[:, None], k_draws, 1),
+              "loss_opt": loss_B[:, None] * np.exp(rng.normal(0, 0.002, (6, k_draws))),
+              **{k: np.full(k_draws, 0.5) for k in ("a", "b", "N_coef", "D_coef")}}
+    e_K = np.where(np.arange(k_draws) % 2 == 0, 1.7 + rng.normal(0, 0.01, k_draws), 0.8)  # odd draws: far off
+    out = frontier.fit_frontier(a2, draws2, {"E": 1.7, "bootstrap": {"draws": {"E": list(e_K)}}}, "seeds")
+    assert out["E_from"] == "approach 3"
+    noise_sd = frontier.minima_noise(flops_B, draws2)
+    drawn_E = out["bootstrap"]["draws"]["E"]
+    for k in range(k_draws):
+        law, choice = frontier.choose(flops_B, draws2["loss_opt"][:, k], e_K[k], noise_sd)
+        assert drawn_E[k] == pytest.approx(law["E"], rel=1e-9)
+        assert choice["E_from"] == ("approach 3" if k % 2 == 0 else "the minima (they reject approach 3's E)")
+    assert out["bootstrap"]["E_held"] == k_draws // 2
+    assert all(abs(drawn_E[k] - 1.7) < 0.3 for k in range(1, k_draws, 2))  # freed: near the minima's own E
