@@ -17,6 +17,9 @@ with one degree of freedom) times the minima's noise variance. A handful of mini
 through 3–5 of them extrapolated 4–10× beyond the data misses by 4–5% on the Chinchilla sets); where many minima
 trace a curve that approach 3's E cannot follow (Porian et al.'s small-scale settings, whose loss carries a term
 that fades with compute), the test frees E. docs/fitting.md has the comparison on the published sets.
+
+The noise draws repeat the whole rule (`_drawn_laws`): draw k is `choose` on approach 2's draw k of the minima with
+approach 3's draw k of E, the test included, so a draw may free E where the point estimate held it and the reverse.
 """
 from __future__ import annotations
 
@@ -209,6 +212,7 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
     fit.json's "frontier" (the law, where E came from and the test, the backtest, the intervals of E and γ over the
     noise draws `draws2` of approach 2 with their `source`, a misfit warning, the "interval" terms that every
     prediction shares: span, largest_flops, the spread q and where it came from), plus "_draws" for `predictions`.
+    Each noise draw is chosen by the same rule (`_drawn_laws`); "bootstrap" counts the draws that held E ("E_held").
 
     The backtest refits each origin (the first k minima) by the same rule, with approach 3's E refitted on the
     points of those budgets alone: `e3_refits` maps the C_opt of an origin's largest minimum to that E (None: no
