@@ -2,8 +2,8 @@
 and calibrated intervals, without the rest of `fits.fit_all` (approach 1, approach 3's bootstrap, conventions).
 
 `experiments.reproduce` backtests many published settings with it; it takes the same route as `fits.fit_all`
-(`frontier.with_predictions`), so it gives the same predictions (approach 3's E draws aside, where E is held at
-approach 3's).
+(`frontier.with_predictions`), so it gives the same predictions (approach 3's E draws aside: without them each
+frontier noise draw tests approach 3's point E, `frontier._drawn_laws`).
 """
 from __future__ import annotations
 
