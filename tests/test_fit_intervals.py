@@ -156,7 +156,7 @@ def test_each_noise_draw_of_the_frontier_repeats_the_choice_of_e():
     """Draw k of the frontier is `frontier.choose` on draw k of the minima with approach 3's draw k of E: where
     that E is one the drawn minima reject, the draw frees E as the point estimate would have (before, every draw
     held approach 3's draw because the point estimate did, and the draws left out the choice's own uncertainty:
-    the compute multiplier's intervals covered 85–89% inside the grid, docs/limitations.md)."""
+    the compute multiplier's intervals covered 85–89% at three of four budgets, docs/limitations.md)."""
     flops_B, k_draws = np.geomspace(1e18, 1e18 * 2**10, 6), 12
     loss_B = 1.7 + 300.0 * flops_B ** -0.15
     rng = np.random.default_rng(0)
