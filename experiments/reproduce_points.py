@@ -14,8 +14,8 @@ A held-out point of a hold-out by size has the score m_N its size term needs to 
 the noise term and the tokens-per-parameter term at the current m_M: sqrt(max(e² − (t·σ)² − (m_M·u_M)², 0)) / u_N,
 u = b·g(x) (`point_interval`); a point of a hold-out by tokens per parameter likewise gives m_M. The points of one
 hold-out share one fit and their errors move together, so each (set, hold-out) weighs the same: a multiplier is the
-`point_interval.COVERAGE` split-conformal quantile (`backtest.conformal_multiplier`) of its regime's scores with each point weighted 1 / (its hold-out's points),
-the two found in turn until they settle (`multipliers`). Out of sample (`calibrate`), each data source's hold-outs
+`point_interval.COVERAGE` split-conformal quantile (`backtest.conformal_multiplier`) of its regime's scores with
+each point weighted 1 / (its hold-out's points), the two found in turn until they settle (`multipliers`). Out of sample (`calibrate`), each data source's hold-outs
 get the multipliers of the other sources'.
 """
 from __future__ import annotations
