@@ -14,8 +14,8 @@ A held-out point of a hold-out by size has the score m_N its size term needs to 
 the noise term and the tokens-per-parameter term at the current m_M: sqrt(max(e² − (t·σ)² − (m_M·u_M)², 0)) / u_N,
 u = b·g(x) (`point_interval`); a point of a hold-out by tokens per parameter likewise gives m_M. The points of one
 hold-out share one fit and their errors move together, so each (set, hold-out) weighs the same: a multiplier is the
-`point_interval.COVERAGE` quantile of its regime's scores with each point weighted 1 / (its hold-out's points),
-the two found in turn until they settle (`multipliers`). Out of sample (`calibrate`), each data source's hold-outs
+`point_interval.COVERAGE` split-conformal quantile (`backtest.conformal_multiplier`) of its regime's scores with
+each point weighted 1 / (its hold-out's points), the two found in turn until they settle (`multipliers`). Out of sample (`calibrate`), each data source's hold-outs
 get the multipliers of the other sources'.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.scaling import at_points, fits, point_interval
+from transformer.scaling import at_points, backtest, fits, point_interval
 from transformer.scaling import points as points_lib
 
 CASES = (("size 2x", "size", 2.0), ("size 4x", "size", 4.0),
@@ -91,18 +91,15 @@ def score(p: dict[str, Any], regime: str, m: dict[str, float]) -> float:
 
 def weighted_quantile(cases: list[dict[str, Any]], regime: str, m: dict[str, float],
                       level: float = point_interval.COVERAGE) -> float:
-    """The `level` quantile of the scores (`score`, the other multiplier at `m`) of `regime`'s hold-outs, each
-    (set, hold-out) weighted equally (inf where there are none)."""
+    """The `level` split-conformal quantile (`backtest.conformal_multiplier`, the one rule every calibrated
+    interval uses) of the scores (`score`, the other multiplier at `m`) of `regime`'s hold-outs, each (set,
+    hold-out) weighted equally; inf where there are none or too few for `level`."""
     values, weights = [], []
     for c in cases:
         if c["regime"] == regime and c.get("points"):
             values += [score(p, regime, m) for p in c["points"]]
             weights += [1.0 / len(c["points"])] * len(c["points"])
-    if not values:
-        return float("inf")
-    order = np.argsort(values)
-    cum = np.cumsum(np.asarray(weights)[order]) / np.sum(weights)
-    return float(np.asarray(values)[order][np.searchsorted(cum, level - 1e-12)])
+    return backtest.conformal_multiplier(values, level, weights) if values else float("inf")
 
 
 def multipliers(cases: list[dict[str, Any]], rounds: int = 8) -> dict[str, float]:

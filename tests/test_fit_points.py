@@ -231,20 +231,25 @@ def _case(source: str, regime: str, errors: list[float], unit: float = 0.01) -> 
 
 
 def test_multipliers_weigh_each_holdout_equally_and_leave_a_source_out():
-    """A multiplier is the 95% quantile of its regime's scores (|e| / unit beside the other terms) with every
-    hold-out weighted equally however many points it has, and out of sample each source gets the other sources'."""
+    """A multiplier is the split-conformal 95% quantile of its regime's scores (|e| / unit beside the other terms,
+    `backtest.conformal_multiplier`) with every hold-out weighted equally however many points it has, and out of
+    sample each source gets the other sources'."""
     reproduce_points = cli_module("reproduce_points")
-    many_small = _case("A", "size", [0.01] * 100)  # 100 points at score 1
+    many_small = _case("A", "size", [0.01] * 100)  # one hold-out of 100 points at score 1
     few_large = [_case(f"B{i}", "size", [0.05]) for i in range(3)]  # 3 hold-outs of one point at score 5
-    tpp = _case("C", "tokens_per_param", [0.02, 0.02])
-    m = reproduce_points.multipliers([many_small, *few_large, tpp])
-    assert m["size"] == pytest.approx(5.0)  # 3 of 4 hold-outs at 5: pooled by point it would be 1
+    low = [_case(f"L{i}", "size", [0.005]) for i in range(17)]  # 17 of one point at score 0.5
+    tpp = [_case("C", "tokens_per_param", [0.02, 0.02]) for _ in range(20)]
+    cases = [many_small, *few_large, *low, *tpp]
+    m = reproduce_points.multipliers(cases)
+    # 21 hold-outs: the conformal rank ceil(0.95 * 22) = 21 is a 5 (pooled by point, 117 of 120 are <= 1: it would be 1)
+    assert m["size"] == pytest.approx(5.0)
     assert m["tokens_per_param"] == pytest.approx(2.0)
-    cases = [many_small, *few_large, tpp]
+    # 18 hold-outs are too few for a 95% conformal quantile (n + 1 < 20): no multiplier, not the largest score
+    assert reproduce_points.multipliers([many_small, *low])["size"] == 0.0
     reproduce_points.calibrate(cases)
     assert many_small["m_out"]["size"] == pytest.approx(5.0) and few_large[0]["m_out"]["size"] == pytest.approx(5.0)
-    assert tpp["m_out"]["tokens_per_param"] == 0.0  # no other source has a hold-out by tokens per parameter
-    assert all(p["covered_out"] for p in many_small["points"]) and not tpp["points"][0]["covered_out"]
+    assert tpp[0]["m_out"]["tokens_per_param"] == 0.0  # no other source has a hold-out by tokens per parameter
+    assert all(p["covered_out"] for p in many_small["points"]) and not tpp[0]["points"][0]["covered_out"]
     # the other direction's term counts before this one's: a point it already covers needs no multiplier
     both = {"log_error": 0.05, "noise": 0.03, "unit": {"size": 0.01, "tokens_per_param": 0.045}}
     assert reproduce_points.score(both, "size", {"size": 0.0, "tokens_per_param": 1.0}) == 0.0

@@ -68,8 +68,8 @@ def build(setup: Any, eval_fn: Callable, batch_sharding: Any, process_index: int
                                  cache=(s.path, s.split), keys=metric_keys.eval_set_keys(s.name), **common))
     if setup.eval_tasks:  # one scoring step for every task: rows of the run's batch shape
         params_sharding = multirun.with_run_axis(setup.shardings.params) if runs else setup.shardings.params
-        scorer = scoring.Scorer(setup.model, setup.task, scoring.layout_for(setup.task.name, setup.spec.data.seq_len),
-                                setup.spec.train.batch_size,
+        layout = setup.eval_tasks[0].layout  # run_setup's, which every task was packed for
+        scorer = scoring.Scorer(setup.model, setup.task, layout, setup.spec.train.batch_size,
                                 params_sharding=params_sharding, batch_sharding=batch_sharding, rows=setup.rows,
                                 runs=runs)
         for prepared in setup.eval_tasks:

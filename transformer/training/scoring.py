@@ -129,6 +129,7 @@ class PreparedTask:
         self.task = choice_tasks.ChoiceTask(task.name, task.path, tuple(kept_docs))
         self.scored = [s for _, _, s in kept]
         self.packed = layout.pack([(c, x) for c, x, _ in kept])
+        self.layout = layout  # the rows it was packed for: the scorer's (training/evaluators.py)
 
     def metrics(self, loglikelihoods: np.ndarray) -> dict[str, float]:
         return choice_tasks.metrics(self.task, loglikelihoods, self.scored)
