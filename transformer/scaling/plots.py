@@ -138,7 +138,8 @@ def _power_law_band(draws: dict[str, list[float]], kind: str, flops_G: np.ndarra
     coefs = np.array(draws[f"{kind}_coef"], float)
     ok = np.isfinite(exps) & np.isfinite(coefs)
     pred_KG = coefs[ok, None] * flops_G[None, :] ** exps[ok, None]
-    lo_G, hi_G = np.percentile(pred_KG, interval.PERCENTILES, axis=0)
+    lo_G, hi_G = np.percentile(pred_KG, interval.PERCENTILES, axis=0,
+                               method=interval.PERCENTILE_METHOD)
     return lo_G, hi_G
 
 
@@ -231,7 +232,8 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
                 band_KG = e_K + k_K * flops_G[None, :] ** -g_K
             ok_K = np.all(np.isfinite(band_KG), axis=1)
             if ok_K.sum() >= 2:
-                lo_G, hi_G = np.percentile(band_KG[ok_K], interval.PERCENTILES, axis=0)
+                lo_G, hi_G = np.percentile(band_KG[ok_K], interval.PERCENTILES, axis=0,
+                                           method=interval.PERCENTILE_METHOD)
                 ax.fill_between(flops_G, lo_G, hi_G, color="C1", alpha=0.15, lw=0)
     for p in predictions:
         if p.get("loss") is None:
