@@ -197,8 +197,8 @@ def _drawn_laws(draws2: dict[str, np.ndarray], approach3: dict[str, Any],
     Every draw repeats the whole rule, the choice between held and free E included: draws that all kept the point
     estimate's choice would leave out how often the data could have chosen otherwise, and on synthetic sweeps of a
     known law the compute multiplier's intervals then covered the truth at 94, 85, 89, 88% inside the grid (120 pairs,
-    50 draws; with the choice repeated 92.5, 92.5, 91, 92%: about the 91% that 50 percentile draws give an exact
-    bootstrap, docs/limitations.md)."""
+    50 draws; with the choice repeated 92.5, 92.5, 91, 92%, and 97.5, 97.5, 95.8, 94.2% with the percentile ranks
+    of `interval.PERCENTILE_METHOD`, docs/limitations.md)."""
     e3 = approach3.get("E")
     e_draws = approach3.get("bootstrap", {}).get("draws", {}).get("E") if e3 is not None else None
     e_K = [e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else e3
