@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import frontier, isoflop, parametric
+from transformer.scaling import allocation, frontier, isoflop, parametric
 from transformer.scaling.points import Points
 
 REFERENCE_FACTOR = 4.0  # without prediction budgets, the stability is measured at this many times the largest budget
@@ -26,18 +26,34 @@ def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
     return np.array([by_id.get(i, c) for i, c in zip(points.ids, points.flops_P)], float)
 
 
-def approach3_e(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
-                warm: bool = False) -> list[float | None]:
-    """Approach 3's E refitted on each row's points (`keep_KP` (K, P) bool), None where a refit has fewer than 5
-    points or fails. `warm`: start each refit also from `approach3`'s solution (leave-one-out stability; a backtest
+def approach3_refits(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
+                     warm: bool = False) -> list[dict[str, float | None]]:
+    """Approach 3 refitted on each row's points (`keep_KP` (K, P) bool): {"E", and its allocation "a", "b",
+    "N_coef", "D_coef"}, each None where a refit has fewer than 5 points or fails (E ≤ 0; the allocation where the
+    form has none). `warm`: start each refit also from `approach3`'s solution (leave-one-out stability; a backtest
     origin must not, since that solution has seen the later budgets)."""
     keep_KP = np.asarray(keep_KP, bool)
+    empty = {"E": None, **{k: None for k in allocation.KEYS}}
     if approach3.get("E") is None or not len(keep_KP):
-        return [None] * len(keep_KP)
+        return [dict(empty) for _ in keep_KP]
     start = parametric.LossFit(**{k: approach3[k] for k in ("E", "A", "B", "alpha", "beta")}, objective=np.nan)
     fits_K = parametric.fit_batch(points.params_P, points.tokens_P, np.broadcast_to(points.loss_P, keep_KP.shape),
                                   keep_KP.astype(float), warm_start=start if warm else None)
-    return [float(f.E) if f is not None and np.isfinite(f.E) and f.E > 0 else None for f in fits_K]
+    out = []
+    for f in fits_K:
+        row = dict(empty)
+        if f is not None and np.isfinite(f.E) and f.E > 0:
+            row["E"] = float(f.E)
+            if f.alpha > 0 and f.beta > 0 and np.isfinite(f.G) and f.G > 0:  # N_coef = N_opt at C = 1
+                row.update(a=float(f.a), b=float(f.b), N_coef=float(f.n_opt(1.0)), D_coef=float(f.d_opt(1.0)))
+        out.append(row)
+    return out
+
+
+def approach3_e(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
+                warm: bool = False) -> list[float | None]:
+    """Approach 3's E refitted on each row's points (`approach3_refits`), None where a refit fails."""
+    return [r["E"] for r in approach3_refits(points, approach3, keep_KP, warm)]
 
 
 def backtest_e(points: Points, approach2: dict[str, Any], approach3: dict[str, Any]) -> dict[float, float | None]:
@@ -49,12 +65,38 @@ def backtest_e(points: Points, approach2: dict[str, Any], approach3: dict[str, A
     return {float(b["C_opt"]): e for b, e in zip(budgets, approach3_e(points, approach3, keep_KP))}
 
 
+def allocation_moves(points: Points, approach2: dict[str, Any], approach3: dict[str, Any], noise_sd: float | None,
+                     flops_Q: Sequence[float], rules: Sequence[str] = (allocation.SHIPPED,),
+                     refits_B: list[dict[str, float | None]] | None = None) -> dict[str, np.ndarray]:
+    """For each allocation rule (`allocation.decide`), N_opt at `flops_Q` with each budget dropped in turn (its
+    minimum, and its points from approach 3: `refits_B`, computed here when None) / N_opt from every budget − 1:
+    {rule: (B, Q)}. `noise_sd`: the full fit's sd of ln N_opt of one minimum (the test's σ in every refit)."""
+    budgets = approach2["budgets"]
+    c_B, n_B, d_B = (np.array([b[k] for b in budgets], float) for k in ("C_opt", "N_opt", "D_opt"))
+    if refits_B is None:
+        flops_P = _budget_flops(points, approach2)
+        refits_B = approach3_refits(points, approach3, np.array(
+            [np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in budgets]), warm=True)
+    flops_Q = np.asarray(flops_Q, float)
+    out = {}
+    for rule in rules:
+        full = allocation.at(allocation.decide(c_B, n_B, d_B, approach3, noise_sd, rule)[0], flops_Q)[0]
+        rows = []
+        for i, a3_i in enumerate(refits_B):
+            keep = np.arange(len(budgets)) != i
+            law, _ = allocation.decide(c_B[keep], n_B[keep], d_B[keep], a3_i, noise_sd, rule)
+            rows.append(allocation.at(law, flops_Q)[0] / full - 1)
+        out[rule] = np.array(rows)
+    return out
+
+
 def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: dict[str, Any],
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
     budget is dropped (its minimum from approach 2, its points from approach 3), everything refitted by the same
-    rules (`frontier.choose`, approach 2's power law): fit.json's frontier "sensitivity". None without a frontier
-    or with fewer than 3 minima (dropping one leaves too few)."""
+    rules (`frontier.choose` for the loss, the shipped `allocation` rule for N_opt: `front["allocation"]`'s, with
+    its σ): fit.json's frontier "sensitivity". None without a frontier or with fewer than 3 minima (dropping one
+    leaves too few)."""
     budgets, law = approach2.get("budgets", []), front.get("law")
     if law is None or len(budgets) < 3:
         return None
@@ -63,23 +105,24 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
     asked = [float(c) for c in flops_Q] or [REFERENCE_FACTOR * float(flops_B.max())]
     flops_P = _budget_flops(points, approach2)
     keep_KP = np.array([np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in budgets])
-    e_K = approach3_e(points, approach3, keep_KP, warm=True)
+    refits_K = approach3_refits(points, approach3, keep_KP, warm=True)
     full_loss = frontier.loss_at(law, np.array(asked))
-    n_B, d_B = np.array([b["N_opt"] for b in budgets]), np.array([b["D_opt"] for b in budgets])
-    full_n = approach2["N_coef"] * np.array(asked) ** approach2["a"] if approach2.get("a") is not None else None
+    alloc = front.get("allocation")
+    moves = allocation_moves(points, approach2, approach3, alloc.get("minima_noise_sd"), asked, (alloc["rule"],),
+                             refits_K)[alloc["rule"]] if alloc else None
     keep_KB = ~np.eye(len(budgets), dtype=bool)
-    chosen = frontier.choose_many([(flops_B[keep], loss_B[keep], e) for keep, e in zip(keep_KB, e_K)],
+    chosen = frontier.choose_many([(flops_B[keep], loss_B[keep], r["E"]) for keep, r in zip(keep_KB, refits_K)],
                                   front.get("minima_noise_sd"))
     rows = []
-    for b, keep_B, (law_i, choice) in zip(budgets, keep_KB, chosen):
+    for i, (b, (law_i, choice)) in enumerate(zip(budgets, chosen)):
         row: dict[str, Any] = {"dropped_flops": float(b["flops"]), "E_from": choice["E_from"]}
         row["loss_change"] = (frontier.loss_at(law_i, np.array(asked)) / full_loss - 1).tolist() if law_i else None
-        if full_n is not None:
-            laws = isoflop.power_laws(flops_B[keep_B, None], n_B[keep_B, None], d_B[keep_B, None])
-            row["params_change"] = (laws["N_coef"][0] * np.array(asked) ** laws["a"][0] / full_n - 1).tolist()
+        if moves is not None:
+            row["params_change"] = moves[i].tolist()
         rows.append(row)
     out: dict[str, Any] = {"method": "each budget dropped in turn (its minimum and its points), the frontier and "
-                                     "approach 2's power law refitted; change = forecast without it / with all − 1",
+                                     "the allocation refitted by the same rules; change = forecast without it / "
+                                     "with all − 1", "allocation_rule": alloc["rule"] if alloc else None,
                            "at_flops": asked, "reference": None if flops_Q else
                            f"no prediction budget asked: at {REFERENCE_FACTOR:g}x the largest budget", "dropped": rows}
     for key in ("loss_change", "params_change"):
