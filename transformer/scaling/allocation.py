@@ -2,8 +2,10 @@
 
 Legend: B = budget minima, K = noise draws.
 
-The rules (`RULES`; `SHIPPED` is the one predictions use, chosen by the leave-future-out backtests of
-`experiments.reproduce_allocation`, docs/fitting.md "The compute-optimal allocation"):
+The rules compared (`RULES`) by the leave-future-out backtests and the leave-one-budget-out stability of
+`experiments.reproduce_allocation` (docs/fitting.md "The compute-optimal allocation: rules compared"). None beat
+approach 2 out of sample, so `SHIPPED`, the rule predictions and fit.json's sensitivity use, is approach 2
+(`isoflop.approach2`'s laws; `frontier.predictions` reads them from there):
 - "approach 2": both power laws fitted through approach 2's per-budget minima (slope and coefficient). A handful
   of minima hardly pin the slope: dropping one of Chinchilla's five moves N_opt at 4× the largest budget by 58%.
 - "held (χ² test)": the exponents held at approach 3's, a = β/(α+β) and b = α/(α+β) (fitted to every point near an
@@ -23,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from transformer.scaling import backtest, interval, isoflop
+from transformer.scaling import backtest, frontier, interval, isoflop
 
-A_TEST = 3.841  # χ² 95% quantile, 1 dof: approach 3's exponent is rejected when it raises the RSS of ln N_opt by more (× σ²)
+# The χ²(1) 95% quantile, as for the frontier's E: approach 3's exponent is rejected when it raises the RSS of ln N_opt
+# by more (× σ²)
+A_TEST = frontier.E_TEST
 RULES = ("approach 2", "held (χ² test)", "held always", "approach 3")
-SHIPPED = "held (χ² test)"
+SHIPPED = "approach 2"  # the other rules did not win out of sample (module docstring)
 KEYS = ("a", "b", "N_coef", "D_coef")
 
 
@@ -72,7 +76,7 @@ def test(flops_B: np.ndarray, n_B: np.ndarray, a_held: float, noise_sd: float | 
 
 
 def decide(flops_B: np.ndarray, n_B: np.ndarray, d_B: np.ndarray, approach3: dict[str, Any], noise_sd: float | None,
-           rule: str = SHIPPED) -> tuple[dict[str, Any], str]:
+           rule: str) -> tuple[dict[str, Any], str]:
     """The allocation under `rule` through the minima (C_opt, N_opt, D_opt), each (B,), B ≥ 2:
     ({"a", "b", "N_coef", "D_coef", "rule", "N_opt_from", "test"}, which law: "approach 2" | "held" | "approach 3").
     `approach3`: its "a", "b", "N_coef", "D_coef" (a rule that needs them where approach 3 has none falls back on
@@ -99,8 +103,8 @@ def decide(flops_B: np.ndarray, n_B: np.ndarray, d_B: np.ndarray, approach3: dic
             "test": verdict}, "held"
 
 
-def choose(approach2: dict[str, Any], approach3: dict[str, Any], draws2: dict[str, np.ndarray] | None = None,
-           rule: str = SHIPPED) -> tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]:
+def choose(approach2: dict[str, Any], approach3: dict[str, Any], draws2: dict[str, np.ndarray] | None,
+           rule: str) -> tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]:
     """`decide` through approach 2's minima, σ from its noise draws `draws2` (`minima_noise`, stored as the law's
     "minima_noise_sd"), and the allocation's
     draws {"a", "b", "N_coef", "D_coef"} each (K,): approach 2's, or the held laws refitted through each draw's

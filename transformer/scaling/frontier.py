@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from transformer.scaling import allocation, backtest, batch_lm, interval
+from transformer.scaling import backtest, batch_lm, interval
 
 E_STARTS = (0.2, 0.5, 0.8, 0.95)  # E as fractions of the lowest minimum
 
@@ -243,9 +243,8 @@ def predictions(
     draws: dict[str, np.ndarray] | None, calibration: dict[str, Any] | None, source: str,
 ) -> list[dict[str, Any]]:
     """One object per budget asked for: flops, params (N_opt), tokens (D_opt), loss (L_opt) and their
-    95% intervals (`interval.Interval.fields`; `draws`: E, k, gamma and the allocation's a, b, N_coef, D_coef, each
-    (K,), from the loss noise `source`). N_opt and D_opt: `approach2` is the allocation (`allocation.choose`'s law,
-    the keys a, b, N_coef, D_coef; approach 2's own where there is none). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread (without
+    95% intervals (`interval.Interval.fields`; `draws`: a, b, N_coef, D_coef and E, k, gamma, each (K,), from
+    the loss noise `source`). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread (without
     draws, the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") and the
     extrapolation term, which grows with the distance beyond the largest fitted budget in units of the compute range
     of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only
@@ -263,8 +262,8 @@ def predictions(
         loss_K, noise_ci = None, None
         if draws is not None:
             with np.errstate(over="ignore", invalid="ignore"):
-                for key, values in ((("params", draws["N_coef"] * c ** draws["a"]),
-                                     ("tokens", draws["D_coef"] * c ** draws["b"])) if "N_coef" in draws else ()):
+                for key, values in (("params", draws["N_coef"] * c ** draws["a"]),
+                                    ("tokens", draws["D_coef"] * c ** draws["b"])):
                     ci = interval.from_draws(values, source)
                     pred.update(ci.fields(key) if ci else {f"{key}_ci95": None})
                 if law:
@@ -292,11 +291,6 @@ def with_predictions(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | 
     as fit.json stores it) and the predictions at `predict_flops` (`predictions`)."""
     front = fit_frontier(approach2, draws2, approach3, source, e3_refits)
     draws = front.pop("_draws", None)
-    law, law_draws = allocation.choose(approach2, approach3, draws2)  # N_opt and D_opt: the shipped rule
-    if law is not None:
-        front["allocation"] = law
-    if draws is not None:
-        draws = {**{k: v for k, v in draws.items() if k not in allocation.KEYS}, **(law_draws or {})}
-    preds = predictions(predict_flops, law or approach2, front.get("law"), draws, front.get("interval"), source) \
+    preds = predictions(predict_flops, approach2, front.get("law"), draws, front.get("interval"), source) \
         if predict_flops else []
     return front, preds

@@ -26,6 +26,12 @@ def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
     return np.array([by_id.get(i, c) for i, c in zip(points.ids, points.flops_P)], float)
 
 
+def _drop_each(points: Points, approach2: dict[str, Any]) -> np.ndarray:
+    """(B, P) bool: row b keeps every point but those of approach 2's budget b."""
+    flops_P = _budget_flops(points, approach2)
+    return np.array([np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in approach2["budgets"]])
+
+
 def approach3_refits(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
                      warm: bool = False) -> list[dict[str, float | None]]:
     """Approach 3 refitted on each row's points (`keep_KP` (K, P) bool): {"E", and its allocation "a", "b",
@@ -74,9 +80,7 @@ def allocation_moves(points: Points, approach2: dict[str, Any], approach3: dict[
     budgets = approach2["budgets"]
     c_B, n_B, d_B = (np.array([b[k] for b in budgets], float) for k in ("C_opt", "N_opt", "D_opt"))
     if refits_B is None:
-        flops_P = _budget_flops(points, approach2)
-        refits_B = approach3_refits(points, approach3, np.array(
-            [np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in budgets]), warm=True)
+        refits_B = approach3_refits(points, approach3, _drop_each(points, approach2), warm=True)
     flops_Q = np.asarray(flops_Q, float)
     out = {}
     for rule in rules:
@@ -94,8 +98,7 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
     budget is dropped (its minimum from approach 2, its points from approach 3), everything refitted by the same
-    rules (`frontier.choose` for the loss, the shipped `allocation` rule for N_opt: `front["allocation"]`'s, with
-    its σ): fit.json's frontier "sensitivity". None without a frontier or with fewer than 3 minima (dropping one
+    rules (`frontier.choose` for the loss, `allocation.SHIPPED` for N_opt): fit.json's frontier "sensitivity". None without a frontier or with fewer than 3 minima (dropping one
     leaves too few)."""
     budgets, law = approach2.get("budgets", []), front.get("law")
     if law is None or len(budgets) < 3:
@@ -103,13 +106,11 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
     flops_B = np.array([b["C_opt"] for b in budgets])
     loss_B = np.array([b["loss_opt"] for b in budgets])
     asked = [float(c) for c in flops_Q] or [REFERENCE_FACTOR * float(flops_B.max())]
-    flops_P = _budget_flops(points, approach2)
-    keep_KP = np.array([np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in budgets])
-    refits_K = approach3_refits(points, approach3, keep_KP, warm=True)
+    refits_K = approach3_refits(points, approach3, _drop_each(points, approach2), warm=True)
     full_loss = frontier.loss_at(law, np.array(asked))
-    alloc = front.get("allocation")
-    moves = allocation_moves(points, approach2, approach3, alloc.get("minima_noise_sd"), asked, (alloc["rule"],),
-                             refits_K)[alloc["rule"]] if alloc else None
+    # N_opt under the shipped rule (approach 2: no σ needed; the other rules' σ is the full fit's, see allocation_moves)
+    moves = allocation_moves(points, approach2, approach3, None, asked, (allocation.SHIPPED,),
+                             refits_K)[allocation.SHIPPED] if approach2.get("a") is not None else None
     keep_KB = ~np.eye(len(budgets), dtype=bool)
     chosen = frontier.choose_many([(flops_B[keep], loss_B[keep], r["E"]) for keep, r in zip(keep_KB, refits_K)],
                                   front.get("minima_noise_sd"))
@@ -122,7 +123,7 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
         rows.append(row)
     out: dict[str, Any] = {"method": "each budget dropped in turn (its minimum and its points), the frontier and "
                                      "the allocation refitted by the same rules; change = forecast without it / "
-                                     "with all − 1", "allocation_rule": alloc["rule"] if alloc else None,
+                                     "with all − 1", "allocation_rule": allocation.SHIPPED,
                            "at_flops": asked, "reference": None if flops_Q else
                            f"no prediction budget asked: at {REFERENCE_FACTOR:g}x the largest budget", "dropped": rows}
     for key in ("loss_change", "params_change"):
