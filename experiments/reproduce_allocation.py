@@ -95,10 +95,11 @@ def run(sets: Sets, samples: int) -> tuple[dict[str, Any], list[str]]:
              + " | ".join(regime for regime, _ in rf.REGIMES) + " |",
              "|---|---|" + "---|" * (len(rf.SHOWN) + len(rf.REGIMES))]
     for rule, rs in list(by_rule.items()) + [("chosen out of sample", nested["rows"])]:
-        for fam, sel in groups(rs):
+        for fam, sel in groups(rs):  # (the chosen rows mix rules with and without an interval: no coverage)
             lines.append(f"| {rule} | {fam} | " + " | ".join(rf._errors([r for r in sel if in_regime(r)])
                                                               for _, in_regime in rf.SHOWN) + " | "
-                         + " | ".join(coverage([r for r in sel if in_regime(r)]) for _, in_regime in rf.REGIMES) + " |")
+                         + " | ".join(coverage([r for r in sel if in_regime(r)]) if rule in by_rule else "–"
+                                      for _, in_regime in rf.REGIMES) + " |")
     lines.append("criterion (mean over <4x and ≥4x of the median over sets; what the nested choice minimises): " + ", ".join(
         f"{rule} {100 * rf.criterion(rs):.2f}%" for rule, rs in by_rule.items()))
     lines.append("picked per source: " + ", ".join(
