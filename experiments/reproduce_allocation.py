@@ -100,14 +100,15 @@ def run(sets: Sets, samples: int) -> tuple[dict[str, Any], list[str]]:
                                                               for _, in_regime in rf.SHOWN) + " | "
                          + " | ".join(coverage([r for r in sel if in_regime(r)]) if rule in by_rule else "–"
                                       for _, in_regime in rf.REGIMES) + " |")
-    lines.append("criterion (mean over <4x and ≥4x of the median over sets; what the nested choice minimises): " + ", ".join(
-        f"{rule} {100 * rf.criterion(rs):.2f}%" for rule, rs in by_rule.items()))
+    lines.append("criterion (mean over <4x and ≥4x of the median over sets; what the nested choice minimises): "
+                 + ", ".join(f"{rule} {100 * rf.criterion(rs):.2f}%" for rule, rs in by_rule.items()))
     lines.append("picked per source: " + ", ".join(
         f"{rule}: {sum(1 for v in nested['picked'].values() if v == rule)}" for rule in allocation.RULES))
     tested = by_rule.get("held (χ² test)", [])
-    lines.append(f"held (χ² test): the exponent held in {sum(r['N_opt_from'].startswith('approach 3') for r in tested)}"
-                 f" of {len(tested)} pairs; median |ln(D̂/D)| over all pairs: " + ", ".join(
-                     f"{rule} {100 * np.median(np.abs([r['error_tokens'] for r in rs])):.2f}%" for rule, rs in by_rule.items()))
+    held = sum(r["N_opt_from"].startswith("approach 3") for r in tested)
+    lines.append(f"held (χ² test): the exponent held in {held} of {len(tested)} pairs; median |ln(D̂/D)| over all "
+                 "pairs: " + ", ".join(f"{rule} {100 * np.median(np.abs([r['error_tokens'] for r in rs])):.2f}%"
+                                       for rule, rs in by_rule.items()))
     stab = [s for name, pts, _ in sets for s in stability(name, pts, samples)]
     lines += ["", "N_opt at 4x the largest budget, leave one budget out: max / mean |change|",
               "| data | " + " | ".join(allocation.RULES) + " |", "|---|" + "---|" * len(allocation.RULES)]

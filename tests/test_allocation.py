@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import reproduce_allocation
-from transformer.scaling import allocation, fits, isoflop, parametric, predict, refits
+from transformer.scaling import allocation, fits, isoflop, parametric, predict, refits, report
 from transformer.scaling import points as points_lib
 
 REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "reference_data")
@@ -29,7 +29,8 @@ def chinchilla_grid(seed: int = 0, noise: float = 0.01) -> points_lib.Points:
             d.append(flops / (6 * n[-1]))
             c.append(flops)
     loss = fit.loss(np.array(n), np.array(d)) * np.exp(noise * rng.standard_normal(len(n)))
-    return points_lib.from_arrays(n, d, loss.tolist(), flops=c, ids=[f"p{i}" for i in range(len(n))], source="synthetic")
+    return points_lib.from_arrays(n, d, loss.tolist(), flops=c, ids=[f"p{i}" for i in range(len(n))],
+                                  source="synthetic")
 
 
 def test_held_exponent_moves_n_opt_less_than_approach2_when_a_budget_is_dropped():
@@ -96,7 +97,7 @@ def test_fit_records_the_shipped_allocation_rule_and_its_leave_one_budget_out_mo
     budget's N_opt change is approach 2's power law through the other minima, as the docs' table says (Chinchilla:
     max 57.8%, mean 16.8% at 4x the largest budget)."""
     pts = points_lib.read_csv(os.path.join(REFERENCE, "chinchilla_hoffmann2022.csv"))
-    c = 4 * float(pts.flops_P.max())  # (the reproduce tables' reference; without a budget asked, 4x the largest minimum)
+    c = 4 * float(pts.flops_P.max())  # the reproduce tables' reference (the fit's own: 4x the largest minimum)
     out = predict.frontier_predictions(pts, [c], samples=10)
     sens = out["frontier"]["sensitivity"]
     assert sens["allocation_rule"] == allocation.SHIPPED == "approach 2" and sens["at_flops"] == [c]
@@ -105,7 +106,9 @@ def test_fit_records_the_shipped_allocation_rule_and_its_leave_one_budget_out_mo
     for i, row in enumerate(sens["dropped"]):
         keep = np.arange(len(c_B)) != i
         law = isoflop.power_laws(c_B[keep], n_B[keep], d_B[keep])
-        assert row["params_change"][0] == pytest.approx(law["N_coef"][0] * c ** law["a"][0] / (a2["N_coef"] * c ** a2["a"]) - 1)
+        expected = law["N_coef"][0] * c ** law["a"][0] / (a2["N_coef"] * c ** a2["a"]) - 1
+        assert row["params_change"][0] == pytest.approx(expected)
+    assert "; N_opt (approach 2) max 57.8%" in report.sensitivity_lines(sens)[0]
     assert sens["params_max_abs_change"][0] == pytest.approx(0.578, abs=0.001)
     assert sens["params_mean_abs_change"][0] == pytest.approx(0.168, abs=0.001)
 
@@ -114,7 +117,8 @@ def test_reproduce_allocation_table_on_chinchilla():
     """The harness `experiments.reproduce` runs for the allocation table: leave-future-out pairs under every rule,
     the rules' intervals, and the stability row (approach 2 57.8% max; the held exponent 7.4%)."""
     pts = points_lib.read_csv(os.path.join(REFERENCE, "chinchilla_hoffmann2022.csv"))
-    result, lines = reproduce_allocation.run([("Chinchilla", pts, {"family": "Chinchilla", "source": "Chinchilla"})], 10)
+    tags = {"family": "Chinchilla", "source": "Chinchilla"}
+    result, lines = reproduce_allocation.run([("Chinchilla", pts, tags)], 10)
     rules = {r["rule"] for r in result["pairs"]}
     assert rules == set(allocation.RULES)
     assert all(np.isfinite(r["error"]) for r in result["pairs"])

@@ -98,8 +98,8 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
     budget is dropped (its minimum from approach 2, its points from approach 3), everything refitted by the same
-    rules (`frontier.choose` for the loss, `allocation.SHIPPED` for N_opt): fit.json's frontier "sensitivity". None without a frontier or with fewer than 3 minima (dropping one
-    leaves too few)."""
+    rules (`frontier.choose` for the loss, `allocation.SHIPPED` for N_opt, named in "allocation_rule"): fit.json's
+    frontier "sensitivity". None without a frontier or with fewer than 3 minima (dropping one leaves too few)."""
     budgets, law = approach2.get("budgets", []), front.get("law")
     if law is None or len(budgets) < 3:
         return None

@@ -227,7 +227,8 @@ def sensitivity_lines(sens: dict[str, Any] | None) -> list[str]:
                 + (" (4x the largest budget)" if sens.get("reference") else "") + " moves: loss max "
                 f"{100 * sens['loss_max_abs_change'][q]:.2f}%, mean {100 * sens['loss_mean_abs_change'][q]:.2f}%")
         if "params_max_abs_change" in sens:
-            line += (f"; N_opt max {100 * sens['params_max_abs_change'][q]:.1f}%, "
+            rule = sens.get("allocation_rule", "approach 2")  # (fit.json written before it was recorded: approach 2)
+            line += (f"; N_opt ({rule}) max {100 * sens['params_max_abs_change'][q]:.1f}%, "
                      f"mean {100 * sens['params_mean_abs_change'][q]:.1f}%")
         lines.append(line)
     return lines
