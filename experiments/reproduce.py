@@ -13,7 +13,7 @@ experiments/reference_data (docs/fitting.md shows the table this prints).
    spread calibrated on one family and applied to the other; the rules for E compared and chosen out of sample;
    how far the forecast at 4x the largest budget moves when one budget is dropped.
 3b. The compute-optimal allocation N_opt(C) (`experiments.reproduce_allocation`): each rule of
-   `transformer.scaling.allocation` backtested on the same leave-future-out pairs (median |error| per regime, the
+   `experiments.allocation_rules` backtested on the same leave-future-out pairs (median |error| per regime, the
    rule chosen out of sample, the 95% intervals' coverage) and its leave-one-budget-out stability at 4x.
 4. Hold-outs of the loss at any (N, D) (`at_points`, `experiments.reproduce_points`) on the same sets and the CPU
    over-training ladder (experiments/reference_data/overtrain_ladder_cpu.csv): refit on the model sizes ≤ N_max/2

@@ -1,5 +1,5 @@
 """Leave-future-out backtests of the compute-optimal allocation N_opt(C) on published IsoFLOP sets, and its
-leave-one-budget-out stability, under each rule of `transformer.scaling.allocation` (for `experiments.reproduce`).
+leave-one-budget-out stability, under each rule of `experiments.allocation_rules` (for `experiments.reproduce`).
 
 For every set and every origin C (`reproduce_frontier.origins`: each budget in turn), approach 2 (with its loss-noise
 draws) and approach 3 (on the points near an optimum) are fitted on the points of the budgets up to C alone, and each
@@ -9,7 +9,7 @@ C_target / C ("<4x", "≥4x", "4–16x" as the frontier's tables). Its 95% inter
 noise draws (`frontier.predictions`'s params_ci95), covered where the truth lies inside.
 
 The stability: each set fitted on every budget, N_opt at 4× the largest budget, each budget dropped in turn
-(`refits.allocation_moves`): max / mean |change|.
+(`allocation_rules.moves`): max / mean |change|.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from experiments import allocation_rules as allocation
 from experiments import reproduce_frontier as rf
-from transformer.scaling import allocation, fits, interval, noise, refits
+from transformer.scaling import fits, interval, noise
 from transformer.scaling import points as points_lib
 
 Sets = list[tuple[str, points_lib.Points, dict[str, str]]]
@@ -69,7 +70,7 @@ def stability(name: str, pts: points_lib.Points, samples: int, factor: float = 4
     if len(a2.get("budgets", [])) < 3 or a2.get("a") is None:
         return []
     noise_sd = allocation.minima_noise(draws2["N_opt"]) if draws2 is not None else None
-    moves = refits.allocation_moves(chosen, a2, a3, noise_sd, [factor * float(pts.flops_P.max())], allocation.RULES)
+    moves = allocation.moves(chosen, a2, a3, noise_sd, [factor * float(pts.flops_P.max())], allocation.RULES)
     return [{"data": name, "rule": rule, "max": float(np.abs(m).max()), "mean": float(np.abs(m).mean())}
             for rule, m in moves.items()]
 

@@ -1,6 +1,6 @@
-"""The compute-optimal allocation N_opt(C), D_opt(C): the rules compared (`transformer.scaling.allocation`: approach 2,
+"""The compute-optimal allocation N_opt(C), D_opt(C): the rules compared (`experiments.allocation_rules`: approach 2,
 the exponent held at approach 3's with a χ² test, held always, approach 3's own), their leave-one-budget-out
-stability (`refits.allocation_moves`), fit.json's record of the shipped rule, and the published-data harness
+stability (`allocation_rules.moves`), fit.json's record of the shipped rule, and the published-data harness
 (`experiments.reproduce_allocation`). Pure numpy and small fits."""
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import os
 import numpy as np
 import pytest
 
+from experiments import allocation_rules as allocation
 from experiments import reproduce_allocation
-from transformer.scaling import allocation, fits, isoflop, parametric, predict, refits, report
+from transformer.scaling import fits, isoflop, parametric, predict, refits, report
 from transformer.scaling import points as points_lib
 
 REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "reference_data")
@@ -44,7 +45,7 @@ def test_held_exponent_moves_n_opt_less_than_approach2_when_a_budget_is_dropped(
         a2 = fits.approach2(pts)
         a3, chosen = fits.approach3_near_optimum(pts, a2, fits.APPROACH3_NEAR, 0.003)
         assert a3["a"] == pytest.approx(LAW["beta"] / (LAW["alpha"] + LAW["beta"]), abs=0.03)
-        moves = refits.allocation_moves(chosen, a2, a3, 0.05, [4e20], ("approach 2", "held always"))
+        moves = allocation.moves(chosen, a2, a3, 0.05, [4e20], ("approach 2", "held always"))
         assert moves["approach 2"].shape == (5, 1)
         ratios.append(np.abs(moves["held always"]).max() / np.abs(moves["approach 2"]).max())
     assert np.median(ratios) < 0.6 and sum(r < 1 for r in ratios) >= 7
@@ -100,7 +101,8 @@ def test_fit_records_the_shipped_allocation_rule_and_its_leave_one_budget_out_mo
     c = 4 * float(pts.flops_P.max())  # the reproduce tables' reference (the fit's own: 4x the largest minimum)
     out = predict.frontier_predictions(pts, [c], samples=10)
     sens = out["frontier"]["sensitivity"]
-    assert sens["allocation_rule"] == allocation.SHIPPED == "approach 2" and sens["at_flops"] == [c]
+    assert sens["allocation_rule"] == refits.ALLOCATION_RULE == allocation.SHIPPED == "approach 2"
+    assert sens["at_flops"] == [c]
     a2 = isoflop.approach2(pts.canonical())
     c_B, n_B, d_B = (np.array([[b[k]] for b in a2["budgets"]]) for k in ("C_opt", "N_opt", "D_opt"))
     for i, row in enumerate(sens["dropped"]):

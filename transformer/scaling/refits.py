@@ -13,10 +13,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import allocation, frontier, isoflop, parametric
+from transformer.scaling import frontier, isoflop, parametric
 from transformer.scaling.points import Points
 
 REFERENCE_FACTOR = 4.0  # without prediction budgets, the stability is measured at this many times the largest budget
+# N_opt, D_opt come from approach 2's power laws through the minima (fit.json's sensitivity names it): the other
+# rules backtested (experiments/allocation_rules.py) did not beat it out of sample (docs/fitting.md)
+ALLOCATION_RULE = "approach 2"
+ALLOCATION_KEYS = ("a", "b", "N_coef", "D_coef")  # an allocation's power laws N_coef·C^a, D_coef·C^b
 
 
 def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
@@ -26,7 +30,7 @@ def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
     return np.array([by_id.get(i, c) for i, c in zip(points.ids, points.flops_P)], float)
 
 
-def _drop_each(points: Points, approach2: dict[str, Any]) -> np.ndarray:
+def drop_each(points: Points, approach2: dict[str, Any]) -> np.ndarray:
     """(B, P) bool: row b keeps every point but those of approach 2's budget b."""
     flops_P = _budget_flops(points, approach2)
     return np.array([np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in approach2["budgets"]])
@@ -39,7 +43,7 @@ def approach3_refits(points: Points, approach3: dict[str, Any], keep_KP: np.ndar
     form has none). `warm`: start each refit also from `approach3`'s solution (leave-one-out stability; a backtest
     origin must not, since that solution has seen the later budgets)."""
     keep_KP = np.asarray(keep_KP, bool)
-    empty = {"E": None, **{k: None for k in allocation.KEYS}}
+    empty = {"E": None, **{k: None for k in ALLOCATION_KEYS}}
     if approach3.get("E") is None or not len(keep_KP):
         return [dict(empty) for _ in keep_KP]
     start = parametric.LossFit(**{k: approach3[k] for k in ("E", "A", "B", "alpha", "beta")}, objective=np.nan)
@@ -71,60 +75,36 @@ def backtest_e(points: Points, approach2: dict[str, Any], approach3: dict[str, A
     return {float(b["C_opt"]): e for b, e in zip(budgets, approach3_e(points, approach3, keep_KP))}
 
 
-def allocation_moves(points: Points, approach2: dict[str, Any], approach3: dict[str, Any], noise_sd: float | None,
-                     flops_Q: Sequence[float], rules: Sequence[str] = (allocation.SHIPPED,),
-                     refits_B: list[dict[str, float | None]] | None = None) -> dict[str, np.ndarray]:
-    """For each allocation rule (`allocation.decide`), N_opt at `flops_Q` with each budget dropped in turn (its
-    minimum, and its points from approach 3: `refits_B`, computed here when None) / N_opt from every budget − 1:
-    {rule: (B, Q)}. `noise_sd`: the full fit's sd of ln N_opt of one minimum (the test's σ in every refit)."""
-    budgets = approach2["budgets"]
-    c_B, n_B, d_B = (np.array([b[k] for b in budgets], float) for k in ("C_opt", "N_opt", "D_opt"))
-    if refits_B is None:
-        refits_B = approach3_refits(points, approach3, _drop_each(points, approach2), warm=True)
-    flops_Q = np.asarray(flops_Q, float)
-    out = {}
-    for rule in rules:
-        full = allocation.at(allocation.decide(c_B, n_B, d_B, approach3, noise_sd, rule)[0], flops_Q)[0]
-        rows = []
-        for i, a3_i in enumerate(refits_B):
-            keep = np.arange(len(budgets)) != i
-            law, _ = allocation.decide(c_B[keep], n_B[keep], d_B[keep], a3_i, noise_sd, rule)
-            rows.append(allocation.at(law, flops_Q)[0] / full - 1)
-        out[rule] = np.array(rows)
-    return out
-
-
 def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: dict[str, Any],
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
     budget is dropped (its minimum from approach 2, its points from approach 3), everything refitted by the same
-    rules (`frontier.choose` for the loss, `allocation.SHIPPED` for N_opt, named in "allocation_rule"): fit.json's
-    frontier "sensitivity". None without a frontier or with fewer than 3 minima (dropping one leaves too few)."""
+    rules (`frontier.choose`, approach 2's power law: ALLOCATION_RULE): fit.json's frontier "sensitivity". None
+    without a frontier or with fewer than 3 minima (dropping one leaves too few)."""
     budgets, law = approach2.get("budgets", []), front.get("law")
     if law is None or len(budgets) < 3:
         return None
     flops_B = np.array([b["C_opt"] for b in budgets])
     loss_B = np.array([b["loss_opt"] for b in budgets])
     asked = [float(c) for c in flops_Q] or [REFERENCE_FACTOR * float(flops_B.max())]
-    refits_K = approach3_refits(points, approach3, _drop_each(points, approach2), warm=True)
+    e_K = approach3_e(points, approach3, drop_each(points, approach2), warm=True)
     full_loss = frontier.loss_at(law, np.array(asked))
-    # N_opt under the shipped rule (approach 2: no σ needed; the other rules' σ is the full fit's, see allocation_moves)
-    moves = allocation_moves(points, approach2, approach3, None, asked, (allocation.SHIPPED,),
-                             refits_K)[allocation.SHIPPED] if approach2.get("a") is not None else None
+    n_B, d_B = np.array([b["N_opt"] for b in budgets]), np.array([b["D_opt"] for b in budgets])
+    full_n = approach2["N_coef"] * np.array(asked) ** approach2["a"] if approach2.get("a") is not None else None
     keep_KB = ~np.eye(len(budgets), dtype=bool)
-    chosen = frontier.choose_many([(flops_B[keep], loss_B[keep], r["E"]) for keep, r in zip(keep_KB, refits_K)],
+    chosen = frontier.choose_many([(flops_B[keep], loss_B[keep], e) for keep, e in zip(keep_KB, e_K)],
                                   front.get("minima_noise_sd"))
     rows = []
-    for i, (b, (law_i, choice)) in enumerate(zip(budgets, chosen)):
+    for b, keep_B, (law_i, choice) in zip(budgets, keep_KB, chosen):
         row: dict[str, Any] = {"dropped_flops": float(b["flops"]), "E_from": choice["E_from"]}
         row["loss_change"] = (frontier.loss_at(law_i, np.array(asked)) / full_loss - 1).tolist() if law_i else None
-        if moves is not None:
-            row["params_change"] = moves[i].tolist()
+        if full_n is not None:
+            laws = isoflop.power_laws(flops_B[keep_B, None], n_B[keep_B, None], d_B[keep_B, None])
+            row["params_change"] = (laws["N_coef"][0] * np.array(asked) ** laws["a"][0] / full_n - 1).tolist()
         rows.append(row)
     out: dict[str, Any] = {"method": "each budget dropped in turn (its minimum and its points), the frontier and "
-                                     "the allocation refitted by the same rules; change = forecast without it / "
-                                     "with all − 1", "allocation_rule": allocation.SHIPPED,
-                           "at_flops": asked, "reference": None if flops_Q else
+                                     "approach 2's power law refitted; change = forecast without it / with all − 1",
+                           "allocation_rule": ALLOCATION_RULE, "at_flops": asked, "reference": None if flops_Q else
                            f"no prediction budget asked: at {REFERENCE_FACTOR:g}x the largest budget", "dropped": rows}
     for key in ("loss_change", "params_change"):
         changes = [r[key] for r in rows if r.get(key) is not None]

@@ -1,11 +1,11 @@
-"""The compute-optimal allocation a prediction gives: N_opt(C) = N_coef·C^a, D_opt(C) = D_coef·C^b.
+"""The rules for the compute-optimal allocation N_opt(C) = N_coef·C^a, D_opt(C) = D_coef·C^b compared by the
+leave-future-out backtests and the leave-one-budget-out stability of `experiments.reproduce_allocation`
+(docs/fitting.md "The compute-optimal allocation: rules compared"). None beat approach 2 out of sample, so the
+product ships approach 2 alone (`isoflop.approach2`'s laws, `refits.ALLOCATION_RULE`); the others live here, on the
+experiments side, for the reproduction.
 
-Legend: B = budget minima, K = noise draws.
+Legend: B = budget minima, K = noise draws, Q = prediction budgets.
 
-The rules compared (`RULES`) by the leave-future-out backtests and the leave-one-budget-out stability of
-`experiments.reproduce_allocation` (docs/fitting.md "The compute-optimal allocation: rules compared"). None beat
-approach 2 out of sample, so `SHIPPED`, the rule predictions and fit.json's sensitivity use, is approach 2
-(`isoflop.approach2`'s laws; `frontier.predictions` reads them from there):
 - "approach 2": both power laws fitted through approach 2's per-budget minima (slope and coefficient). A handful
   of minima hardly pin the slope: dropping one of Chinchilla's five moves N_opt at 4× the largest budget by 58%.
 - "held (χ² test)": the exponents held at approach 3's, a = β/(α+β) and b = α/(α+β) (fitted to every point near an
@@ -21,18 +21,19 @@ approach 2 out of sample, so `SHIPPED`, the rule predictions and fit.json's sens
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import backtest, frontier, interval, isoflop
+from transformer.scaling import backtest, frontier, interval, isoflop, refits
+from transformer.scaling.points import Points
 
 # The χ²(1) 95% quantile, as for the frontier's E: approach 3's exponent is rejected when it raises the RSS of ln N_opt
 # by more (× σ²)
 A_TEST = frontier.E_TEST
 RULES = ("approach 2", "held (χ² test)", "held always", "approach 3")
-SHIPPED = "approach 2"  # the other rules did not win out of sample (module docstring)
-KEYS = ("a", "b", "N_coef", "D_coef")
+SHIPPED = refits.ALLOCATION_RULE  # the rule the product ships (the others did not win out of sample)
+KEYS = refits.ALLOCATION_KEYS
 
 
 def held_laws(flops_BK: np.ndarray, n_BK: np.ndarray, d_BK: np.ndarray, a: float, b: float) -> dict[str, np.ndarray]:
@@ -129,3 +130,26 @@ def at(law: dict[str, Any], flops: np.ndarray | float) -> tuple[np.ndarray, np.n
     with np.errstate(over="ignore", invalid="ignore"):
         return (np.asarray(law["N_coef"]) * np.power(flops, law["a"]),
                 np.asarray(law["D_coef"]) * np.power(flops, law["b"]))
+
+
+def moves(points: Points, approach2: dict[str, Any], approach3: dict[str, Any], noise_sd: float | None,
+          flops_Q: Sequence[float], rules: Sequence[str] = RULES,
+          refits_B: list[dict[str, float | None]] | None = None) -> dict[str, np.ndarray]:
+    """For each rule (`decide`), N_opt at `flops_Q` with each budget dropped in turn (its minimum, and its points
+    from approach 3: `refits_B`, `refits.approach3_refits` computed here when None) / N_opt from every budget − 1:
+    {rule: (B, Q)}. `noise_sd`: the full fit's sd of ln N_opt of one minimum (the test's σ in every refit)."""
+    budgets = approach2["budgets"]
+    c_B, n_B, d_B = (np.array([b[k] for b in budgets], float) for k in ("C_opt", "N_opt", "D_opt"))
+    if refits_B is None:
+        refits_B = refits.approach3_refits(points, approach3, refits.drop_each(points, approach2), warm=True)
+    flops_Q = np.asarray(flops_Q, float)
+    out = {}
+    for rule in rules:
+        full = at(decide(c_B, n_B, d_B, approach3, noise_sd, rule)[0], flops_Q)[0]
+        rows = []
+        for i, a3_i in enumerate(refits_B):
+            keep = np.arange(len(budgets)) != i
+            law, _ = decide(c_B[keep], n_B[keep], d_B[keep], a3_i, noise_sd, rule)
+            rows.append(at(law, flops_Q)[0] / full - 1)
+        out[rule] = np.array(rows)
+    return out
