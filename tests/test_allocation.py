@@ -124,8 +124,8 @@ def test_reproduce_allocation_table_on_chinchilla():
     rules = {r["rule"] for r in result["pairs"]}
     assert rules == set(allocation.RULES)
     assert all(np.isfinite(r["error"]) for r in result["pairs"])
-    assert any("covered" in r for r in result["pairs"] if r["rule"] == "approach 2")
-    assert not any("covered" in r for r in result["pairs"] if r["rule"] == "approach 3")
+    assert any("covered_draws" in r for r in result["pairs"] if r["rule"] == "approach 2")
+    assert not any("covered_draws" in r for r in result["pairs"] if r["rule"] == "approach 3")
     stab = {s["rule"]: s for s in result["stability"]}
     assert stab["approach 2"]["max"] == pytest.approx(0.578, abs=0.001)
     assert stab["held always"]["max"] == pytest.approx(0.074, abs=0.002)
