@@ -14,7 +14,9 @@ experiments/reference_data (docs/fitting.md shows the table this prints).
    how far the forecast at 4x the largest budget moves when one budget is dropped.
 3b. The compute-optimal allocation N_opt(C) (`experiments.reproduce_allocation`): each rule of
    `experiments.allocation_rules` backtested on the same leave-future-out pairs (median |error| per regime, the
-   rule chosen out of sample, the 95% intervals' coverage) and its leave-one-budget-out stability at 4x.
+   rule chosen out of sample, the 95% intervals' coverage) and its leave-one-budget-out stability at 4x; the shipped
+   N_opt / D_opt intervals before and after, checked with the observed minimum's own noise, their constant q
+   calibrated out of sample, and the forms of their calibrated term compared (docs/fitting.md).
 4. Hold-outs of the loss at any (N, D) (`at_points`, `experiments.reproduce_points`) on the same sets and the CPU
    over-training ladder (experiments/reference_data/overtrain_ladder_cpu.csv): refit on the model sizes ≤ N_max/2
    and ≤ N_max/4, and on the points at ≤ 10 and ≤ 40 tokens per parameter, predict every other point; coverage

@@ -5,8 +5,14 @@ For every set and every origin C (`reproduce_frontier.origins`: each budget in t
 draws) and approach 3 (on the points near an optimum) are fitted on the points of the budgets up to C alone, and each
 rule predicts N_opt at the C_opt of every later budget with a minimum; the truth is that budget's own approach-2
 minimum (N_opt of the full set's fit). A pair's error is ln(N̂/N), its regime the extrapolation factor
-C_target / C ("<4x", "≥4x", "4–16x" as the frontier's tables). Its 95% interval: the percentiles of N̂ over the
-noise draws (`frontier.predictions`'s params_ci95), covered where the truth lies inside.
+C_target / C ("<4x", "≥4x", "4–16x" as the frontier's tables). Each rule's interval from its draws: the percentiles
+of N̂ over the noise draws (what `frontier.predictions`'s params_ci95 was before), covered where the truth lies inside.
+
+The shipped interval (`transformer.scaling.allocation.interval_at`, approach 2's pairs): the truth is itself noisy,
+so a pair is covered ("fair") where |ln(N̂/N)| ≤ sqrt(h² + (1.96·σ_observed)²), σ_observed the sd of that budget's
+ln N_opt over the full set's noise draws (`observed_noise`). Its constant q is the conformal 95% quantile of the
+score each pair needs (`backtest.needed_spread`, `backtest.conformal_multiplier` with each set weighing 1), out of
+sample each source's from the other sources' pairs (`calibrate`), for the shipped form and the others tried (FORMS).
 
 The stability: each set fitted on every budget, N_opt at 4× the largest budget, each budget dropped in turn
 (`allocation_rules.moves`): max / mean |change|.
