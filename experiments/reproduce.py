@@ -12,6 +12,11 @@ experiments/reference_data (docs/fitting.md shows the table this prints).
    median width, per regime (< 4x, ≥ 4x beyond the origin) and for the older table's two cases per set; the
    spread calibrated on one family and applied to the other; the rules for E compared and chosen out of sample;
    how far the forecast at 4x the largest budget moves when one budget is dropped.
+3b. The compute-optimal allocation N_opt(C) (`experiments.reproduce_allocation`): each rule of
+   `experiments.allocation_rules` backtested on the same leave-future-out pairs (median |error| per regime, the
+   rule chosen out of sample, the 95% intervals' coverage) and its leave-one-budget-out stability at 4x; the shipped
+   N_opt / D_opt intervals before and after, checked with the observed minimum's own noise, their constant q
+   calibrated out of sample, and the forms of their calibrated term compared (docs/fitting.md).
 4. Hold-outs of the loss at any (N, D) (`at_points`, `experiments.reproduce_points`) on the same sets and the CPU
    over-training ladder (experiments/reference_data/overtrain_ladder_cpu.csv): refit on the model sizes ≤ N_max/2
    and ≤ N_max/4, and on the points at ≤ 10 and ≤ 40 tokens per parameter, predict every other point; coverage
@@ -30,7 +35,7 @@ from typing import Any, Iterator
 
 from absl import flags
 
-from experiments import cli, reproduce_frontier, reproduce_points
+from experiments import cli, reproduce_allocation, reproduce_frontier, reproduce_points
 from transformer.scaling import fits
 from transformer.scaling import points as points_lib
 
@@ -78,6 +83,20 @@ def source(experiment: str) -> str:
     return "Chinchilla" if "chinchilla" in experiment.lower() else experiment.split("__")[0]
 
 
+def published_sets(extra: str | None) -> list[tuple[str, points_lib.Points, dict[str, str]]]:
+    """The IsoFLOP sets the backtests run on, (name, points, tags: group, family, source): Porian et al.'s 15
+    settings, Chinchilla, and the experiments of the Open-Athena CSV `extra` (None: none)."""
+    sets = [(f"Porian {row['dataset']}: {row['experiment']}", pts, {"group": "Porian et al. 2024 (15 settings)",
+             "family": "Porian", "source": f"Porian {row['dataset']}: {row['experiment']}"})
+            for row, pts in porian_settings()]
+    sets.append(("Chinchilla", points_lib.read_csv(os.path.join(REFERENCE, "chinchilla_hoffmann2022.csv")),
+                 {"group": "Chinchilla (Epoch AI extraction)", "family": "Chinchilla", "source": "Chinchilla"}))
+    if extra:
+        sets += [(experiment, pts, {"group": f"Open-Athena {experiment.split('__')[0]}", "family": "Open-Athena",
+                                    "source": source(experiment)}) for experiment, pts in open_athena(extra)]
+    return sets
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         print(f"reproduce: error: unexpected arguments {' '.join(argv[1:])!r}", file=sys.stderr)
@@ -88,22 +107,18 @@ def main(argv: list[str]) -> None:
     result["chinchilla_approach3"] = {k: a3[k] for k in ("E", "alpha", "beta", "a")}
     print("Chinchilla approach 3 (5 highest losses dropped): "
           + ", ".join(f"{k} {a3[k]:.3f} (Epoch AI {v})" for k, v in EPOCH_AI.items()))
-    sets: list[tuple[str, points_lib.Points, dict[str, str]]] = []
+    sets = published_sets(_EXTRA.value)
     result["porian_exponents"] = []
-    for row, pts in porian_settings():
-        name = f"Porian {row['dataset']}: {row['experiment']}"
+    for (name, pts, _), (row, _) in zip(sets, porian_settings()):
         a = fits.approach2(pts)["a"]
         result["porian_exponents"].append({"setting": name, "a": a, "published": float(row["a"])})
         print(f"{name}: approach 2 a = {a:.3f} (published {float(row['a']):.3f})")
-        sets.append((name, pts, {"group": "Porian et al. 2024 (15 settings)", "family": "Porian", "source": name}))
-    sets.append(("Chinchilla", chin, {"group": "Chinchilla (Epoch AI extraction)", "family": "Chinchilla",
-                                      "source": "Chinchilla"}))
-    if _EXTRA.value:
-        sets += [(experiment, pts, {"group": f"Open-Athena {experiment.split('__')[0]}", "family": "Open-Athena",
-                                    "source": source(experiment)}) for experiment, pts in open_athena(_EXTRA.value)]
     result["frontier"], lines = reproduce_frontier.run(sets, _SAMPLES.value)
     print("\n".join(lines))
     result["table"] = lines
+    result["allocation"], lines = reproduce_allocation.run(sets, _SAMPLES.value)
+    print("\n" + "\n".join(lines))
+    result["allocation_table"] = lines
     ladder_sets = [("CPU over-training ladder", ladder(), {"group": "CPU over-training ladder (shipped)",
                                                            "family": "ladder", "source": "ladder"})]
     cases = [{**c, **tags} for name, pts, tags in sets + ladder_sets for c in reproduce_points.holdout(name, pts)]

@@ -72,7 +72,7 @@ def lfo(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]
             if cal.get("lever"):
                 noise = cal["noise_half_width_log"]
                 rec.update(noise_half=noise, lever=cal["lever"], distance=cal["distance"], span=cal["span"],
-                           score=float(np.sqrt(max(rec["error"] ** 2 - noise**2, 0.0)) / cal["lever"]))
+                           score=backtest.needed_spread(rec["error"], noise, cal["lever"]))
             rows.append(rec)
     return rows
 

@@ -13,7 +13,7 @@ import pytest
 from matplotlib import image
 
 from sweep_fixture import E, TRUE_A, g_coef, law, write_sweep
-from transformer.scaling import conventions, fits, noise, plots
+from transformer.scaling import conventions, fits, noise, plots, report
 from transformer.scaling import points as points_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,6 +107,7 @@ def test_predictions_with_intervals(tmp_path):
     assert p["loss_ci95"][0] <= loss_true <= p["loss_ci95"][1]
     assert p["params"] == pytest.approx(n_true, rel=0.15)
     assert p["params_ci95"][0] < p["params"] < p["params_ci95"][1]
+    assert "N_opt, D_opt intervals: noise (" in report.summary(fit)  # what sets them (allocation.interval_at)
     assert p["loss_ci95"][1] - p["loss_ci95"][0] > p_in["loss_ci95"][1] - p_in["loss_ci95"][0]  # wider out
     law_fit = fit["frontier"]["law"]
     assert 0 < law_fit["E"] < E + 0.3  # the irreducible term is kept

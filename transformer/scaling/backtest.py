@@ -98,28 +98,49 @@ def lever(distance: float, span: float) -> float:
     return max(float(distance), 0.0) / float(span)
 
 
+def log_interval(value: float, noise_sd: float | None, source: str, extra_half: float,
+                 extra: str = "extrapolation") -> tuple[Interval, float, str, float, float]:
+    """The one mechanism of the intervals calibrated on published hold-outs: value·exp(±h), h = sqrt((Z·σ_noise)² +
+    extra_half²), σ_noise the sd of the log over the noise draws (`source`; None or 0: no noise term, "none") and
+    `extra_half` the calibrated term (the frontier's extrapolation, the allocation's scatter, named `extra` in the
+    note). Returns (the interval, σ_noise, its source, Z·σ_noise, h): no finite interval where h runs away, none
+    where h is 0."""
+    noise_sd = float(noise_sd) if noise_sd is not None and np.isfinite(noise_sd) and noise_sd > 0 else 0.0
+    source = source if noise_sd > 0 else "none"
+    noise_half = Z * noise_sd
+    half = float(np.hypot(noise_half, extra_half))
+    with np.errstate(over="ignore"):
+        bounds = [float(value * np.exp(-half)), float(value * np.exp(half))]
+    if not (np.isfinite(half) and np.all(np.isfinite(bounds))):
+        ci = Interval(None, None, source, 1.0, f"the {extra} term runs away: no finite interval")
+    elif half <= 0:
+        ci = none(f"{NO_NOISE}, and no {extra} term: no interval")
+    else:
+        ci = Interval(*bounds, source, 1.0, None if source != "none" else
+                      f"{NO_NOISE}: the {extra} term alone, no noise term")
+    return ci, noise_sd, source, noise_half, half
+
+
+def needed_spread(error: float, fixed_half: float, lever: float) -> float:
+    """The hold-out score the calibrations take the conformal quantile of: the constant q a pair's interval
+    sqrt(fixed_half² + (q·lever)²) needs to cover its log error `error` (`fixed_half`: the terms not calibrated,
+    in quadrature), sqrt(max(e² − fixed_half², 0)) / lever."""
+    return float(np.sqrt(max(error**2 - fixed_half**2, 0.0)) / lever)
+
+
 def frontier_interval(loss: float, distance: float, span: float, noise_sd: float | None, source: str,
                       spread: float | None = None) -> tuple[Interval, dict[str, Any]]:
     """The 95% interval of the frontier's predicted loss `loss` at `distance` = ln(C / C_largest fitted):
-    L̂·exp(±h), h = sqrt((Z·σ_noise)² + (q·x/span)²), σ_noise the sd of ln L̂ over the noise draws (`source`;
-    None or 0: no noise term, "none"), x/span = `lever(distance, span)`, q = `spread` (None: FRONTIER_SPREAD,
-    calibrated on the published hold-outs). Returns it and its terms, fit.json's `loss_interval`: what drives the
-    width (each term's half-width in ln L), the inputs, and where the constant came from."""
+    L̂·exp(±h), h = sqrt((Z·σ_noise)² + (q·x/span)²) (`log_interval`), σ_noise the sd of ln L̂ over the noise draws
+    (`source`; None or 0: no noise term, "none"), x/span = `lever(distance, span)`, q = `spread` (None:
+    FRONTIER_SPREAD, calibrated on the published hold-outs). Returns it and its terms, fit.json's `loss_interval`:
+    what drives the width (each term's half-width in ln L), the inputs, and where the constant came from."""
     spread = FRONTIER_SPREAD if spread is None else float(spread)
-    noise_sd = float(noise_sd) if noise_sd is not None and np.isfinite(noise_sd) and noise_sd > 0 else 0.0
-    source = source if noise_sd > 0 else "none"
     lev = lever(distance, span)
-    noise_half, extrap_half = Z * noise_sd, spread * lev
-    half = float(np.hypot(noise_half, extrap_half))
-    with np.errstate(over="ignore"):
-        bounds = [float(loss * np.exp(-half)), float(loss * np.exp(half))]
-    if not (np.isfinite(half) and np.all(np.isfinite(bounds))):
-        ci = Interval(None, None, source, 1.0, "the extrapolation term runs away: no finite interval")
-    elif half <= 0:
+    extrap_half = spread * lev
+    ci, noise_sd, source, noise_half, half = log_interval(loss, noise_sd, source, extrap_half)
+    if not ci.exists and half <= 0:
         ci = none(f"{NO_NOISE}, and the prediction is inside the fitted range: no interval")
-    else:
-        ci = Interval(*bounds, source, 1.0, None if source != "none" else
-                      f"{NO_NOISE}: the extrapolation term alone, no noise term")
     terms = {"method": "ln L ± sqrt((1.96·σ_noise)² + (q·x/span)²)", "half_width_log": half if ci.exists else None,
              "noise_half_width_log": noise_half, "extrapolation_half_width_log": extrap_half,
              "noise_sd_log": noise_sd, "source": source, "distance": max(float(distance), 0.0), "span": float(span),

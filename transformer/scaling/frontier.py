@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from transformer.scaling import backtest, batch_lm, interval
+from transformer.scaling import allocation, backtest, batch_lm, interval
 
 E_STARTS = (0.2, 0.5, 0.8, 0.95)  # E as fractions of the lowest minimum
 
@@ -259,6 +259,7 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
 def predictions(
     flops_Q: Sequence[float], approach2: dict[str, Any], law: dict[str, float] | None,
     draws: dict[str, np.ndarray] | None, calibration: dict[str, Any] | None, source: str,
+    allocation_terms: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One object per budget asked for: flops, params (N_opt), tokens (D_opt), loss (L_opt) and their
     95% intervals (`interval.Interval.fields`; `draws`: a, b, N_coef, D_coef and E, k, gamma, each (K,), from
@@ -266,7 +267,9 @@ def predictions(
     draws, the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") and the
     extrapolation term, which grows with the distance beyond the largest fitted budget in units of the compute range
     of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only
-    one is `loss_noise_ci95`, the terms `loss_interval`."""
+    one is `loss_noise_ci95`, the terms `loss_interval`. The params and tokens intervals are
+    `allocation.interval_at`'s (`allocation_terms`: `allocation.shared_terms`; None: none), their terms
+    `params_interval`, `tokens_interval`."""
     out = []
     for c in flops_Q:
         pred: dict[str, Any] = {"flops": float(c)}
@@ -277,13 +280,16 @@ def predictions(
         if approach2.get("a") is None or not law:
             pred["note"] = ("approach 2 has no power law; " if approach2.get("a") is None else "") + \
                 ("no frontier (fewer than 3 budget minima)" if not law else "")
+        if approach2.get("a") is not None and allocation_terms is not None:
+            for key, _, coef, exponent in allocation.QUANTITIES:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    noise_sd = backtest.log_sd(draws[coef] * c ** draws[exponent]) if draws is not None else None
+                ci, pred[f"{key}_interval"] = allocation.interval_at(pred[key], c, noise_sd, source,
+                                                                     allocation_terms, key)
+                pred.update(ci.fields(key))
         loss_K, noise_ci = None, None
         if draws is not None:
             with np.errstate(over="ignore", invalid="ignore"):
-                for key, values in (("params", draws["N_coef"] * c ** draws["a"]),
-                                    ("tokens", draws["D_coef"] * c ** draws["b"])):
-                    ci = interval.from_draws(values, source)
-                    pred.update(ci.fields(key) if ci else {f"{key}_ci95": None})
                 if law:
                     loss_K = draws["E"] + draws["k"] * c ** -draws["gamma"]
                     loss_K = loss_K[loss_K > 0]
@@ -309,6 +315,11 @@ def with_predictions(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | 
     as fit.json stores it) and the predictions at `predict_flops` (`predictions`)."""
     front = fit_frontier(approach2, draws2, approach3, source, e3_refits)
     draws = front.pop("_draws", None)
-    preds = predictions(predict_flops, approach2, front.get("law"), draws, front.get("interval"), source) \
-        if predict_flops else []
+    if draws is None and draws2 is not None:  # no frontier, but the allocation's draws (its interval's noise term)
+        draws = {k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}
+    alloc = allocation.shared_terms(approach2, draws2)
+    if alloc is not None:
+        front["allocation_interval"] = alloc
+    preds = predictions(predict_flops, approach2, front.get("law"), draws, front.get("interval"), source,
+                        alloc) if predict_flops else []
     return front, preds

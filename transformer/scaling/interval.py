@@ -7,8 +7,9 @@ Every 95% interval under scaling/ is an `Interval` (fit.json, predictions.json, 
 - percentiles of K noise draws (`from_draws`; multiplier 1): the losses redrawn with the noise σ of
   `noise.estimate` and everything refitted (the exponents, the frontier, a compute multiplier);
 - L̂·exp(±h) around a prediction, h the root sum of squares of a noise term and extrapolation terms that grow with
-  the distance beyond the data, calibrated on published hold-outs: the frontier's (`backtest.frontier_interval`)
-  and the loss at any (N, D)'s (`point_interval.interval`).
+  the distance beyond the data, calibrated on published hold-outs: the frontier's (`backtest.frontier_interval`),
+  the allocation's (`allocation.interval_at`, both through `backtest.log_interval`) and the loss at any (N, D)'s
+  (`point_interval.interval`).
 
 Its `source` names where the noise came from (SOURCES), "+"-joined where two fits' draws are paired (compare):
 - "seeds": σ from seed replicates (points of equal budget and N);

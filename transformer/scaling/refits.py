@@ -17,6 +17,10 @@ from transformer.scaling import frontier, isoflop, parametric
 from transformer.scaling.points import Points
 
 REFERENCE_FACTOR = 4.0  # without prediction budgets, the stability is measured at this many times the largest budget
+# N_opt, D_opt come from approach 2's power laws through the minima (fit.json's sensitivity names it): the other
+# rules backtested (experiments/allocation_rules.py) did not beat it out of sample (docs/fitting.md)
+ALLOCATION_RULE = "approach 2"
+ALLOCATION_KEYS = ("a", "b", "N_coef", "D_coef")  # an allocation's power laws N_coef·C^a, D_coef·C^b
 
 
 def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
@@ -26,18 +30,40 @@ def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
     return np.array([by_id.get(i, c) for i, c in zip(points.ids, points.flops_P)], float)
 
 
-def approach3_e(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
-                warm: bool = False) -> list[float | None]:
-    """Approach 3's E refitted on each row's points (`keep_KP` (K, P) bool), None where a refit has fewer than 5
-    points or fails. `warm`: start each refit also from `approach3`'s solution (leave-one-out stability; a backtest
+def drop_each(points: Points, approach2: dict[str, Any]) -> np.ndarray:
+    """(B, P) bool: row b keeps every point but those of approach 2's budget b."""
+    flops_P = _budget_flops(points, approach2)
+    return np.array([np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in approach2["budgets"]])
+
+
+def approach3_refits(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
+                     warm: bool = False) -> list[dict[str, float | None]]:
+    """Approach 3 refitted on each row's points (`keep_KP` (K, P) bool): {"E", and its allocation "a", "b",
+    "N_coef", "D_coef"}, each None where a refit has fewer than 5 points or fails (E ≤ 0; the allocation where the
+    form has none). `warm`: start each refit also from `approach3`'s solution (leave-one-out stability; a backtest
     origin must not, since that solution has seen the later budgets)."""
     keep_KP = np.asarray(keep_KP, bool)
+    empty = {"E": None, **{k: None for k in ALLOCATION_KEYS}}
     if approach3.get("E") is None or not len(keep_KP):
-        return [None] * len(keep_KP)
+        return [dict(empty) for _ in keep_KP]
     start = parametric.LossFit(**{k: approach3[k] for k in ("E", "A", "B", "alpha", "beta")}, objective=np.nan)
     fits_K = parametric.fit_batch(points.params_P, points.tokens_P, np.broadcast_to(points.loss_P, keep_KP.shape),
                                   keep_KP.astype(float), warm_start=start if warm else None)
-    return [float(f.E) if f is not None and np.isfinite(f.E) and f.E > 0 else None for f in fits_K]
+    out = []
+    for f in fits_K:
+        row = dict(empty)
+        if f is not None and np.isfinite(f.E) and f.E > 0:
+            row["E"] = float(f.E)
+            if f.alpha > 0 and f.beta > 0 and np.isfinite(f.G) and f.G > 0:  # N_coef = N_opt at C = 1
+                row.update(a=float(f.a), b=float(f.b), N_coef=float(f.n_opt(1.0)), D_coef=float(f.d_opt(1.0)))
+        out.append(row)
+    return out
+
+
+def approach3_e(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
+                warm: bool = False) -> list[float | None]:
+    """Approach 3's E refitted on each row's points (`approach3_refits`), None where a refit fails."""
+    return [r["E"] for r in approach3_refits(points, approach3, keep_KP, warm)]
 
 
 def backtest_e(points: Points, approach2: dict[str, Any], approach3: dict[str, Any]) -> dict[float, float | None]:
@@ -53,17 +79,15 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
     budget is dropped (its minimum from approach 2, its points from approach 3), everything refitted by the same
-    rules (`frontier.choose`, approach 2's power law): fit.json's frontier "sensitivity". None without a frontier
-    or with fewer than 3 minima (dropping one leaves too few)."""
+    rules (`frontier.choose`, approach 2's power law: ALLOCATION_RULE): fit.json's frontier "sensitivity". None
+    without a frontier or with fewer than 3 minima (dropping one leaves too few)."""
     budgets, law = approach2.get("budgets", []), front.get("law")
     if law is None or len(budgets) < 3:
         return None
     flops_B = np.array([b["C_opt"] for b in budgets])
     loss_B = np.array([b["loss_opt"] for b in budgets])
     asked = [float(c) for c in flops_Q] or [REFERENCE_FACTOR * float(flops_B.max())]
-    flops_P = _budget_flops(points, approach2)
-    keep_KP = np.array([np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in budgets])
-    e_K = approach3_e(points, approach3, keep_KP, warm=True)
+    e_K = approach3_e(points, approach3, drop_each(points, approach2), warm=True)
     full_loss = frontier.loss_at(law, np.array(asked))
     n_B, d_B = np.array([b["N_opt"] for b in budgets]), np.array([b["D_opt"] for b in budgets])
     full_n = approach2["N_coef"] * np.array(asked) ** approach2["a"] if approach2.get("a") is not None else None
@@ -80,7 +104,7 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
         rows.append(row)
     out: dict[str, Any] = {"method": "each budget dropped in turn (its minimum and its points), the frontier and "
                                      "approach 2's power law refitted; change = forecast without it / with all − 1",
-                           "at_flops": asked, "reference": None if flops_Q else
+                           "allocation_rule": ALLOCATION_RULE, "at_flops": asked, "reference": None if flops_Q else
                            f"no prediction budget asked: at {REFERENCE_FACTOR:g}x the largest budget", "dropped": rows}
     for key in ("loss_change", "params_change"):
         changes = [r[key] for r in rows if r.get(key) is not None]

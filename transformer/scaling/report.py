@@ -134,12 +134,23 @@ def summary(fit: dict[str, Any]) -> str:
                      + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
                      + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip() or 'n/a'}; " + _interval_words(p) + ")"
                         if p.get("loss_interval") else ""))
+        if (p.get("params_interval") or {}).get("half_width_log"):
+            lines.append("  N_opt, D_opt intervals: " + allocation_words(p["params_interval"]))
     at = fit.get("point_predictions")
     if at and at.get("predictions"):
         lines += points_lines(at)
     elif at:
         lines.append(f"loss at (N, D): {at.get('note')}")
     return "\n".join(lines)
+
+
+def allocation_words(cal: dict[str, Any]) -> str:
+    """What sets the N_opt interval (`allocation.interval_at`'s terms; D_opt's has the same form)."""
+    noise = "NO noise term" if cal["source"] == "none" else (
+        f"noise ({cal['source']}) ±{100 * cal['noise_half_width_log']:.1f}%")
+    return (f"{noise}, scatter of the minima ±{100 * cal['scatter_half_width_log']:.1f}% = q {cal['spread']:g} × "
+            f"σ {100 * cal['scatter_sd_log']:.1f}% ({cal['scatter_from']}) × leverage {cal['leverage']:.2f} (q "
+            "calibrated on published sets)")
 
 
 def _e_words(front: dict[str, Any]) -> str:
@@ -227,7 +238,8 @@ def sensitivity_lines(sens: dict[str, Any] | None) -> list[str]:
                 + (" (4x the largest budget)" if sens.get("reference") else "") + " moves: loss max "
                 f"{100 * sens['loss_max_abs_change'][q]:.2f}%, mean {100 * sens['loss_mean_abs_change'][q]:.2f}%")
         if "params_max_abs_change" in sens:
-            line += (f"; N_opt max {100 * sens['params_max_abs_change'][q]:.1f}%, "
+            rule = sens.get("allocation_rule", "approach 2")  # (fit.json written before it was recorded: approach 2)
+            line += (f"; N_opt ({rule}) max {100 * sens['params_max_abs_change'][q]:.1f}%, "
                      f"mean {100 * sens['params_mean_abs_change'][q]:.1f}%")
         lines.append(line)
     return lines
