@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from transformer.scaling import backtest, frontier, interval, isoflop, refits
+from transformer.scaling.allocation import minima_noise  # the minima's noise in ln N_opt: one definition
 from transformer.scaling.points import Points
 
 # The χ²(1) 95% quantile, as for the frontier's E: approach 3's exponent is rejected when it raises the RSS of ln N_opt
@@ -43,14 +44,6 @@ def held_laws(flops_BK: np.ndarray, n_BK: np.ndarray, d_BK: np.ndarray, a: float
         return {"a": np.full(log_c_BK.shape[1], a), "b": np.full(log_c_BK.shape[1], b),
                 "N_coef": np.exp(np.mean(np.log(n_BK) - a * log_c_BK, axis=0)),
                 "D_coef": np.exp(np.mean(np.log(d_BK) - b * log_c_BK, axis=0))}
-
-
-def minima_noise(n_opt_BK: np.ndarray | None) -> float | None:
-    """The minima's noise in ln N_opt: the median over budgets of its sd over the noise draws (None without draws)."""
-    if n_opt_BK is None:
-        return None
-    sd_B = [v for row in np.asarray(n_opt_BK, float) if (v := backtest.log_sd(row)) is not None]
-    return float(np.median(sd_B)) if sd_B else None
 
 
 def test(flops_B: np.ndarray, n_B: np.ndarray, a_held: float, noise_sd: float | None) -> dict[str, Any]:

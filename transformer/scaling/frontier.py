@@ -184,8 +184,7 @@ def minima_noise(flops_B: Sequence[float], draws2: dict[str, np.ndarray] | None)
     if draws2 is None:
         return None
     _, kept = largest(flops_B, np.arange(len(flops_B)))
-    sd_B = [v for i in kept if (v := backtest.log_sd(draws2["loss_opt"][int(i)])) is not None]
-    return float(np.median(sd_B)) if sd_B else None
+    return allocation.minima_noise(np.asarray(draws2["loss_opt"])[kept.astype(int)])
 
 
 def _drawn_laws(draws2: dict[str, np.ndarray], approach3: dict[str, Any],
