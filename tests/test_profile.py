@@ -19,6 +19,7 @@ from transformer.training.resolve import resolve
 TIMING = ("tokens_per_second",)
 
 
+@pytest.mark.slow  # 15 s on 2 cores (a profiled run end to end)
 def test_profiled_steps_are_traced_and_results_do_not_change(tiny_lm_run, corpus_dir, tmp_path):
     """tiny_lm_run (conftest) again with steps 2..3 traced: the same rows, and a trace of those steps."""
     config = get_config("gpt2_tiny")

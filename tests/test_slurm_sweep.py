@@ -175,6 +175,7 @@ def test_refused_before_submitting_bad_override_impossible_request_and_sbatch_er
         assert not os.path.exists(os.path.join(workdir, "sweep.json")) and not _jobs(workdir), override
 
 
+@pytest.mark.slow  # 26 s on 2 cores; the one-command sweep above stays in the default run
 def test_a_failing_setup_line_is_recorded_and_stops_the_sweep_until_retry_failed(tmp_path, corpus_dir):
     workdir = str(tmp_path / "s")
     bad = "--config.sweep.slurm.setup=no_such_module_command"
