@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import backtest, frontier, interval, isoflop, refits
+from transformer.scaling import allocation, frontier, interval, isoflop, refits
 from transformer.scaling.allocation import minima_noise  # the minima's noise in ln N_opt: one definition
 from transformer.scaling.points import Points
 
@@ -34,7 +34,7 @@ from transformer.scaling.points import Points
 A_TEST = frontier.E_TEST
 RULES = ("approach 2", "held (χ² test)", "held always", "approach 3")
 SHIPPED = refits.ALLOCATION_RULE  # the rule the product ships (the others did not win out of sample)
-KEYS = refits.ALLOCATION_KEYS
+KEYS = allocation.KEYS
 
 
 def held_laws(flops_BK: np.ndarray, n_BK: np.ndarray, d_BK: np.ndarray, a: float, b: float) -> dict[str, np.ndarray]:
@@ -125,16 +125,30 @@ def at(law: dict[str, Any], flops: np.ndarray | float) -> tuple[np.ndarray, np.n
                 np.asarray(law["D_coef"]) * np.power(flops, law["b"]))
 
 
+def refit_allocations(points: Points, approach2: dict[str, Any], approach3: dict[str, Any]) -> list[dict[str, Any]]:
+    """Approach 3 refitted with each budget's points dropped in turn (`refits.approach3_fits`, as leave-one-budget-out
+    does): per budget {"E", "a", "b", "N_coef", "D_coef"}, None where the refit failed or has no allocation."""
+    out = []
+    for f in refits.approach3_fits(points, approach3, refits.drop_each(points, approach2), warm=True):
+        row: dict[str, Any] = {"E": None, **{k: None for k in KEYS}}
+        if f is not None:
+            row["E"] = float(f.E)
+            if f.alpha > 0 and f.beta > 0 and np.isfinite(f.G) and f.G > 0:  # N_coef = N_opt at C = 1
+                row.update(a=float(f.a), b=float(f.b), N_coef=float(f.n_opt(1.0)), D_coef=float(f.d_opt(1.0)))
+        out.append(row)
+    return out
+
+
 def moves(points: Points, approach2: dict[str, Any], approach3: dict[str, Any], noise_sd: float | None,
           flops_Q: Sequence[float], rules: Sequence[str] = RULES,
           refits_B: list[dict[str, float | None]] | None = None) -> dict[str, np.ndarray]:
     """For each rule (`decide`), N_opt at `flops_Q` with each budget dropped in turn (its minimum, and its points
-    from approach 3: `refits_B`, `refits.approach3_refits` computed here when None) / N_opt from every budget − 1:
+    from approach 3: `refits_B`, `refit_allocations` computed here when None) / N_opt from every budget − 1:
     {rule: (B, Q)}. `noise_sd`: the full fit's sd of ln N_opt of one minimum (the test's σ in every refit)."""
     budgets = approach2["budgets"]
     c_B, n_B, d_B = (np.array([b[k] for b in budgets], float) for k in ("C_opt", "N_opt", "D_opt"))
     if refits_B is None:
-        refits_B = refits.approach3_refits(points, approach3, refits.drop_each(points, approach2), warm=True)
+        refits_B = refit_allocations(points, approach2, approach3)
     flops_Q = np.asarray(flops_Q, float)
     out = {}
     for rule in rules:

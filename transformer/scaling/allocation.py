@@ -34,6 +34,7 @@ SPREAD_FROM = ("95% quantile of the score each leave-future-out pair of 21 publi
                "misfitting and Llama 3 raw/exp), each later budget's minimum counted with its own noise; "
                "docs/fitting.md")
 QUANTITIES = (("params", "N_opt", "N_coef", "a"), ("tokens", "D_opt", "D_coef", "b"))  # (key, minima, coef, exponent)
+KEYS = ("a", "b", "N_coef", "D_coef")  # the power laws N_coef·C^a, D_coef·C^b (approach 2's and their draws')
 
 
 def minima_noise(values_BK: np.ndarray | None) -> float | None:

@@ -246,7 +246,7 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
         out.update(interval.of_draws(draws, ("E", "gamma"), source))
         out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
                             "E_held": int(sum(held_K)), "draws": interval.draw_lists(draws)}
-        out["_draws"] = {**draws, **{k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}}
+        out["_draws"] = {**draws, **{k: draws2[k] for k in allocation.KEYS}}
         if noise_sd and law["rms_log_residual"] > MISFIT_FLAG * noise_sd:
             out["warning"] = (f"the frontier's log residual RMS {law['rms_log_residual']:.4f} is "
                               f"{law['rms_log_residual'] / noise_sd:.1f}x the minima's noise sd {noise_sd:.4f}: "
@@ -315,7 +315,7 @@ def with_predictions(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | 
     front = fit_frontier(approach2, draws2, approach3, source, e3_refits)
     draws = front.pop("_draws", None)
     if draws is None and draws2 is not None:  # no frontier, but the allocation's draws (its interval's noise term)
-        draws = {k: draws2[k] for k in ("a", "b", "N_coef", "D_coef")}
+        draws = {k: draws2[k] for k in allocation.KEYS}
     alloc = allocation.shared_terms(approach2, draws2)
     if alloc is not None:
         front["allocation_interval"] = alloc

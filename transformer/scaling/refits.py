@@ -20,7 +20,6 @@ REFERENCE_FACTOR = 4.0  # without prediction budgets, the stability is measured 
 # N_opt, D_opt come from approach 2's power laws through the minima (fit.json's sensitivity names it): the other
 # rules backtested (experiments/allocation_rules.py) did not beat it out of sample (docs/fitting.md)
 ALLOCATION_RULE = "approach 2"
-ALLOCATION_KEYS = ("a", "b", "N_coef", "D_coef")  # an allocation's power laws N_coef·C^a, D_coef·C^b
 
 
 def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
@@ -36,34 +35,24 @@ def drop_each(points: Points, approach2: dict[str, Any]) -> np.ndarray:
     return np.array([np.abs(flops_P / b["flops"] - 1) > isoflop.BUDGET_RTOL for b in approach2["budgets"]])
 
 
-def approach3_refits(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
-                     warm: bool = False) -> list[dict[str, float | None]]:
-    """Approach 3 refitted on each row's points (`keep_KP` (K, P) bool): {"E", and its allocation "a", "b",
-    "N_coef", "D_coef"}, each None where a refit has fewer than 5 points or fails (E ≤ 0; the allocation where the
-    form has none). `warm`: start each refit also from `approach3`'s solution (leave-one-out stability; a backtest
-    origin must not, since that solution has seen the later budgets)."""
+def approach3_fits(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
+                   warm: bool = False) -> list[parametric.LossFit | None]:
+    """Approach 3 refitted on each row's points (`keep_KP` (K, P) bool), None where a refit has fewer than 5 points,
+    fails, or has no positive E. `warm`: start each refit also from `approach3`'s solution (leave-one-out stability;
+    a backtest origin must not, since that solution has seen the later budgets)."""
     keep_KP = np.asarray(keep_KP, bool)
-    empty = {"E": None, **{k: None for k in ALLOCATION_KEYS}}
     if approach3.get("E") is None or not len(keep_KP):
-        return [dict(empty) for _ in keep_KP]
+        return [None] * len(keep_KP)
     start = parametric.LossFit(**{k: approach3[k] for k in ("E", "A", "B", "alpha", "beta")}, objective=np.nan)
     fits_K = parametric.fit_batch(points.params_P, points.tokens_P, np.broadcast_to(points.loss_P, keep_KP.shape),
                                   keep_KP.astype(float), warm_start=start if warm else None)
-    out = []
-    for f in fits_K:
-        row = dict(empty)
-        if f is not None and np.isfinite(f.E) and f.E > 0:
-            row["E"] = float(f.E)
-            if f.alpha > 0 and f.beta > 0 and np.isfinite(f.G) and f.G > 0:  # N_coef = N_opt at C = 1
-                row.update(a=float(f.a), b=float(f.b), N_coef=float(f.n_opt(1.0)), D_coef=float(f.d_opt(1.0)))
-        out.append(row)
-    return out
+    return [f if f is not None and np.isfinite(f.E) and f.E > 0 else None for f in fits_K]
 
 
 def approach3_e(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
                 warm: bool = False) -> list[float | None]:
-    """Approach 3's E refitted on each row's points (`approach3_refits`), None where a refit fails."""
-    return [r["E"] for r in approach3_refits(points, approach3, keep_KP, warm)]
+    """Approach 3's E refitted on each row's points (`approach3_fits`), None where a refit fails."""
+    return [None if f is None else float(f.E) for f in approach3_fits(points, approach3, keep_KP, warm)]
 
 
 def backtest_e(points: Points, approach2: dict[str, Any], approach3: dict[str, Any]) -> dict[float, float | None]:
