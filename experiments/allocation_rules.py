@@ -25,8 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import allocation, frontier, interval, isoflop, refits
-from transformer.scaling.allocation import minima_noise  # the minima's noise in ln N_opt: one definition
+from transformer.scaling import allocation, backtest, frontier, interval, isoflop, refits
 from transformer.scaling.points import Points
 
 # The χ²(1) 95% quantile, as for the frontier's E: approach 3's exponent is rejected when it raises the RSS of ln N_opt
@@ -74,7 +73,7 @@ def decide(flops_B: np.ndarray, n_B: np.ndarray, d_B: np.ndarray, approach3: dic
     """The allocation under `rule` through the minima (C_opt, N_opt, D_opt), each (B,), B ≥ 2:
     ({"a", "b", "N_coef", "D_coef", "rule", "N_opt_from", "test"}, which law: "approach 2" | "held" | "approach 3").
     `approach3`: its "a", "b", "N_coef", "D_coef" (a rule that needs them where approach 3 has none falls back on
-    approach 2's laws and says so); `noise_sd`: the minima's sd of ln N_opt (`minima_noise`; None: see `test`)."""
+    approach 2's laws and says so); `noise_sd`: the minima's sd of ln N_opt (`backtest.median_log_sd`; None: see `test`)."""
     if rule not in RULES:
         raise ValueError(f"unknown allocation rule {rule!r}; one of {RULES}")
     c_B1, n_B1, d_B1 = (np.asarray(v, float).reshape(-1, 1) for v in (flops_B, n_B, d_B))
@@ -99,7 +98,7 @@ def decide(flops_B: np.ndarray, n_B: np.ndarray, d_B: np.ndarray, approach3: dic
 
 def choose(approach2: dict[str, Any], approach3: dict[str, Any], draws2: dict[str, np.ndarray] | None,
            rule: str) -> tuple[dict[str, Any] | None, dict[str, np.ndarray] | None]:
-    """`decide` through approach 2's minima, σ from its noise draws `draws2` (`minima_noise`, stored as the law's
+    """`decide` through approach 2's minima, σ from its noise draws `draws2` (`backtest.median_log_sd`, stored as the law's
     "minima_noise_sd"), and the allocation's
     draws {"a", "b", "N_coef", "D_coef"} each (K,): approach 2's, or the held laws refitted through each draw's
     minima (the exponents held in every draw); None without draws or under "approach 3" (this route has no
@@ -108,7 +107,7 @@ def choose(approach2: dict[str, Any], approach3: dict[str, Any], draws2: dict[st
         return None, None
     budgets = approach2["budgets"]
     c_B, n_B, d_B = (np.array([b[key] for b in budgets], float) for key in ("C_opt", "N_opt", "D_opt"))
-    noise_sd = minima_noise(draws2["N_opt"]) if draws2 is not None else None
+    noise_sd = backtest.median_log_sd(draws2["N_opt"]) if draws2 is not None else None
     law, which = decide(c_B, n_B, d_B, approach3, noise_sd, rule)
     law["minima_noise_sd"] = noise_sd
     if draws2 is None or which == "approach 3":

@@ -125,7 +125,7 @@ def stability(name: str, pts: points_lib.Points, samples: int, factor: float = 4
     a2, draws2, a3, chosen = _fit(pts, samples)
     if len(a2.get("budgets", [])) < 3 or a2.get("a") is None:
         return []
-    noise_sd = allocation.minima_noise(draws2["N_opt"]) if draws2 is not None else None
+    noise_sd = backtest.median_log_sd(draws2["N_opt"]) if draws2 is not None else None
     moves = allocation.moves(chosen, a2, a3, noise_sd, [factor * float(pts.flops_P.max())], allocation.RULES)
     return [{"data": name, "rule": rule, "max": float(np.abs(m).max()), "mean": float(np.abs(m).mean())}
             for rule, m in moves.items()]

@@ -11,7 +11,7 @@ import pytest
 
 from experiments import allocation_rules as allocation
 from experiments import reproduce_allocation
-from transformer.scaling import fits, isoflop, parametric, predict, refits, report
+from transformer.scaling import backtest, fits, isoflop, parametric, predict, refits, report
 from transformer.scaling import points as points_lib
 
 REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "reference_data")
@@ -87,7 +87,7 @@ def test_approach3_rule_is_its_own_optimum_and_held_draws_keep_the_exponent():
     a3, _ = fits.approach3_near_optimum(pts, a2, fits.APPROACH3_NEAR, 0.01)
     law, draws = allocation.choose(a2, a3, draws2, "held always")
     assert np.all(draws["a"] == a3["a"]) and np.ptp(draws["N_coef"]) > 0
-    assert law["minima_noise_sd"] == pytest.approx(allocation.minima_noise(draws2["N_opt"]))
+    assert law["minima_noise_sd"] == pytest.approx(backtest.median_log_sd(draws2["N_opt"]))
     assert allocation.choose(a2, a3, draws2, "approach 3")[1] is None  # no approach-3 draws on this route
     with pytest.raises(ValueError, match="unknown allocation rule"):
         allocation.choose(a2, a3, draws2, "approach 4")

@@ -7,7 +7,7 @@ N̂·exp(±h), h = sqrt((Z·σ_noise)² + (q·σ_scatter·lev)²) (`interval`), 
 - σ_noise: the sd of ln N̂ at C over the loss-noise draws (each draw refits the law through its resampled minima);
 - σ_scatter: how far the minima scatter about the power law: the log residual RMS of the law through them (B − 2
   degrees of freedom), never less than their own noise (the median over budgets of the sd of ln N_opt over the
-  draws; `minima_noise`). A law through the minima of tuned runs scatters about as the noise says; one through
+  draws; `backtest.median_log_sd`). A law through the minima of tuned runs scatters about as the noise says; one through
   digitised or untuned minima scatters further, and the noise draws alone miss it;
 - lev = sqrt(1/B + (ln C − mean ln C_opt)² / Σ(ln C_opt − mean)²): how a scatter of σ_scatter per minimum moves a
   least-squares line at C (the leverage of ordinary regression: ≥ 1/√B inside the data, growing with the distance
@@ -37,15 +37,6 @@ QUANTITIES = (("params", "N_opt", "N_coef", "a"), ("tokens", "D_opt", "D_coef", 
 KEYS = ("a", "b", "N_coef", "D_coef")  # the power laws N_coef·C^a, D_coef·C^b (approach 2's and their draws')
 
 
-def minima_noise(values_BK: np.ndarray | None) -> float | None:
-    """The minima's noise in ln N_opt (or ln D_opt): the median over budgets of its sd over the noise draws
-    `values_BK` (B, K) (None without draws)."""
-    if values_BK is None:
-        return None
-    sd_B = [v for row in np.asarray(values_BK, float) if (v := backtest.log_sd(row)) is not None]
-    return float(np.median(sd_B)) if sd_B else None
-
-
 def shared_terms(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None) -> dict[str, Any] | None:
     """What every allocation interval of a fit shares (fit.json's frontier "allocation_interval"): the minima's
     ln C_opt mean and spread, and per quantity ("params", "tokens") the scatter σ_scatter and where it came from.
@@ -64,7 +55,7 @@ def shared_terms(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
         dof = len(budgets) - 2
         rss = float(np.sum((y_B - np.log(approach2[coef]) - approach2[exponent] * log_c_B) ** 2))
         residual = interval.residual_sd(float(np.sqrt(rss / dof)) if dof > 0 else None, dof)
-        noise = minima_noise(draws2[minima]) if draws2 is not None else None
+        noise = backtest.median_log_sd(draws2[minima]) if draws2 is not None else None
         found = [(v, name) for v, name in ((residual, "the minima's log residual RMS about the power law"),
                                            (noise, "the minima's own noise (sd of ln over the draws)"))
                  if v is not None]

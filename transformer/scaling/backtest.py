@@ -159,6 +159,15 @@ def log_sd(values_K: np.ndarray) -> float | None:
     return float((q75 - q25) / 1.349)
 
 
+def median_log_sd(values_BK: np.ndarray | None) -> float | None:
+    """The noise of one minimum: the median over rows (budgets) of `log_sd` over the columns (noise draws) of
+    `values_BK` (B, K): of ln L_opt for the frontier, of ln N_opt or ln D_opt for the allocation. None without draws."""
+    if values_BK is None:
+        return None
+    sd_B = [v for row in np.asarray(values_BK, float) if (v := log_sd(row)) is not None]
+    return float(np.median(sd_B)) if sd_B else None
+
+
 def conformal_multiplier(scores: Sequence[float], level: float = COVERAGE,
                          weights: Sequence[float] | None = None) -> float:
     """The split-conformal quantile of `scores` (one per hold-out): the ⌈(n + 1)·level⌉-th smallest, so that a new

@@ -184,7 +184,7 @@ def minima_noise(flops_B: Sequence[float], draws2: dict[str, np.ndarray] | None)
     if draws2 is None:
         return None
     _, kept = largest(flops_B, np.arange(len(flops_B)))
-    return allocation.minima_noise(np.asarray(draws2["loss_opt"])[kept.astype(int)])
+    return backtest.median_log_sd(np.asarray(draws2["loss_opt"])[kept.astype(int)])
 
 
 def _drawn_laws(draws2: dict[str, np.ndarray], approach3: dict[str, Any],
