@@ -79,7 +79,12 @@ def test_one_command_carries_a_staged_sweep_through_cancel_requeue_and_a_duplica
         tmp_path, corpus_dir):
     workdir = str(tmp_path / "s")
     _prediction(workdir)
-    proc = subprocess.Popen(_cmd(workdir, corpus_dir, "--wait"), cwd=REPO, env=_env(corpus_dir),
+    # a checkpoint every ~4 of the runs' ~53 steps: the first comes early, so the USR1 sent once it exists meets a
+    # run with most of its steps (and their checkpoint writes) still to go; with 4 per run the signal could land
+    # after the last step on a quiet machine, and the run finished without requeueing
+    tiny = [a for a in TINY if not a.startswith("--config.sweep.checkpoints_per_run=")] + [
+        "--config.sweep.checkpoints_per_run=12"]
+    proc = subprocess.Popen(_cmd(workdir, corpus_dir, "--wait", tiny=tiny), cwd=REPO, env=_env(corpus_dir),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 480
@@ -89,7 +94,7 @@ def test_one_command_carries_a_staged_sweep_through_cancel_requeue_and_a_duplica
         (array, indices), = first["arrays"].items()
         assert first["driver"] is None and len(indices) == 3
         # a second command while the stage runs: it names the queued jobs and submits nothing
-        again = subprocess.Popen(_cmd(workdir, corpus_dir), cwd=REPO, env=_env(corpus_dir), stdout=subprocess.PIPE,
+        again = subprocess.Popen(_cmd(workdir, corpus_dir, tiny=tiny), cwd=REPO, env=_env(corpus_dir), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
         # interrupt both tasks once each has a checkpoint: scancel one; send the other the time-limit signal
         todo = {"scancel": indices[0], "USR1": indices[1]}
