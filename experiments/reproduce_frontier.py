@@ -13,6 +13,7 @@ comes from the other sources' pairs alone (`backtest.leave_group_out`).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -26,10 +27,32 @@ REGIMES: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
 # The tables also show the pairs 4–16x beyond their origin (the ≥4x regime without the far extrapolations from two
 # or three minima, 16x to 1000x).
 SHOWN = REGIMES + (("4–16x", lambda r: FAR <= r["ratio"] < 16 * 0.99),)
-# The rules for E compared (`frontier.choose` with its threshold set to each): 0 frees E unless the minima drive it
-# to 0 (the rule before), inf always holds approach 3's.
-RULES = {"free E (before)": 0.0, "E held at approach 3's": float("inf"),
-         "χ² test (shipped)": getattr(frontier, "E_TEST", None)}  # (getattr: the harness also runs on the code before)
+# The rules for E compared: (`frontier.E_TEST` set to a threshold, the held law's weight as a function of the test
+# statistic). ∓inf always frees / holds E; the hard χ² test (the rule before) gives the chosen law all the weight;
+# the soft test (shipped) averages the two laws (`frontier.held_weight`). getattr: the harness also runs on the code
+# before.
+_SHIPPED_TEST = getattr(frontier, "E_TEST", None)
+RULES: dict[str, tuple[float | None, Callable[[float], float] | None]] = {
+    "free E (before)": (float("-inf"), None), "E held at approach 3's": (float("inf"), None),
+    "χ² test (hard, before)": (_SHIPPED_TEST, lambda statistic: float(statistic <= frontier.E_TEST)),
+    "soft test (shipped)": (_SHIPPED_TEST, None)}
+SHIPPED = "soft test (shipped)"
+
+
+@contextlib.contextmanager
+def rule(name: str) -> Iterator[None]:
+    """`frontier` set to the rule `name` of RULES for the block, then restored."""
+    threshold, weight = RULES[name]
+    saved = frontier.E_TEST, getattr(frontier, "held_weight", None)
+    frontier.E_TEST = threshold
+    if weight is not None:
+        frontier.held_weight = weight
+    try:
+        yield
+    finally:
+        frontier.E_TEST = saved[0]
+        if saved[1] is not None:
+            frontier.held_weight = saved[1]
 
 
 def origins(pts: points_lib.Points) -> Iterator[tuple[float, points_lib.Points, list[dict[str, Any]], int]]:
@@ -125,15 +148,11 @@ def summary(rows: list[dict[str, Any]], covered: str = "covered", width: str = "
 
 
 def rule_rows(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int) -> dict[str, list[dict[str, Any]]]:
-    """`lfo` of every set (tagged with its "family" and "source") under each rule for E (RULES: `frontier.E_TEST`
-    set to its threshold for the run)."""
-    out, shipped = {}, frontier.E_TEST
-    try:
-        for rule, threshold in RULES.items():
-            frontier.E_TEST = threshold
-            out[rule] = [{**r, **tags} for name, pts, tags in sets for r in lfo(name, pts, samples)]
-    finally:
-        frontier.E_TEST = shipped
+    """`lfo` of every set (tagged with its "family" and "source") under each rule for E (RULES, set by `rule`)."""
+    out = {}
+    for name in RULES:
+        with rule(name):
+            out[name] = [{**r, **tags} for set_name, pts, tags in sets for r in lfo(set_name, pts, samples)]
     return out
 
 
@@ -154,7 +173,7 @@ def nested_choice(by_rule: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     sources = list(dict.fromkeys(r["source"] for r in next(iter(by_rule.values()))))
     picked, rows = {}, []
     for s in sources:
-        best = min(by_rule, key=lambda rule: criterion([r for r in by_rule[rule] if r["source"] != s]))
+        best = min(by_rule, key=lambda name: criterion([r for r in by_rule[name] if r["source"] != s]))
         picked[s] = best
         rows += [r for r in by_rule[best] if r["source"] == s]
     return {"picked": picked, "rows": rows}
@@ -165,19 +184,16 @@ def stability(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples
     """Per set, under each rule for E: the frontier fitted on every budget and its forecast at `factor` × the
     largest budget, and how much that forecast (loss and N_opt) moves when any one budget is dropped
     (`refits.leave_one_budget_out`, fit.json's frontier "sensitivity")."""
-    out, shipped = [], frontier.E_TEST
-    try:
-        for name, pts, tags in sets:
-            c = factor * float(pts.flops_P.max())
-            for rule, threshold in RULES.items():
-                frontier.E_TEST = threshold
+    out = []
+    for name, pts, tags in sets:
+        c = factor * float(pts.flops_P.max())
+        for rule_name in RULES:
+            with rule(rule_name):
                 sens = predict.frontier_predictions(pts, [c], samples)["frontier"].get("sensitivity")
-                if sens:
-                    out.append({"data": name, **tags, "rule": rule, "at_flops": c,
-                                **{k: sens[k][0] for k in ("loss_max_abs_change", "loss_mean_abs_change",
-                                                          "params_max_abs_change", "params_mean_abs_change") if k in sens}})
-    finally:
-        frontier.E_TEST = shipped
+            if sens:
+                out.append({"data": name, **tags, "rule": rule_name, "at_flops": c,
+                            **{k: sens[k][0] for k in ("loss_max_abs_change", "loss_mean_abs_change",
+                                                      "params_max_abs_change", "params_mean_abs_change") if k in sens}})
     return out
 
 
@@ -233,7 +249,7 @@ def run(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int)
     leave-future-out pairs under the shipped rule with their interval (shipped q, and out of sample), the older
     table's two cases, q across families, the rules for E compared (and chosen out of sample), the stability."""
     by_rule = rule_rows(sets, samples)
-    rows = by_rule["χ² test (shipped)"]
+    rows = by_rule[SHIPPED]
     q = calibrate(rows)
     cases = headline(rows)
     cols = [("shipped q", "covered", "width"), ("out of sample", "covered_out", "width_out")]
@@ -253,27 +269,27 @@ def run(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int)
     nested = nested_choice(by_rule)
     lines += ["", "Rules for E, median |error| per regime (median over sets of each set's median | pooled):",
               "| rule | family | " + " | ".join(f"{regime}" for regime, _ in SHOWN) + " |", "|---|---|" + "---|" * len(SHOWN)]
-    for rule, rs in list(by_rule.items()) + [("chosen out of sample (per source, on the others)", nested["rows"])]:
+    for rule_name, rs in list(by_rule.items()) + [("chosen out of sample (per source, on the others)", nested["rows"])]:
         for fam, sel in groups(rs):
-            lines.append(f"| {rule} | {fam} | " + " | ".join(_errors([r for r in sel if in_regime(r)])
+            lines.append(f"| {rule_name} | {fam} | " + " | ".join(_errors([r for r in sel if in_regime(r)])
                                                               for _, in_regime in SHOWN) + " |")
-    lines.append("picked per source: " + ", ".join(f"{rule}: {sum(1 for v in nested['picked'].values() if v == rule)}"
-                                                   for rule in RULES))
+    lines.append("picked per source: " + ", ".join(f"{r}: {sum(1 for v in nested['picked'].values() if v == r)}"
+                                                   for r in RULES))
     stab = stability(sets, samples)
     lines += ["", "Forecast at 4x the largest budget, leave one budget out: max / mean |change| (loss; N_opt)",
               "| data | " + " | ".join(RULES) + " |", "|---|" + "---|" * len(RULES)]
     for name in dict.fromkeys(s["data"] for s in stab):
         cells = []
-        for rule in RULES:
-            s = next((s for s in stab if s["data"] == name and s["rule"] == rule), None)
+        for rule_name in RULES:
+            s = next((s for s in stab if s["data"] == name and s["rule"] == rule_name), None)
             cells.append(f"{100 * s['loss_max_abs_change']:.2f} / {100 * s['loss_mean_abs_change']:.2f}%; "
                          f"{100 * s.get('params_max_abs_change', np.nan):.1f} / "
                          f"{100 * s.get('params_mean_abs_change', np.nan):.1f}%"
                          if s else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     result = {"pairs": rows, "cases": cases, "spread": q, "across_families": across, "rules": {
-        rule: {fam: {regime: _errors([r for r in sel if in_regime(r)]) for regime, in_regime in SHOWN}
-               for fam, sel in groups(rs)} for rule, rs in by_rule.items()}, "picked": nested["picked"],
+        rule_name: {fam: {regime: _errors([r for r in sel if in_regime(r)]) for regime, in_regime in SHOWN}
+                    for fam, sel in groups(rs)} for rule_name, rs in by_rule.items()}, "picked": nested["picked"],
         "stability": stab}
     return result, lines
 

@@ -111,9 +111,10 @@ def test_no_difference_gives_an_interval_containing_1(tmp_path):
     for rec in result["budgets"] + [result["extrapolated"]]:
         assert contains(rec["compute_multiplier_ci95"], 1.0), rec
         assert contains(rec["loss_difference_ci95"], 0.0)
-    # the same directory on both sides: independent noise draws, so the interval is not the point [1, 1]
+    # the same directory on both sides: independent noise draws, so the interval is not the point [1, 1]; the point
+    # is 1 up to the soft test's weights, which use σ of the minima from each side's own draws (0.05% here)
     same = compare.compare(base, base, bootstrap=20)["budgets"][1]
-    assert same["compute_multiplier"] == pytest.approx(1.0, abs=1e-9)
+    assert same["compute_multiplier"] == pytest.approx(1.0, rel=0.005)
     assert same["compute_multiplier_ci95"][0] < 0.97 and same["compute_multiplier_ci95"][1] > 1.03
 
 

@@ -77,7 +77,10 @@ def test_calibrated_interval_coverage_many_sweeps():
     got = coverage(sweeps=100, samples=40)
     assert got["covered"] >= 0.9, got
     assert got["median_error"] < 0.015
-    assert got["half_over_q95"] < 1.3, got  # with m = 1 (the old interval): 1.77 over 30 sweeps
+    # With m = 1 (the old interval): 1.77 over 30 sweeps. 1.01 under the hard χ² test; 1.42 since the soft test
+    # (2026-11-27), whose averaged forecasts shrink the tail of |e| (its 95% quantile by ~30%, median 0.34% → 0.37%)
+    # while q stays calibrated on published pairs: covered 97% → 100%.
+    assert got["half_over_q95"] < 1.5, got
 
 
 def test_conformal_multiplier_and_leave_group_out():

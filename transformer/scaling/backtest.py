@@ -38,7 +38,7 @@ PRIOR_PER_EFOLD = 0.005
 # split-conformal 95% quantile of the hold-out score sqrt(max(e² − (Z·σ_noise)², 0)) / (x/span) over the
 # leave-future-out pairs of the published IsoFLOP sets (each set weighted equally; experiments.reproduce_frontier),
 # rounded up; each source's q calibrated on the other sources alone covers its pairs out of sample (docs/fitting.md).
-FRONTIER_SPREAD = 0.063
+FRONTIER_SPREAD = 0.062
 SPREAD_FROM = ("95% quantile of |error| / lever over the leave-future-out pairs of 21 published IsoFLOP sets "
                "(Porian et al. 2024's 15 settings, Chinchilla (Epoch AI's extraction), Open-Athena's ml_scalefit, "
                "epochai_chinchilla, misfitting and Llama 3 raw/exp); docs/fitting.md")

@@ -151,21 +151,37 @@ def unfinished(directory: str, grid: dict[str, Any], flag: str) -> str | None:
 
 
 def multiplier(law_base: dict[str, Any], loss: np.ndarray, flops: np.ndarray) -> np.ndarray:
-    """C_base(loss) / C with C_base(L) = (k_b / (L − E_b))^(1/γ_b); inf where loss ≤ E_b. `law_base` holds
-    floats or arrays broadcasting against `loss` and `flops` (draws (K, 1) against compute values (Q,))."""
+    """C_base(loss) / C, C_base the inverse of the baseline's frontier (`frontier.loss_at`); inf where loss is at or
+    below its asymptote. A single law inverts in closed form, C_base(L) = (k_b / (L − E_b))^(1/γ_b); the soft
+    test's mixture of two laws by bisection in ln C (it falls with C). `law_base` holds floats or arrays
+    broadcasting against `loss` and `flops` (draws (K, 1) against compute values (Q,))."""
+    gap = np.asarray(loss, float) - np.asarray(frontier.asymptote(law_base), float)
+    if "weight_held" in law_base:
+        log_c = _inverse_log_flops(law_base, np.broadcast_to(np.asarray(loss, float), gap.shape))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.where(gap > 0, np.exp(log_c - np.log(flops)), np.inf)
     e, k, gamma = (np.asarray(law_base[key], float) for key in ("E", "k", "gamma"))
-    gap = np.asarray(loss, float) - e
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         log_ratio = (np.log(k) - np.log(np.where(gap > 0, gap, 1.0))) / gamma - np.log(flops)
         return np.where(gap > 0, np.exp(log_ratio), np.inf)
 
 
+def _inverse_log_flops(law: dict[str, Any], loss: np.ndarray, lo: float = -50.0, hi: float = 250.0,
+                       steps: int = 80) -> np.ndarray:
+    """ln C where `frontier.loss_at(law, C)` = `loss`, by bisection over [lo, hi] in ln C (to (hi − lo)·2^−steps);
+    at the bracket's end where the loss lies outside it. Shapes as `multiplier`'s."""
+    lo_, hi_ = np.full(loss.shape, lo), np.full(loss.shape, hi)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(steps):
+            mid = (lo_ + hi_) / 2
+            above = frontier.loss_at(law, np.exp(mid)) > loss  # still above the target: more compute
+            lo_, hi_ = np.where(above, mid, lo_), np.where(above, hi_, mid)
+    return (lo_ + hi_) / 2
+
+
 def law_draws(fit: dict[str, Any]) -> dict[str, np.ndarray] | None:
-    """The frontier's noise draws of E, k, gamma, (K,) each (NaN: a failed refit), or None."""
-    draws = fit["frontier"].get("bootstrap", {}).get("draws")
-    if not draws:
-        return None
-    return {k: np.array([np.nan if x is None else x for x in draws[k]], float) for k in ("E", "k", "gamma")}
+    """The frontier's noise draws in fit.json (`frontier.draw_arrays`), or None."""
+    return frontier.draw_arrays(fit["frontier"].get("bootstrap", {}).get("draws"))
 
 
 def at_compute(flops_Q: np.ndarray, laws: dict[str, dict | None], draws: dict[str, dict | None],
@@ -196,7 +212,7 @@ def at_compute(flops_Q: np.ndarray, laws: dict[str, dict | None], draws: dict[st
         notes = []
         if np.isinf(m_Q[q]):
             notes.append(f"infinite: the variant's L_opt = {loss_v_Q[q]:.4f} is below the baseline's irreducible "
-                         f"loss E = {base['E']:.4f}; no baseline compute reaches it")
+                         f"loss E = {float(frontier.asymptote(base)):.4f}; no baseline compute reaches it")
         if paired:
             ci = interval.from_draws(m_KQ[:, q], source, keep_infinite=True)
             difference = interval.from_draws(lv_KQ[:, q] - lb_KQ[:, q], source, keep_infinite=True)

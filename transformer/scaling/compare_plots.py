@@ -26,10 +26,9 @@ TITLE_WIDTH = 88  # characters of the title's lines at fontsize 10 on the 7.5-in
 
 
 def _draws(fit: dict[str, Any]) -> dict[str, np.ndarray] | None:
-    draws = fit["frontier"].get("draws")
-    if not draws:
-        return None
-    return {k: np.array([np.nan if x is None else x for x in draws[k]], float)[:, None] for k in ("E", "k", "gamma")}
+    """compare.json's stored draws of one fit's frontier, (K, 1) each against compute values (G,)."""
+    draws = frontier.draw_arrays(fit["frontier"].get("draws"))
+    return None if draws is None else {k: v[:, None] for k, v in draws.items()}
 
 
 def _band(values_KG: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
-from transformer.scaling import interval, parametric
+from transformer.scaling import frontier, interval, parametric
 
 LABEL_C = "compute C (FLOPs)"
 LABEL_N = "parameters N"
@@ -223,13 +223,15 @@ def plot_frontier(fit: dict[str, Any], path: str) -> str:
     front = fit.get("frontier", {})
     law = front.get("law")
     if law:
-        ax.plot(flops_G, law["E"] + law["k"] * flops_G ** -law["gamma"], color="C1", ls="--", lw=1.4,
-                label=f"frontier {law['E']:.3f} + k·C^-{law['gamma']:.3f}", zorder=2)
+        mix = f", averaged with the {'free' if law['weight_held'] >= 0.5 else 'held'}-E law " \
+              f"(weight {min(law['weight_held'], 1 - law['weight_held']):.2f})" if "weight_held" in law else ""
+        ax.plot(flops_G, frontier.loss_at(law, flops_G), color="C1", ls="--", lw=1.4,
+                label=f"frontier {law['E']:.3f} + k·C^-{law['gamma']:.3f}{mix}", zorder=2)
         draws = front.get("bootstrap", {}).get("draws")
         if draws:
-            e_K, k_K, g_K = (np.array(draws[k], float)[:, None] for k in ("E", "k", "gamma"))
+            arrays = {k: v[:, None] for k, v in frontier.draw_arrays(draws).items()}
             with np.errstate(over="ignore", invalid="ignore"):
-                band_KG = e_K + k_K * flops_G[None, :] ** -g_K
+                band_KG = frontier.loss_at(arrays, flops_G[None, :])
             ok_K = np.all(np.isfinite(band_KG), axis=1)
             if ok_K.sum() >= 2:
                 lo_G, hi_G = np.percentile(band_KG[ok_K], interval.PERCENTILES, axis=0,

@@ -158,8 +158,12 @@ def _e_words(front: dict[str, Any]) -> str:
     test = front.get("test")
     if isinstance(test, dict):
         verdict = "≤" if front["E_from"] == "approach 3" else ">"
-        return (f"{front['E_from']}: χ² {test['statistic']:.2f} {verdict} {test['threshold']:.2f}, approach 3's E "
+        text = (f"{front['E_from']}: χ² {test['statistic']:.2f} {verdict} {test['threshold']:.2f}, approach 3's E "
                 f"{test['E_approach3']:.3f} vs the minima's {test['E_free']:.3f}")
+        if "weight_held" in test:
+            text += (f"; predictions average the held-E law (weight {test['weight_held']:.2f}) and the free one "
+                     f"({1 - test['weight_held']:.2f})")
+        return text
     return front["E_from"] + (f": {test}" if test else "")
 
 def points_lines(at: dict[str, Any]) -> list[str]:
