@@ -84,9 +84,9 @@ def test_recovers_a_known_compute_multiplier_end_to_end(tmp_path):
     for rec in result["budgets"] + [ext]:
         assert contains(rec["compute_multiplier_ci95"], 2.0), rec
         assert rec["loss_difference"] < 0 and rec["loss_difference_ci95"][1] < 0
-    # at 4x the largest budget the estimate's ln error has sd 0.11 over 120 synthetic pairs (docs/limitations.md):
-    # within 3 sd; inside the grid within 25%
-    assert abs(math.log(ext["compute_multiplier"] / 2.0)) < 3 * 0.11, ext
+    # at 4x the largest budget the estimate's ln error has sd 0.15 over 120 synthetic pairs (0.11 under the hard
+    # test for E; docs/limitations.md): within 3 sd; inside the grid within 25%
+    assert abs(math.log(ext["compute_multiplier"] / 2.0)) < 3 * 0.15, ext
     for rec in result["budgets"]:
         assert rec["compute_multiplier"] == pytest.approx(2.0, rel=0.25)
         assert rec["compute_multiplier_ci95"][0] > 1.2  # the improvement is resolved inside the grid
