@@ -23,7 +23,7 @@ The predictions average the two laws rather than pick one (`held_weight`, the "s
 the free law's penalty for its extra parameter. The test's choice stays what fit.json's "law" and "E_from" report
 (the law weighing more); `loss_at` evaluates the mixture where "weight_held" is present. Near the threshold a hard
 choice jumps between two extrapolations; out of sample (leave-future-out pairs of 21 published sets, each data
-source's rule chosen on the others' pairs) the average was preferred for 17 of 18 sources (docs/fitting.md).
+source's rule chosen on the others' pairs) the average was preferred for 18 of 18 sources (docs/fitting.md).
 
 The noise draws repeat the whole rule (`_drawn_laws`): draw k is `choose` on approach 2's draw k of the minima with
 approach 3's draw k of E, the test included, so a draw may free E where the point estimate held it and the reverse.
