@@ -1,8 +1,8 @@
 """The rules for the compute-optimal allocation N_opt(C) = N_coef·C^a, D_opt(C) = D_coef·C^b compared by the
 leave-future-out backtests and the leave-one-budget-out stability of `experiments.reproduce_allocation`
-(docs/fitting.md "The compute-optimal allocation: rules compared"). None beat approach 2 out of sample, so the
-product ships approach 2 alone (`isoflop.approach2`'s laws, `refits.ALLOCATION_RULE`); the others live here, on the
-experiments side, for the reproduction.
+(docs/fitting.md "The compute-optimal allocation: rules compared"). The mean of approaches 2 and 3 beat every
+other out of sample, so the product ships it (`transformer.scaling.allocation.law`, `refits.ALLOCATION_RULE`); the
+others live here, on the experiments side, for the reproduction.
 
 Legend: B = budget minima, K = noise draws, Q = prediction budgets.
 
@@ -18,6 +18,8 @@ Legend: B = budget minima, K = noise draws, Q = prediction budgets.
 - "held always": the held laws without the test.
 - "approach 3": approach 3's own N_opt = G·(C/6)^a, D_opt = (C/6)^b / G (`parametric.LossFit.n_opt`), its
   coefficient from the fitted form rather than the minima.
+- "mean of 2 and 3" (shipped): the geometric mean of approach 2's and approach 3's N_opt (and D_opt), itself a
+  power law (exponent the mean of the two, coefficient their geometric mean): the two rules lead on different sets.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from transformer.scaling.points import Points
 # The χ²(1) 95% quantile, as for the frontier's E: approach 3's exponent is rejected when it raises the RSS of ln N_opt
 # by more (× σ²)
 A_TEST = frontier.E_TEST
-RULES = ("approach 2", "held (χ² test)", "held always", "approach 3")
-SHIPPED = refits.ALLOCATION_RULE  # the rule the product ships (the others did not win out of sample)
+RULES = ("approach 2", "held (χ² test)", "held always", "approach 3", "mean of 2 and 3")
+SHIPPED = refits.ALLOCATION_RULE  # the rule the product ships (`allocation.law`: it won out of sample)
 KEYS = allocation.KEYS
 
 
@@ -71,7 +73,8 @@ def test(flops_B: np.ndarray, n_B: np.ndarray, a_held: float, noise_sd: float | 
 def decide(flops_B: np.ndarray, n_B: np.ndarray, d_B: np.ndarray, approach3: dict[str, Any], noise_sd: float | None,
            rule: str) -> tuple[dict[str, Any], str]:
     """The allocation under `rule` through the minima (C_opt, N_opt, D_opt), each (B,), B ≥ 2:
-    ({"a", "b", "N_coef", "D_coef", "rule", "N_opt_from", "test"}, which law: "approach 2" | "held" | "approach 3").
+    ({"a", "b", "N_coef", "D_coef", "rule", "N_opt_from", "test"}, which law: "approach 2" | "held" | "approach 3"
+    | "mean").
     `approach3`: its "a", "b", "N_coef", "D_coef" (a rule that needs them where approach 3 has none falls back on
     approach 2's laws and says so); `noise_sd`: the minima's sd of ln N_opt (`backtest.median_log_sd`; None: see `test`)."""
     if rule not in RULES:
@@ -87,6 +90,9 @@ def decide(flops_B: np.ndarray, n_B: np.ndarray, d_B: np.ndarray, approach3: dic
     if rule == "approach 3":
         return ({**{k: float(approach3[k]) for k in KEYS}, **record, "N_opt_from": "approach 3 (N_opt = G·(C/6)^a)",
                  "test": None}, "approach 3")
+    if rule == "mean of 2 and 3":
+        return ({**allocation.law(free, approach3), **record, "N_opt_from": "the geometric mean of approaches 2 and 3",
+                 "test": None}, "mean")
     verdict = test(c_B1[:, 0], n_B1[:, 0], approach3["a"], noise_sd)
     if rule == "held (χ² test)" and not verdict["held"]:
         return {**from_minima, "N_opt_from": "approach 2 (the minima reject approach 3's exponent)",
@@ -114,6 +120,8 @@ def choose(approach2: dict[str, Any], approach3: dict[str, Any], draws2: dict[st
         return law, None
     if which == "approach 2":
         return law, {k: draws2[k] for k in KEYS}
+    if which == "mean":
+        return law, allocation.law_draws(draws2, approach3)
     return law, held_laws(draws2["C_opt"], draws2["N_opt"], draws2["D_opt"], law["a"], law["b"])
 
 
@@ -126,16 +134,9 @@ def at(law: dict[str, Any], flops: np.ndarray | float) -> tuple[np.ndarray, np.n
 
 def refit_allocations(points: Points, approach2: dict[str, Any], approach3: dict[str, Any]) -> list[dict[str, Any]]:
     """Approach 3 refitted with each budget's points dropped in turn (`refits.approach3_fits`, as leave-one-budget-out
-    does): per budget {"E", "a", "b", "N_coef", "D_coef"}, None where the refit failed or has no allocation."""
-    out = []
-    for f in refits.approach3_fits(points, approach3, refits.drop_each(points, approach2), warm=True):
-        row: dict[str, Any] = {"E": None, **{k: None for k in KEYS}}
-        if f is not None:
-            row["E"] = float(f.E)
-            if f.alpha > 0 and f.beta > 0 and np.isfinite(f.G) and f.G > 0:  # N_coef = N_opt at C = 1
-                row.update(a=float(f.a), b=float(f.b), N_coef=float(f.n_opt(1.0)), D_coef=float(f.d_opt(1.0)))
-        out.append(row)
-    return out
+    does): per budget `refits.allocation_of` ({"E", "a", "b", "N_coef", "D_coef"}, None where it has none)."""
+    return [refits.allocation_of(f)
+            for f in refits.approach3_fits(points, approach3, refits.drop_each(points, approach2), warm=True)]
 
 
 def moves(points: Points, approach2: dict[str, Any], approach3: dict[str, Any], noise_sd: float | None,

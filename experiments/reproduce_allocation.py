@@ -8,7 +8,7 @@ minimum (N_opt of the full set's fit). A pair's error is ln(N̂/N), its regime t
 C_target / C ("<4x", "≥4x", "4–16x" as the frontier's tables). Each rule's interval from its draws: the percentiles
 of N̂ over the noise draws (what `frontier.predictions`'s params_ci95 was before), covered where the truth lies inside.
 
-The shipped interval (`transformer.scaling.allocation.interval_at`, approach 2's pairs): the truth is itself noisy,
+The shipped interval (`transformer.scaling.allocation.interval_at`, the shipped rule's pairs): the truth is itself noisy,
 so a pair is covered ("fair") where |ln(N̂/N)| ≤ sqrt(h² + (1.96·σ_observed)²), σ_observed the sd of that budget's
 ln N_opt over the full set's noise draws (`observed_noise`). Its constant q is the conformal 95% quantile of the
 score each pair needs (`backtest.needed_spread`, `backtest.conformal_multiplier` with each set weighing 1), out of
@@ -55,9 +55,11 @@ def observed_noise(pts: points_lib.Points, samples: int, seed: int = 0) -> dict[
                          for key, minima, _, _ in shipped.QUANTITIES} for i, b in enumerate(a2["budgets"])}
 
 
-def _interval(rec: dict[str, Any], b: dict[str, Any], a2: dict[str, Any], draws2: dict | None, source: str,
-              observed: dict[str, float | None]) -> None:
-    """Adds to an approach-2 pair what the shipped interval (`allocation.interval_at`) and the candidates need, per
+def _interval(rec: dict[str, Any], b: dict[str, Any], a2: dict[str, Any], draws2: dict | None,
+              law_draws: dict | None, source: str, observed: dict[str, float | None]) -> None:
+    """Adds to a pair of the shipped rule what the shipped interval (`allocation.interval_at`: σ_scatter from
+    approach 2's minima and their draws `draws2`, σ_noise from the rule's own draws `law_draws`) and the
+    candidates need, per
     quantity (prefix "" for N_opt, "tokens_" for D_opt): "noise_half" (1.96·σ_noise at C), "obs_half" (1.96 × the
     observed minimum's own sd), "lever" (σ_scatter·lev), "lever_span" (x/span), "half" (h), "covered" (shipped q,
     the observation's noise in quadrature), "width" (2·sinh h); "covered_before" / "covered_before_fair" and
@@ -69,7 +71,7 @@ def _interval(rec: dict[str, Any], b: dict[str, Any], a2: dict[str, Any], draws2
         value = rec["predicted"] if key == "params" else rec["predicted_tokens"]
         err, obs_half = rec[f"error{'_tokens' if p else ''}"], backtest.Z * (observed.get(key) or 0.0)
         with np.errstate(over="ignore", invalid="ignore"):
-            v_K = draws2[coef] * b["C_opt"] ** draws2[exponent] if draws2 is not None else None
+            v_K = law_draws[coef] * b["C_opt"] ** law_draws[exponent] if law_draws is not None else None
         ci, terms = shipped.interval_at(value, b["C_opt"], backtest.log_sd(v_K) if v_K is not None else None,
                                         source, shared, key)
         if not ci.exists or terms["scatter_sd_log"] is None:
@@ -114,7 +116,7 @@ def lfo(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]
                         rec.update(covered_draws=bool(ends[0] <= b["N_opt"] <= ends[1]),
                                    width_draws=(ends[1] - ends[0]) / n_hat)
                 if rule == allocation.SHIPPED:
-                    _interval(rec, b, a2, draws2, source, observed[b["flops"]])
+                    _interval(rec, b, a2, draws2, draws, source, observed[b["flops"]])
                 rows.append(rec)
     return rows
 
@@ -197,7 +199,7 @@ def interval_lines(rows: list[dict[str, Any]], forms: dict[str, Any]) -> list[st
     """The N_opt / D_opt intervals before and after, per family and regime (Markdown), and the forms compared."""
     groups = [("Porian et al. (15)", lambda r: r["family"] == "Porian"), ("other 6", lambda r: r["family"] != "Porian"),
               ("all", lambda r: True)]
-    lines = ["N_opt / D_opt 95% intervals, leave-future-out (approach 2): coverage (each set weighs 1), median width "
+    lines = [f"N_opt / D_opt 95% intervals, leave-future-out (the shipped rule, {allocation.SHIPPED}): coverage (each set weighs 1), median width "
              "(hi − lo) / N̂; 'fair': the observed minimum's own noise (1.96 × its sd) in quadrature",
              "| quantity | family | regime | pairs | median \\|error\\| | before: strict | before: fair | "
              "after (shipped q): fair | after, out of sample: fair |", "|---|---|---|---|---|---|---|---|---|"]

@@ -1,5 +1,13 @@
-"""The 95% intervals of the compute-optimal allocation a prediction gives: N_opt(C) = N_coef·C^a and
-D_opt(C) = D_coef·C^b, approach 2's power laws through the per-budget minima (`refits.ALLOCATION_RULE`).
+"""The compute-optimal allocation a prediction gives, N_opt(C) = N_coef·C^a and D_opt(C) = D_coef·C^b, and its 95%
+intervals.
+
+The law (`law`, RULE): the geometric mean of approach 2's power laws through the per-budget minima and approach 3's
+N_opt = G·(C/6)^a, D_opt = (C/6)^b / G — itself a power law, exponent the mean of the two and coefficient their
+geometric mean; approach 2's alone where approach 3 gives no allocation. Each rule leads on different published
+sets (approach 2 on Porian et al.'s settings, approach 3 on the Chinchilla extractions); out of sample their mean
+predicted later budgets' minima better than either (docs/fitting.md, "The compute-optimal allocation: rules
+compared"; the other rules live in experiments/allocation_rules.py). Its noise draws (`law_draws`) pair approach
+2's draw k with approach 3's draw k (approach 3's point values where it has no draws, as the frontier's E).
 
 Legend: B = budget minima, K = noise draws.
 
@@ -27,14 +35,59 @@ import numpy as np
 from transformer.scaling import backtest, interval
 
 # The allocation's interval constant q (module docstring): the conformal 95% quantile of the scores of the
-# leave-future-out pairs of the published sets (experiments.reproduce_allocation), rounded up.
-ALLOCATION_SPREAD = 3.1
+# leave-future-out pairs of the published sets (experiments.reproduce_allocation), rounded up: 3.522 for the mean of
+# approaches 2 and 3 (its noise draws, approach 3's point values in the reproduction's route, are narrower than
+# approach 2's alone, whose q was 3.1).
+ALLOCATION_SPREAD = 3.6
 SPREAD_FROM = ("95% quantile of the score each leave-future-out pair of 21 published IsoFLOP sets needs (Porian et al. "
                "2024's 15 settings, Chinchilla (Epoch AI's extraction), Open-Athena's ml_scalefit, epochai_chinchilla, "
                "misfitting and Llama 3 raw/exp), each later budget's minimum counted with its own noise; "
                "docs/fitting.md")
 QUANTITIES = (("params", "N_opt", "N_coef", "a"), ("tokens", "D_opt", "D_coef", "b"))  # (key, minima, coef, exponent)
-KEYS = ("a", "b", "N_coef", "D_coef")  # the power laws N_coef·C^a, D_coef·C^b (approach 2's and their draws')
+KEYS = ("a", "b", "N_coef", "D_coef")  # the power laws N_coef·C^a, D_coef·C^b (approaches 2's, 3's, `law`'s)
+RULE = "the geometric mean of approach 2 (power laws through the minima) and approach 3 (N_opt = G·(C/6)^a)"
+
+
+def _usable(law: dict[str, Any]) -> bool:
+    """Whether `law` has finite power laws with positive coefficients."""
+    values = [law.get(k) for k in KEYS]
+    return all(v is not None and np.isfinite(v) for v in values) and law["N_coef"] > 0 and law["D_coef"] > 0
+
+
+def mean(law2: dict[str, Any], law3: dict[str, Any]) -> dict[str, Any]:
+    """The geometric mean of two power-law allocations (floats or arrays (K,)): exponents averaged, coefficients
+    multiplied under a square root."""
+    with np.errstate(invalid="ignore"):
+        return {"a": (np.asarray(law2["a"]) + law3["a"]) / 2, "b": (np.asarray(law2["b"]) + law3["b"]) / 2,
+                "N_coef": np.sqrt(np.asarray(law2["N_coef"]) * law3["N_coef"]),
+                "D_coef": np.sqrt(np.asarray(law2["D_coef"]) * law3["D_coef"])}
+
+
+def law(approach2: dict[str, Any], approach3: dict[str, Any]) -> dict[str, Any] | None:
+    """The allocation a prediction uses (module docstring): {"a", "b", "N_coef", "D_coef", "rule", "from"}; None
+    where approach 2 has no power law."""
+    if approach2.get("a") is None:
+        return None
+    if not _usable(approach3):
+        return {**{k: float(approach2[k]) for k in KEYS}, "rule": RULE,
+                "from": "approach 2 alone (approach 3 gives no allocation)"}
+    return {**{k: float(v) for k, v in mean(approach2, approach3).items()}, "rule": RULE,
+            "from": "approaches 2 and 3"}
+
+
+def law_draws(draws2: dict[str, np.ndarray], approach3: dict[str, Any]) -> dict[str, np.ndarray]:
+    """`law` per noise draw, (K,) each: approach 2's draw k (`draws2`) with approach 3's draw k, or its point values
+    where that draw failed or approach 3 has no draws; approach 2's draws alone where approach 3 gives no allocation."""
+    two = {k: np.asarray(draws2[k], float) for k in KEYS}
+    if not _usable(approach3):
+        return two
+    stored = approach3.get("bootstrap", {}).get("draws", {})
+    three = {}
+    for k in KEYS:
+        d_K = np.array([np.nan if x is None else x for x in stored.get(k, [])], float)
+        three[k] = np.where(np.isfinite(d_K), d_K, approach3[k]) if d_K.size == two[k].size else \
+            np.full(two[k].size, float(approach3[k]))
+    return mean(two, three)
 
 
 def shared_terms(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None) -> dict[str, Any] | None:

@@ -298,7 +298,7 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
         out.update(interval.of_draws(draws, ("E", "gamma"), source))
         out["bootstrap"] = {"samples": int(draws2["a"].size), "failed": int(np.isnan(draws["E"]).sum()),
                             "E_held": int(sum(held_K)), "draws": interval.draw_lists(draws)}
-        out["_draws"] = {**draws, **{k: draws2[k] for k in allocation.KEYS}}
+        out["_draws"] = {**draws, **allocation.law_draws(draws2, approach3)}
         if noise_sd and law["rms_log_residual"] > MISFIT_FLAG * noise_sd:
             out["warning"] = (f"the frontier's log residual RMS {law['rms_log_residual']:.4f} is "
                               f"{law['rms_log_residual'] / noise_sd:.1f}x the minima's noise sd {noise_sd:.4f}: "
@@ -308,13 +308,14 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
 
 
 def predictions(
-    flops_Q: Sequence[float], approach2: dict[str, Any], law: dict[str, float] | None,
+    flops_Q: Sequence[float], allocation_law: dict[str, Any] | None, law: dict[str, float] | None,
     draws: dict[str, np.ndarray] | None, calibration: dict[str, Any] | None, source: str,
     allocation_terms: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """One object per budget asked for: flops, params (N_opt), tokens (D_opt), loss (L_opt) and their
-    95% intervals (`interval.Interval.fields`; `draws`: a, b, N_coef, D_coef and E, k, gamma, each (K,), from
-    the loss noise `source`). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread (without
+    """One object per budget asked for: flops, params (N_opt), tokens (D_opt) from `allocation_law`
+    (`allocation.law`; None: approach 2 has no power law), loss (L_opt) from the frontier `law`, and their 95%
+    intervals (`interval.Interval.fields`; `draws`: the allocation's a, b, N_coef, D_coef and the frontier's E, k,
+    gamma (and mixture), each (K,), from the loss noise `source`). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread (without
     draws, the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") and the
     extrapolation term, which grows with the distance beyond the largest fitted budget in units of the compute range
     of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only
@@ -324,14 +325,14 @@ def predictions(
     out = []
     for c in flops_Q:
         pred: dict[str, Any] = {"flops": float(c)}
-        if approach2.get("a") is not None:
-            pred["params"] = float(approach2["N_coef"] * c ** approach2["a"])
-            pred["tokens"] = float(approach2["D_coef"] * c ** approach2["b"])
+        if allocation_law is not None:
+            pred["params"] = float(allocation_law["N_coef"] * c ** allocation_law["a"])
+            pred["tokens"] = float(allocation_law["D_coef"] * c ** allocation_law["b"])
         pred["loss"] = float(loss_at(law, c)) if law else None
-        if approach2.get("a") is None or not law:
-            pred["note"] = ("approach 2 has no power law; " if approach2.get("a") is None else "") + \
+        if allocation_law is None or not law:
+            pred["note"] = ("approach 2 has no power law; " if allocation_law is None else "") + \
                 ("no frontier (fewer than 3 budget minima)" if not law else "")
-        if approach2.get("a") is not None and allocation_terms is not None:
+        if allocation_law is not None and allocation_terms is not None:
             for key, _, coef, exponent in allocation.QUANTITIES:
                 with np.errstate(over="ignore", invalid="ignore"):
                     noise_sd = backtest.log_sd(draws[coef] * c ** draws[exponent]) if draws is not None else None
@@ -367,10 +368,13 @@ def with_predictions(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | 
     front = fit_frontier(approach2, draws2, approach3, source, e3_refits)
     draws = front.pop("_draws", None)
     if draws is None and draws2 is not None:  # no frontier, but the allocation's draws (its interval's noise term)
-        draws = {k: draws2[k] for k in allocation.KEYS}
+        draws = allocation.law_draws(draws2, approach3)
+    alloc_law = allocation.law(approach2, approach3)
+    if alloc_law is not None:
+        front["allocation"] = alloc_law
     alloc = allocation.shared_terms(approach2, draws2)
     if alloc is not None:
         front["allocation_interval"] = alloc
-    preds = predictions(predict_flops, approach2, front.get("law"), draws, front.get("interval"), source,
+    preds = predictions(predict_flops, alloc_law, front.get("law"), draws, front.get("interval"), source,
                         alloc) if predict_flops else []
     return front, preds

@@ -13,13 +13,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from transformer.scaling import frontier, isoflop, parametric
+from transformer.scaling import allocation, frontier, isoflop, parametric
 from transformer.scaling.points import Points
 
 REFERENCE_FACTOR = 4.0  # without prediction budgets, the stability is measured at this many times the largest budget
-# N_opt, D_opt come from approach 2's power laws through the minima (fit.json's sensitivity names it): the other
-# rules backtested (experiments/allocation_rules.py) did not beat it out of sample (docs/fitting.md)
-ALLOCATION_RULE = "approach 2"
+# N_opt, D_opt come from `allocation.law` (fit.json's sensitivity names it): the geometric mean of approaches 2 and 3,
+# which beat each of them and the other rules backtested (experiments/allocation_rules.py) out of sample
+# (docs/fitting.md)
+ALLOCATION_RULE = "mean of 2 and 3"
 
 
 def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
@@ -49,6 +50,17 @@ def approach3_fits(points: Points, approach3: dict[str, Any], keep_KP: np.ndarra
     return [f if f is not None and np.isfinite(f.E) and f.E > 0 else None for f in fits_K]
 
 
+def allocation_of(fit: parametric.LossFit | None) -> dict[str, Any]:
+    """A refitted approach 3's allocation {"E", "a", "b", "N_coef", "D_coef"} (N_coef = its N_opt at C = 1), each
+    None where the refit failed or has no allocation (α or β ≤ 0)."""
+    row: dict[str, Any] = {"E": None, **{k: None for k in allocation.KEYS}}
+    if fit is not None:
+        row["E"] = float(fit.E)
+        if fit.alpha > 0 and fit.beta > 0 and np.isfinite(fit.G) and fit.G > 0:
+            row.update(a=float(fit.a), b=float(fit.b), N_coef=float(fit.n_opt(1.0)), D_coef=float(fit.d_opt(1.0)))
+    return row
+
+
 def approach3_e(points: Points, approach3: dict[str, Any], keep_KP: np.ndarray,
                 warm: bool = False) -> list[float | None]:
     """Approach 3's E refitted on each row's points (`approach3_fits`), None where a refit fails."""
@@ -68,7 +80,7 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
     budget is dropped (its minimum from approach 2, its points from approach 3), everything refitted by the same
-    rules (`frontier.choose`, approach 2's power law: ALLOCATION_RULE): fit.json's frontier "sensitivity". None
+    rules (`frontier.choose`, `allocation.law`: ALLOCATION_RULE): fit.json's frontier "sensitivity". None
     without a frontier or with fewer than 3 minima (dropping one leaves too few)."""
     budgets, law = approach2.get("budgets", []), front.get("law")
     if law is None or len(budgets) < 3:
@@ -76,23 +88,27 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
     flops_B = np.array([b["C_opt"] for b in budgets])
     loss_B = np.array([b["loss_opt"] for b in budgets])
     asked = [float(c) for c in flops_Q] or [REFERENCE_FACTOR * float(flops_B.max())]
-    e_K = approach3_e(points, approach3, drop_each(points, approach2), warm=True)
+    refit_K = [allocation_of(f) for f in approach3_fits(points, approach3, drop_each(points, approach2), warm=True)]
+    e_K = [r["E"] for r in refit_K]
     full_loss = frontier.loss_at(law, np.array(asked))
     n_B, d_B = np.array([b["N_opt"] for b in budgets]), np.array([b["D_opt"] for b in budgets])
-    full_n = approach2["N_coef"] * np.array(asked) ** approach2["a"] if approach2.get("a") is not None else None
+    full = allocation.law(approach2, approach3)
+    full_n = full["N_coef"] * np.array(asked) ** full["a"] if full is not None else None
     keep_KB = ~np.eye(len(budgets), dtype=bool)
     chosen = frontier.choose_many([(flops_B[keep], loss_B[keep], e) for keep, e in zip(keep_KB, e_K)],
                                   front.get("minima_noise_sd"))
     rows = []
-    for b, keep_B, (law_i, choice) in zip(budgets, keep_KB, chosen):
+    for b, keep_B, (law_i, choice), refit in zip(budgets, keep_KB, chosen, refit_K):
         row: dict[str, Any] = {"dropped_flops": float(b["flops"]), "E_from": choice["E_from"]}
         row["loss_change"] = (frontier.loss_at(law_i, np.array(asked)) / full_loss - 1).tolist() if law_i else None
         if full_n is not None:
             laws = isoflop.power_laws(flops_B[keep_B, None], n_B[keep_B, None], d_B[keep_B, None])
-            row["params_change"] = (laws["N_coef"][0] * np.array(asked) ** laws["a"][0] / full_n - 1).tolist()
+            alloc = allocation.law({k: float(v[0]) for k, v in laws.items()}, refit)
+            row["params_change"] = (alloc["N_coef"] * np.array(asked) ** alloc["a"] / full_n - 1).tolist()
         rows.append(row)
     out: dict[str, Any] = {"method": "each budget dropped in turn (its minimum and its points), the frontier and "
-                                     "approach 2's power law refitted; change = forecast without it / with all − 1",
+                                     "the allocation (approaches 2 and 3) refitted; change = forecast without it / "
+                                     "with all − 1",
                            "allocation_rule": ALLOCATION_RULE, "at_flops": asked, "reference": None if flops_Q else
                            f"no prediction budget asked: at {REFERENCE_FACTOR:g}x the largest budget", "dropped": rows}
     for key in ("loss_change", "params_change"):
