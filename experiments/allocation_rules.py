@@ -1,7 +1,7 @@
 """The rules for the compute-optimal allocation N_opt(C) = N_coef·C^a, D_opt(C) = D_coef·C^b compared by the
 leave-future-out backtests and the leave-one-budget-out stability of `experiments.reproduce_allocation`
 (docs/fitting.md "The compute-optimal allocation: rules compared"). The mean of approaches 2 and 3 beat every
-other out of sample, so the product ships it (`transformer.scaling.allocation.law`, `refits.ALLOCATION_RULE`); the
+other out of sample, so the product ships it (`transformer.scaling.allocation.law`, `allocation.RULE`); the
 others live here, on the experiments side, for the reproduction.
 
 Legend: B = budget minima, K = noise draws, Q = prediction budgets.
@@ -18,7 +18,7 @@ Legend: B = budget minima, K = noise draws, Q = prediction budgets.
 - "held always": the held laws without the test.
 - "approach 3": approach 3's own N_opt = G·(C/6)^a, D_opt = (C/6)^b / G (`parametric.LossFit.n_opt`), its
   coefficient from the fitted form rather than the minima.
-- "mean of 2 and 3" (shipped): the geometric mean of approach 2's and approach 3's N_opt (and D_opt), itself a
+- "mean of approaches 2 and 3" (shipped, `allocation.law`): the geometric mean of approach 2's and approach 3's N_opt (and D_opt), itself a
   power law (exponent the mean of the two, coefficient their geometric mean): the two rules lead on different sets.
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ from transformer.scaling.points import Points
 # The χ²(1) 95% quantile, as for the frontier's E: approach 3's exponent is rejected when it raises the RSS of ln N_opt
 # by more (× σ²)
 A_TEST = frontier.E_TEST
-RULES = ("approach 2", "held (χ² test)", "held always", "approach 3", "mean of 2 and 3")
-SHIPPED = refits.ALLOCATION_RULE  # the rule the product ships (`allocation.law`: it won out of sample)
+SHIPPED = allocation.RULE  # the rule the product ships (`allocation.law`: it won out of sample)
+RULES = ("approach 2", "held (χ² test)", "held always", "approach 3", SHIPPED)
 KEYS = allocation.KEYS
 
 
@@ -90,7 +90,7 @@ def decide(flops_B: np.ndarray, n_B: np.ndarray, d_B: np.ndarray, approach3: dic
     if rule == "approach 3":
         return ({**{k: float(approach3[k]) for k in KEYS}, **record, "N_opt_from": "approach 3 (N_opt = G·(C/6)^a)",
                  "test": None}, "approach 3")
-    if rule == "mean of 2 and 3":
+    if rule == SHIPPED:
         return ({**allocation.law(free, approach3), **record, "N_opt_from": "the geometric mean of approaches 2 and 3",
                  "test": None}, "mean")
     verdict = test(c_B1[:, 0], n_B1[:, 0], approach3["a"], noise_sd)

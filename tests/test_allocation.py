@@ -12,7 +12,8 @@ import pytest
 
 from experiments import allocation_rules as allocation
 from experiments import reproduce_allocation
-from transformer.scaling import backtest, fits, isoflop, parametric, predict, refits, report
+from transformer.scaling import allocation as shipped
+from transformer.scaling import backtest, fits, isoflop, parametric, predict, report
 from transformer.scaling import points as points_lib
 
 REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "reference_data")
@@ -103,7 +104,7 @@ def test_fit_records_the_shipped_allocation_rule_and_its_leave_one_budget_out_mo
     c = 4 * float(pts.flops_P.max())  # the reproduce tables' reference (the fit's own: 4x the largest minimum)
     out = predict.frontier_predictions(pts, [c], samples=10)
     sens = out["frontier"]["sensitivity"]
-    assert sens["allocation_rule"] == refits.ALLOCATION_RULE == allocation.SHIPPED == "mean of 2 and 3"
+    assert sens["allocation_rule"] == shipped.RULE == allocation.SHIPPED == "mean of approaches 2 and 3"
     assert sens["at_flops"] == [c]
     chosen = pts.canonical()
     a2 = isoflop.approach2(chosen)
@@ -135,7 +136,6 @@ def test_the_shipped_allocation_is_the_geometric_mean_of_approaches_2_and_3():
         assert p["params"] == pytest.approx(np.sqrt(n2 * n3), rel=1e-9)
         assert min(n2, n3) <= p["params"] <= max(n2, n3)
         assert p["params_ci95"][0] < p["params"] < p["params_ci95"][1]
-    from transformer.scaling import allocation as shipped
     alone = shipped.law(a2, {**a3, "a": None})
     assert alone["from"].startswith("approach 2 alone") and alone["N_coef"] == a2["N_coef"]
     assert shipped.law({"a": None}, a3) is None
@@ -152,9 +152,9 @@ def test_reproduce_allocation_table_on_chinchilla():
     assert all(np.isfinite(r["error"]) for r in result["pairs"])
     assert any("covered_draws" in r for r in result["pairs"] if r["rule"] == "approach 2")
     assert not any("covered_draws" in r for r in result["pairs"] if r["rule"] == "approach 3")
-    assert any("covered_draws" in r for r in result["pairs"] if r["rule"] == "mean of 2 and 3")
+    assert any("covered_draws" in r for r in result["pairs"] if r["rule"] == allocation.SHIPPED)
     stab = {s["rule"]: s for s in result["stability"]}
     assert stab["approach 2"]["max"] == pytest.approx(0.578, abs=0.001)
-    assert stab["mean of 2 and 3"]["max"] == pytest.approx(0.223, abs=0.002)
+    assert stab[allocation.SHIPPED]["max"] == pytest.approx(0.223, abs=0.002)
     assert stab["held always"]["max"] == pytest.approx(0.074, abs=0.002)
     assert any(line.startswith("| Chinchilla |") for line in lines)

@@ -17,10 +17,6 @@ from transformer.scaling import allocation, frontier, isoflop, parametric
 from transformer.scaling.points import Points
 
 REFERENCE_FACTOR = 4.0  # without prediction budgets, the stability is measured at this many times the largest budget
-# N_opt, D_opt come from `allocation.law` (fit.json's sensitivity names it): the geometric mean of approaches 2 and 3,
-# which beat each of them and the other rules backtested (experiments/allocation_rules.py) out of sample
-# (docs/fitting.md)
-ALLOCATION_RULE = "mean of 2 and 3"
 
 
 def _budget_flops(points: Points, approach2: dict[str, Any]) -> np.ndarray:
@@ -80,7 +76,7 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
     budget is dropped (its minimum from approach 2, its points from approach 3), everything refitted by the same
-    rules (`frontier.choose`, `allocation.law`: ALLOCATION_RULE): fit.json's frontier "sensitivity". None
+    rules (`frontier.choose`, `allocation.law`, named `allocation.RULE`): fit.json's frontier "sensitivity". None
     without a frontier or with fewer than 3 minima (dropping one leaves too few)."""
     budgets, law = approach2.get("budgets", []), front.get("law")
     if law is None or len(budgets) < 3:
@@ -109,7 +105,7 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
     out: dict[str, Any] = {"method": "each budget dropped in turn (its minimum and its points), the frontier and "
                                      "the allocation (approaches 2 and 3) refitted; change = forecast without it / "
                                      "with all − 1",
-                           "allocation_rule": ALLOCATION_RULE, "at_flops": asked, "reference": None if flops_Q else
+                           "allocation_rule": allocation.RULE, "at_flops": asked, "reference": None if flops_Q else
                            f"no prediction budget asked: at {REFERENCE_FACTOR:g}x the largest budget", "dropped": rows}
     for key in ("loss_change", "params_change"):
         changes = [r[key] for r in rows if r.get(key) is not None]

@@ -243,7 +243,6 @@ def sensitivity_lines(sens: dict[str, Any] | None) -> list[str]:
                 f"{100 * sens['loss_max_abs_change'][q]:.2f}%, mean {100 * sens['loss_mean_abs_change'][q]:.2f}%")
         if "params_max_abs_change" in sens:
             rule = sens.get("allocation_rule", "approach 2")  # (fit.json written before it was recorded: approach 2)
-            rule = "mean of approaches 2 and 3" if rule == "mean of 2 and 3" else rule
             line += (f"; N_opt ({rule}) max {100 * sens['params_max_abs_change'][q]:.1f}%, "
                      f"mean {100 * sens['params_mean_abs_change'][q]:.1f}%")
         lines.append(line)
