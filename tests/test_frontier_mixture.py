@@ -37,7 +37,8 @@ def test_prediction_lies_between_the_two_laws_and_leans_on_the_one_the_minima_pr
     c = 30 * FLOPS_B[-1]
     got, lf, lh = (float(frontier.loss_at(x, c)) for x in (law, free, held))
     assert min(lf, lh) - 1e-12 <= got <= max(lf, lh) + 1e-12
-    w = choice["test"]["weight_held"]
+    w = law["weight_held"]
+    assert w == pytest.approx(frontier.held_weight(choice["test"]["statistic"]))
     assert got == pytest.approx(w * lh + (1 - w) * lf, rel=1e-12)
     if leans == "held":
         assert choice["E_from"] == "approach 3" and abs(got - lh) < abs(got - lf)

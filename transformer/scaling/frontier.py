@@ -219,14 +219,12 @@ def _decide(free: dict[str, float] | None, held: dict[str, float] | None, loss_B
         return held, {"E_from": "approach 3", "test": "no noise estimate and no residual degrees of freedom to "
                                                       "test approach 3's E against: held"}
     statistic = (rss_held - rss_free) / sd**2
-    weight = held_weight(statistic)
     test = {"statistic": float(statistic), "threshold": E_TEST, "noise_sd": float(sd), "noise_sd_from": sd_from,
             "E_free": free["E"], "E_approach3": float(e3), "rss_free": float(rss_free), "rss_held": float(rss_held),
-            "weight_held": weight,
             "rule": "approach 3's E is held unless (RSS_held − RSS_free) / σ² > the χ²(1) 95% quantile; predictions "
                     "average the held and free laws with weights 1 / (1 + exp((statistic − threshold) / 2)) and the rest"}
     chosen, e_from = (held, "approach 3") if statistic <= E_TEST else (free, "the minima (they reject approach 3's E)")
-    return {**chosen, **mixed(held, free, weight)}, {"E_from": e_from, "test": test}
+    return {**chosen, **mixed(held, free, held_weight(statistic))}, {"E_from": e_from, "test": test}
 
 
 def minima_noise(flops_B: Sequence[float], draws2: dict[str, np.ndarray] | None) -> float | None:

@@ -160,9 +160,9 @@ def _e_words(front: dict[str, Any]) -> str:
         verdict = "≤" if front["E_from"] == "approach 3" else ">"
         text = (f"{front['E_from']}: χ² {test['statistic']:.2f} {verdict} {test['threshold']:.2f}, approach 3's E "
                 f"{test['E_approach3']:.3f} vs the minima's {test['E_free']:.3f}")
-        if "weight_held" in test:
-            text += (f"; predictions average the held-E law (weight {test['weight_held']:.2f}) and the free one "
-                     f"({1 - test['weight_held']:.2f})")
+        w = (front.get("law") or {}).get("weight_held")
+        if w is not None:
+            text += f"; predictions average the held-E law (weight {w:.2f}) and the free one ({1 - w:.2f})"
         return text
     return front["E_from"] + (f": {test}" if test else "")
 
