@@ -141,6 +141,26 @@ def test_the_shipped_allocation_is_the_geometric_mean_of_approaches_2_and_3():
     assert shipped.law({"a": None}, a3) is None
 
 
+def test_allocation_draws_pair_approach_2_and_3_draw_by_draw():
+    """Draw k of the shipped allocation is the geometric mean of approach 2's draw k and approach 3's draw k at every
+    C; where approach 3's draw k failed in any key, all of approach 3's point values stand in for it (not a mix of
+    that draw and the point), and so they do in every draw where approach 3 has no draws."""
+    draws2 = {"a": np.array([0.50, 0.52, 0.48]), "b": np.array([0.50, 0.48, 0.52]),
+              "N_coef": np.array([0.1, 0.2, 0.3]), "D_coef": np.array([1.0, 2.0, 3.0])}
+    point = {"a": 0.46, "b": 0.54, "N_coef": 0.4, "D_coef": 0.5}
+    stored = {"a": [0.44, None, 0.47], "b": [0.56, 0.50, 0.53], "N_coef": [0.5, 0.6, 0.7], "D_coef": [0.4, 0.5, 0.6]}
+    for a3, expected3 in (({**point, "bootstrap": {"draws": stored}},
+                           [{k: stored[k][0] for k in point}, point, {k: stored[k][2] for k in point}]),
+                          (point, [point] * 3)):
+        got = shipped.law_draws(draws2, a3)
+        for k, three in enumerate(expected3):
+            for c in (1e18, 1e23):
+                for coef, exponent in (("N_coef", "a"), ("D_coef", "b")):
+                    two = draws2[coef][k] * c ** draws2[exponent][k]
+                    mean = got[coef][k] * c ** got[exponent][k]
+                    assert np.log(mean) == pytest.approx((np.log(two) + np.log(three[coef] * c ** three[exponent])) / 2)
+
+
 def test_reproduce_allocation_table_on_chinchilla():
     """The harness `experiments.reproduce` runs for the allocation table: leave-future-out pairs under every rule,
     the rules' intervals, and the stability row (approach 2 57.8% max; the held exponent 7.4%)."""

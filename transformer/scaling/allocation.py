@@ -79,17 +79,12 @@ def law(approach2: dict[str, Any], approach3: dict[str, Any]) -> dict[str, Any] 
 
 def law_draws(draws2: dict[str, np.ndarray], approach3: dict[str, Any]) -> dict[str, np.ndarray]:
     """`law` per noise draw, (K,) each: approach 2's draw k (`draws2`) with approach 3's draw k, or its point values
-    where that draw failed or approach 3 has no draws; approach 2's draws alone where approach 3 gives no allocation."""
+    where that draw failed or approach 3 has no draws (`interval.draws_or_point`); approach 2's draws alone where
+    approach 3 gives no allocation."""
     two = {k: np.asarray(draws2[k], float) for k in KEYS}
     if not _usable(approach3):
         return two
-    stored = approach3.get("bootstrap", {}).get("draws", {})
-    three = {}
-    for k in KEYS:
-        d_K = np.array([np.nan if x is None else x for x in stored.get(k, [])], float)
-        three[k] = np.where(np.isfinite(d_K), d_K, approach3[k]) if d_K.size == two[k].size else \
-            np.full(two[k].size, float(approach3[k]))
-    return mean(two, three)
+    return mean(two, interval.draws_or_point(approach3, KEYS, two["a"].size))
 
 
 def shared_terms(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None) -> dict[str, Any] | None:

@@ -161,10 +161,8 @@ def mixed(held: dict[str, float], free: dict[str, float], weight_held: float) ->
 def draw_arrays(draws: dict[str, list] | None) -> dict[str, np.ndarray] | None:
     """Stored noise draws (fit.json's frontier "bootstrap" "draws") as arrays: E, k, gamma and, where stored, the
     soft test's MIXTURE_KEYS, (K,) each (NaN: a failed draw); None without draws."""
-    if not draws:
-        return None
-    keys = ("E", "k", "gamma") + (MIXTURE_KEYS if "weight_held" in draws else ())
-    return {k: np.array([np.nan if x is None else x for x in draws[k]], float) for k in keys}
+    keys = ("E", "k", "gamma") + (MIXTURE_KEYS if draws and "weight_held" in draws else ())
+    return interval.read_draws(draws, keys)
 
 
 def _largest_fits(problems: Sequence[tuple[np.ndarray, np.ndarray, float | None]]) -> list[dict[str, float] | None]:
@@ -247,10 +245,9 @@ def _drawn_laws(draws2: dict[str, np.ndarray], approach3: dict[str, Any],
     known law the compute multiplier's intervals then covered the truth at 94, 85, 89, 88% inside the grid (120 pairs,
     50 draws; with the choice repeated 92.5, 92.5, 91, 92%, and 97.5, 97.5, 95.8, 94.2% with the percentile ranks
     of `interval.PERCENTILE_METHOD`, docs/limitations.md)."""
-    e3 = approach3.get("E")
-    e_draws = approach3.get("bootstrap", {}).get("draws", {}).get("E") if e3 is not None else None
-    e_K = [e_draws[k] if e_draws and e_draws[k] is not None and np.isfinite(e_draws[k]) else e3
-           for k in range(draws2["a"].size)]
+    samples = draws2["a"].size
+    e_K = interval.draws_or_point(approach3, ("E",), samples)["E"] if approach3.get("E") is not None else \
+        [None] * samples
     chosen = choose_many([(draws2["C_opt"][:, k], draws2["loss_opt"][:, k], e) for k, e in enumerate(e_K)], noise_sd)
     return [law for law, _ in chosen], [choice["E_from"] == "approach 3" for _, choice in chosen]
 

@@ -124,6 +124,26 @@ def draw_lists(draws: dict[str, np.ndarray], keys: Sequence[str] | None = None) 
             for k in (keys or draws)}
 
 
+def read_draws(stored: dict[str, list] | None, keys: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """`draw_lists` read back: each of `keys` as an array (K,), a null (failed) draw NaN; None without draws."""
+    if not stored:
+        return None
+    return {k: np.array([np.nan if x is None else x for x in stored[k]], float) for k in keys}
+
+
+def draws_or_point(result: dict[str, Any], keys: Sequence[str], samples: int) -> dict[str, np.ndarray]:
+    """A fitted result's `samples` noise draws of `keys` (its "bootstrap" "draws"), (K,) each: a draw that failed
+    in any of them takes the point values `result[key]`, and so do all K where it has no draws of that count (as
+    when `predict` fits approach 3 without draws)."""
+    stored = result.get("bootstrap", {}).get("draws") or {}
+    point = {k: float(result[k]) for k in keys}
+    if not all(len(stored.get(k, ())) == samples for k in keys):
+        return {k: np.full(samples, v) for k, v in point.items()}
+    draws = read_draws(stored, keys)
+    ok_K = np.all([np.isfinite(draws[k]) for k in keys], axis=0)
+    return {k: np.where(ok_K, draws[k], point[k]) for k in keys}
+
+
 def of_draws(draws: dict[str, np.ndarray], keys: Sequence[str], source: str) -> dict[str, Any]:
     """KEY_ci95 for each of `keys` with 2 or more usable draws, and their common `ci95_source`."""
     out: dict[str, Any] = {}
