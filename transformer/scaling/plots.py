@@ -172,11 +172,10 @@ def plot_optimal(fit: dict[str, Any], path: str) -> str:
                 lo_G, hi_G = _power_law_band(draws, kind, flops_G)
                 ax.fill_between(flops_G, lo_G, hi_G, color=colour, alpha=0.15, lw=0)
         used = fit.get("frontier", {}).get("allocation")
-        if used and used.get("from") == "approaches 2 and 3":  # the law predictions use (`allocation.law`)
+        if used:  # the law predictions use (`allocation.law`)
             exponent = used["a" if kind == "N" else "b"]
             ax.plot(flops_G, used[f"{kind}_coef"] * flops_G**exponent, color="C3", ls="-", lw=1.0, alpha=0.8,
-                    label=f"predictions: geometric mean of approaches 2 and 3 ({'a' if kind == 'N' else 'b'} = "
-                          f"{exponent:.3f})", zorder=2)
+                    label=f"predictions: {used['from']} ({'a' if kind == 'N' else 'b'} = {exponent:.3f})", zorder=2)
         for p in fit.get("predictions", []):  # where the fit says the optimum lies beyond the grid
             if p.get(key) is not None:
                 ci = p.get(f"{key}_ci95") or [p[key], p[key]]
