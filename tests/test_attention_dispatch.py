@@ -132,6 +132,7 @@ def test_cudnn_gets_causal_and_window_as_flags_and_segments_as_a_mask(captured_c
 
 
 @pytest.mark.parametrize("impl", [pytest.param("einsum", marks=pytest.mark.slow), "chunked"])
+@pytest.mark.slow  # CI's 15 minutes: 62 s of the default run on 2 loaded cores (2026-11-27)
 def test_decoding_goes_through_the_registry(impl, monkeypatch):
     """Every cached decode step calls the configured entry (with its cache offset) and agrees with the
     full forward pass."""

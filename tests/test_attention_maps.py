@@ -57,6 +57,7 @@ def test_segments_keep_documents_apart_and_scanned_layers_split():
         np.testing.assert_allclose(scanned_maps[name], maps[name], atol=1e-6)
 
 
+@pytest.mark.slow  # CI's 15 minutes: 15 s of the default run on 2 loaded cores (2026-11-27)
 def test_encoder_and_encoder_decoder_maps():
     tokens_BT = jax.random.randint(jax.random.PRNGKey(1), (1, 6), 3, 97)
     encoder = EncoderModel(ModelConfig(**SMALL, family="encoder", norm_position="post", embedding_norm=True))

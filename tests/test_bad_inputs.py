@@ -137,6 +137,7 @@ def test_bad_input_fails_cleanly(outcomes, case_id, args, pattern):
     assert re.search(pattern, errors[0]), errors[0]
 
 
+@pytest.mark.slow  # CI's 15 minutes: 16 s of the default run on 2 loaded cores (2026-11-27)
 def test_bad_inputs_leave_existing_files_intact(prepared):
     """The cases that name an existing file (another run's workdir, the CSVs, an empty sweep dir) change none;
     every case's command line, and that no case changes a file, are the slow tests'."""

@@ -116,6 +116,7 @@ def test_bad_profile_flags_fail_before_any_step(tmp_path, flag, match):
     assert match in out.stderr and out.stdout == "" and not (tmp_path / "new").exists()  # nothing written
 
 
+@pytest.mark.slow  # CI's 15 minutes: 22 s of the default run on 2 loaded cores (2026-11-27)
 def test_throughput_and_mfu_from_the_tokens_fed_and_the_time_taken(monkeypatch):
     """In this process (8 simulated CPU devices): the steps' times replaced by known ones and the peak by a
     known one, the tokens counted in the batches the timed steps were actually fed. Tokens/s is those tokens

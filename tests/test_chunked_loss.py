@@ -75,6 +75,7 @@ def test_chunked_equals_plain_loss_and_grads(preset, chunk):
                                    err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow  # CI's 15 minutes: 24 s of the default run on 2 loaded cores (2026-11-27)
 def test_train_step_with_chunked_loss_matches():
     c, model, task, params, batch = _setup("gpt2_tiny")
     tx = make_optimizer(c.train)

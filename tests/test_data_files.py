@@ -190,7 +190,7 @@ def test_batches_are_global_rows_split_across_processes(folder, tmp_path):
 
 # ---- tokenizer files and training --------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["tokenizer.json", "sentencepiece.model"])
+@pytest.mark.parametrize("kind", ["tokenizer.json", pytest.param("sentencepiece.model", marks=pytest.mark.slow)])  # CI's 15 minutes (2026-11-27): 15 s
 def test_train_on_mixed_files_with_a_tokenizer_file(kind, folder, tmp_path):
     from configs.lm import get_config
     from transformer.training.loop import train

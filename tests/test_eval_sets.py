@@ -65,6 +65,7 @@ def test_a_run_without_eval_sets_recorded_resumes_under_the_key():
         "data"]["eval_sets"] == ""
 
 
+@pytest.mark.slow  # CI's 15 minutes: 14 s of the default run on 2 loaded cores (2026-11-27)
 def test_sets_are_evaluated_at_every_evaluation_and_reported_per_name(tmp_path, monkeypatch):
     """A set that is a copy of the run's eval files (another path, the same documents) reports exactly the run's
     eval_loss and eval_bits_per_byte: the same tokens, rows and batches through the set's own cache; `heldout` is

@@ -30,6 +30,7 @@ def _config(corpus_dir: str, task_file: str, lr: float = 1e-3, seed: int = 0):
     return c
 
 
+@pytest.mark.slow  # CI's 15 minutes: 17 s of the default run on 2 loaded cores (2026-11-27)
 def test_tasks_are_scored_at_every_evaluation_as_the_command_scores_them(corpus_dir, tmp_path):
     task_file = write_task(str(tmp_path / "toy.jsonl"), docs=10)
     workdir = str(tmp_path / "run")

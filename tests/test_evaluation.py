@@ -55,6 +55,7 @@ def _fresh_evaluation(c, params, eval_fn, token_bytes_V) -> dict:
             "eval_bits_per_byte": sums[0] / (np.log(2) * target_bytes)}
 
 
+@pytest.mark.slow  # CI's 15 minutes: 17 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_run_makes_one_eval_iterator_and_evaluates_like_a_fresh_one(tmp_path, corpus_dir, monkeypatch):
     c, made = _config(corpus_dir), []
     monkeypatch.setattr(loop, "get_task", lambda config: _counting_task(config, made))

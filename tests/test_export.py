@@ -35,6 +35,7 @@ def _ours(workdir: str, step: int | None = None) -> tuple[list[int], np.ndarray]
     return ids, np.asarray(run.model.apply({"params": run.params}, jnp.asarray([ids])))[0]
 
 
+@pytest.mark.slow  # CI's 15 minutes: 17 s of the default run on 2 loaded cores (2026-11-27)
 def test_exported_byte_run_reproduces_our_logits_in_transformers(tiny_lm_run, tmp_path):
     """The tokenizer encodes the prompt to bos + bytes + 3 (the byte offset is in the file, not in a script),
     and AutoModelForCausalLM's logits on those ids equal the run's to 1e-4; --step picks the checkpoint."""

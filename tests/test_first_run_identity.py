@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from configs.lm import get_config
 from transformer.data import sources
 from transformer.training.loop import train
 
 
+@pytest.mark.slow  # CI's 15 minutes: 37 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_first_run_on_an_unprepared_dataset_records_its_data_identity(tmp_path):
     config = get_config("gpt2_tiny")
     config.data.data_dir = str(tmp_path / "tfds")  # nothing prepared here yet

@@ -112,6 +112,7 @@ def test_cached_generation_logits_equal_full_forward(shape, scan):
     assert len(set(out.tokens_BN.ravel().tolist())) > 3
 
 
+@pytest.mark.slow  # CI's 15 minutes: 21 s of the default run on 2 loaded cores (2026-11-27)
 def test_sampled_rows_do_not_depend_on_their_batch_neighbours():
     """Every step of every row of a sampled ragged batch is what the model gives that row alone: the logits each
     token was drawn from equal a full forward pass over the row's own prompt + sampled tokens, batch of one."""

@@ -114,6 +114,7 @@ def _assert_same(a, b, rtol=1e-5):
     assert np.linalg.norm(y - x) <= rtol * np.linalg.norm(x), np.linalg.norm(y - x) / np.linalg.norm(x)
 
 
+@pytest.mark.slow  # CI's 15 minutes: 20 s of the default run on 2 loaded cores (2026-11-27)
 def test_accumulated_loss_and_gradients_equal_the_full_batch_ones():
     _, model, task = _setup()
     batch = jax.tree.map(jnp.asarray, _batches(1)[0])

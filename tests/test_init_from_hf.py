@@ -27,6 +27,7 @@ from transformer.training.optimizer import make_optimizer  # noqa: E402
 from transformer.training.state import init_state  # noqa: E402
 
 
+@pytest.mark.slow  # CI's 15 minutes: 21 s of the default run on 2 loaded cores (2026-11-27)
 def test_export_then_init_from_continues_at_the_exported_loss(tiny_lm_run, tmp_path, monkeypatch):
     from transformer.training.loop import train
 
@@ -69,6 +70,7 @@ def _state(cfg):
     return model, state
 
 
+@pytest.mark.slow  # CI's 15 minutes: 33 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_transformers_llama_checkpoint_initialises_a_padded_vocabulary_model(tmp_path):
     path = _llama_dir(str(tmp_path / "llama"))
     cfg = dataclasses.replace(config_from_pretrained(path), vocab_size=384)  # padded as a run pads it

@@ -25,6 +25,7 @@ class StepFault(RuntimeError):
     pass
 
 
+@pytest.mark.slow  # CI's 15 minutes: 17 s of the default run on 2 loaded cores (2026-11-27)
 def test_an_error_after_a_donated_step_is_raised_and_recorded(tmp_path, corpus_dir, monkeypatch):
     compile_step = loop.compile_step
 
@@ -49,6 +50,7 @@ def test_an_error_after_a_donated_step_is_raised_and_recorded(tmp_path, corpus_d
     assert summary["step"] == 1 and summary["skipped_updates"] is None  # never logged
 
 
+@pytest.mark.slow  # CI's 15 minutes: 17 s of the default run on 2 loaded cores (2026-11-27)
 def test_summary_says_ok_only_once_the_last_checkpoint_is_durable(tmp_path, corpus_dir, monkeypatch):
     pending: list[int] = []  # saves handed to orbax's background thread and not yet awaited
     seen = {}

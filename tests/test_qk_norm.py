@@ -27,6 +27,7 @@ def _rms(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
+@pytest.mark.slow  # CI's 15 minutes: 15 s of the default run on 2 loaded cores (2026-11-27)
 def test_attention_normalises_each_heads_queries_and_keys():
     """Bidirectional attention without positions, in numpy from the parameters: softmax(q̂ k̂ᵀ/√H) v with
     q̂ = rms(q)·g_q over each head's H values, k̂ likewise (grouped-query heads share k̂)."""
@@ -71,6 +72,7 @@ def test_query_and_key_scale_no_longer_matter():
 
 # ---- the generic model tests with qk_norm on (test_decoder.py's, called with these configs)
 
+@pytest.mark.slow  # CI's 15 minutes: 18 s of the default run on 2 loaded cores (2026-11-27)
 def test_decoder_causal_packed_and_cached():
     generic_decoder.test_causal(GPT2_QK, "chunked")
     generic_decoder.test_packed_segments_do_not_leak(LLAMA_QK, "einsum")

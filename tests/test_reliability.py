@@ -319,6 +319,7 @@ def _poison_step(monkeypatch, c, bad_step: int) -> None:
     monkeypatch.setattr(loop, "get_task", lambda config: poisoned)
 
 
+@pytest.mark.slow  # CI's 15 minutes: 25 s of the default run on 2 loaded cores (2026-11-27)
 def test_nonfinite_stop_names_the_exact_step_and_tensor(monkeypatch, corpus_dir, tmp_path):
     c = tiny_config(corpus_dir, log_every=5, checkpoint_every=4, nonfinite="stop")
     _poison_step(monkeypatch, c, bad_step=7)  # between checkpoint 4 and log step 10
@@ -332,6 +333,7 @@ def test_nonfinite_stop_names_the_exact_step_and_tensor(monkeypatch, corpus_dir,
     assert [r["step"] for r in read_metrics(workdir)] == [5, 6]  # nothing logged after the fault
 
 
+@pytest.mark.slow  # CI's 15 minutes: 33 s of the default run on 2 loaded cores (2026-11-27)
 def test_nonfinite_skip_counts_skipped_updates(monkeypatch, corpus_dir, tmp_path, capsys):
     c = tiny_config(corpus_dir, log_every=5, checkpoint_every=4, nonfinite="skip")
     _poison_step(monkeypatch, c, bad_step=7)

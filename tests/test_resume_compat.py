@@ -63,6 +63,7 @@ def _text_corpus(folder: str) -> None:
             f.write(f"document {i}: " + "the quick brown fox jumps over the lazy dog. " * 200)
 
 
+@pytest.mark.slow  # CI's 15 minutes: 16 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_run_resumes_from_a_node_local_copy_of_its_corpus_and_not_from_other_text(corpus_dir, tmp_path):
     """The corpus copied to another folder (a node's local disk) is the same data: the run resumes there and its
     token cache is reused. A copy whose content differs is refused, naming the file."""

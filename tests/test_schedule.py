@@ -66,6 +66,7 @@ def _schedule_count(opt_state) -> int:
     return counts[0]
 
 
+@pytest.mark.slow  # CI's 15 minutes: 17 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_skip_run_logs_the_rate_it_trains_with(monkeypatch, corpus_dir, tmp_path):
     """A run that drops step 7's update: at the end its schedule stands at the last step (not one behind), and
     each logged learning rate is the schedule's rate for that step."""

@@ -2,10 +2,13 @@
 told apart, and whether they saw the same batch must be readable from the warnings)."""
 from __future__ import annotations
 
+import pytest
+
 from configs.lm import get_config
 from transformer.training import loop, nonfinite
 
 
+@pytest.mark.slow  # CI's 15 minutes: 15 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_loss_spike_warning_names_the_run_and_its_batch(tmp_path, corpus_dir, capsys, monkeypatch):
     def spike_at_step_3(self, window, logged_loss):  # a real spike needs hundreds of steps; force one
         return next(((s, 5.0) for s, _ in window if s == 3), None)

@@ -115,6 +115,7 @@ def test_seq2seq_cached_generation_equals_full_forward():
     assert np.abs(np.diff(out.logits_BNV, axis=1)).max() > 1e-2
 
 
+@pytest.mark.slow  # CI's 15 minutes: 40 s of the default run on 2 loaded cores (2026-11-27)
 def test_decoder_lm_cached_generation_equals_full_forward():
     model = build_model(ModelConfig(**T5))
     params = _scaled(model, jnp.zeros((1, 8), jnp.int32))
@@ -151,7 +152,7 @@ def test_bad_settings_are_config_errors(change, match):
         ModelConfig(**{**T5, **change})
 
 
-@pytest.mark.parametrize("positional", ["t5_relative", "alibi"])
+@pytest.mark.parametrize("positional", [pytest.param("t5_relative", marks=pytest.mark.slow), "alibi"])  # CI's 15 minutes (2026-11-27): 63 s
 def test_packed_documents_get_the_bias_of_their_own_positions(positional):
     """Slot offsets stand for position offsets: the second document of a packed row (slots 5–9, positions 0–4)
     gets exactly the logits it gets alone, and nothing leaks from the first (decoder, causal)."""

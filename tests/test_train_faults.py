@@ -179,6 +179,7 @@ def test_a_new_workdir_in_a_read_only_directory_is_one_error_naming_it(corpus_di
 
 # ---------------------------------------------------------------- runs that cannot end ok (1.4)
 
+@pytest.mark.slow  # CI's 15 minutes: 14 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_skip_run_that_drops_too_many_updates_fails_with_the_reason(corpus_dir, tmp_path):
     workdir = str(tmp_path / "run")
     summary = train(tiny_config(corpus_dir, learning_rate=1000.0, nonfinite="skip"), workdir, verbose=False)
@@ -187,6 +188,7 @@ def test_a_skip_run_that_drops_too_many_updates_fails_with_the_reason(corpus_dir
     assert json.load(open(os.path.join(workdir, "summary.json")))["status"] == "failed"
 
 
+@pytest.mark.slow  # CI's 15 minutes: 19 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_run_whose_final_evaluation_is_not_finite_fails(corpus_dir, tmp_path):
     c = tiny_config(corpus_dir, learning_rate=1000.0, nonfinite="skip", max_skipped_fraction=1.0)
     summary = train(c, str(tmp_path / "run"), verbose=False)
@@ -208,6 +210,7 @@ def test_the_command_exits_nonzero_with_the_reason(corpus_dir, tmp_path):
 
 # ---------------------------------------------------------------- the learning-rate arithmetic (3.4)
 
+@pytest.mark.slow  # CI's 15 minutes: 24 s of the default run on 2 loaded cores (2026-11-27)
 def test_resuming_a_checkpoint_of_the_earlier_lr_arithmetic_says_so(corpus_dir, tmp_path, capsys):
     """The decay now reaches train.final_lr_fraction at the last trained step (it ran one step behind): a run
     resumed from a checkpoint written before is told that its remaining steps follow the new schedule."""
@@ -226,7 +229,7 @@ def test_resuming_a_checkpoint_of_the_earlier_lr_arithmetic_says_so(corpus_dir, 
 
 # ---------------------------------------------------------------- the non-finite diagnosis (2.4)
 
-@pytest.mark.parametrize("checkpoint_every", [30, 1])
+@pytest.mark.parametrize("checkpoint_every", [pytest.param(30, marks=pytest.mark.slow), 1])  # CI's 15 minutes (2026-11-27): 22 s
 def test_the_diagnosis_names_the_first_non_finite_tensor(checkpoint_every, corpus_dir, tmp_path):
     """learning_rate=1000 on a deterministic CPU (the issue's command), replayed from the initial state (no
     checkpoint before the bad step: this was a TypeError about NamedSharding) or from the checkpoint just before

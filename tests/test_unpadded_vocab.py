@@ -50,6 +50,7 @@ def test_params_unpadded_is_the_count_of_the_model_with_the_real_vocabulary(mode
     assert summary["params_unpadded"] == _built_size(ModelConfig(**{**model, "vocab_size": REAL_V}))
 
 
+@pytest.mark.slow  # CI's 15 minutes: 14 s of the default run on 2 loaded cores (2026-11-27)
 def test_a_run_and_its_sweep_row_record_the_real_vocabulary(tmp_path, corpus_dir):
     from transformer.training.loop import train
 
