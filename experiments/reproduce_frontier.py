@@ -7,7 +7,7 @@ C_target / C: "<4x" or "≥4x". The two cases of the older table ("2x": the larg
 it; "4x": from those ≤ 1/4 of it) are the pairs with the largest target and those two origins.
 
 The interval's constant q (`backtest.FRONTIER_SPREAD`) is calibrated on these pairs: a pair's score is the q that its
-interval needs to cover the truth, sqrt(max(e² − (Z·σ_noise)², 0)) / (x/span) (`backtest.frontier_interval`); each
+interval needs to cover the truth (`backtest.needed_spread`: 0 where |e| ≤ Z·σ_noise, else |e| / (x/span)); each
 set's pairs weigh 1 in all (`backtest.conformal_multiplier` with weights), and out of sample each data source's q
 comes from the other sources' pairs alone (`backtest.leave_group_out`).
 """
@@ -95,7 +95,7 @@ def lfo(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]
             if cal.get("lever"):
                 noise = cal["noise_half_width_log"]
                 rec.update(noise_half=noise, lever=cal["lever"], distance=cal["distance"], span=cal["span"],
-                           score=backtest.needed_spread(rec["error"], noise, cal["lever"]))
+                           score=backtest.needed_spread(rec["error"], noise, cal["lever"], backtest.FRONTIER_COMBINE))
             rows.append(rec)
     return rows
 
@@ -128,7 +128,7 @@ def calibrate(rows: list[dict[str, Any]]) -> float:
     sel = [r for r in rows if "score" in r]
     scores, weights = [r["score"] for r in sel], set_weights(sel)
     for r, q in zip(sel, backtest.leave_group_out(scores, [r["source"] for r in sel], weights=weights)):
-        half = float(np.hypot(r["noise_half"], q * r["lever"]))
+        half = backtest.combine(r["noise_half"], q * r["lever"], backtest.FRONTIER_COMBINE)
         r.update(q_out=q, covered_out=bool(abs(r["error"]) <= half), width_out=float(2 * np.sinh(half)))
     return backtest.conformal_multiplier(scores, weights=weights)
 
@@ -235,8 +235,9 @@ def across_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not cal or not test:
             continue
         q = backtest.conformal_multiplier([r["score"] for r in cal], weights=set_weights(cal))
-        scored = [{**r, "covered_x": bool(abs(r["error"]) <= np.hypot(r["noise_half"], q * r["lever"])),
-                   "width_x": float(2 * np.sinh(np.hypot(r["noise_half"], q * r["lever"])))} for r in test]
+        half = {id(r): backtest.combine(r["noise_half"], q * r["lever"], backtest.FRONTIER_COMBINE) for r in test}
+        scored = [{**r, "covered_x": bool(abs(r["error"]) <= half[id(r)]), "width_x": float(2 * np.sinh(half[id(r)]))}
+                  for r in test]
         name = "Porian et al. (15 settings)" if fam == "Porian" else f"the other {len({r['data'] for r in cal})} sets"
         out.append({"calibrated_on": name, "q": q,
                     **{regime: summary([r for r in scored if in_regime(r)], "covered_x", "width_x")

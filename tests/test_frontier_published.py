@@ -91,6 +91,36 @@ def test_interval_grows_with_the_distance_in_units_of_the_fitted_range():
     assert "published" in t_near["spread_from"] and t_near["spread"] == backtest.FRONTIER_SPREAD
 
 
+def test_the_noise_term_is_a_floor_that_the_extrapolation_term_replaces_not_adds_to():
+    """The frontier's half-width is the larger of 1.96·σ_noise and q·x/span (backtest.FRONTIER_COMBINE): a step
+    beyond the data whose extrapolation term is below the noise term keeps the in-range interval, and one above it
+    has exactly the extrapolation term (in quadrature both would be wider)."""
+    sd = 0.01  # noise half-width 1.96 %
+    inside, _ = backtest.frontier_interval(2.0, -0.5, 3.0, sd, "seeds")
+    small_x = 0.5 * backtest.Z * sd * 3.0 / backtest.FRONTIER_SPREAD  # q·x/span = half the noise term
+    near, t_near = backtest.frontier_interval(2.0, small_x, 3.0, sd, "seeds")
+    assert (near.lo, near.hi) == pytest.approx((inside.lo, inside.hi), rel=1e-12)
+    far, t_far = backtest.frontier_interval(2.0, 4 * small_x, 3.0, sd, "seeds")
+    assert t_far["half_width_log"] == pytest.approx(t_far["extrapolation_half_width_log"])
+    assert far.hi == pytest.approx(2.0 * np.exp(t_far["extrapolation_half_width_log"]))
+
+
+@pytest.mark.parametrize("how", [backtest.QUADRATURE, backtest.LARGER])
+def test_the_calibration_score_is_the_least_spread_that_covers(how):
+    """needed_spread is the q the interval's own combination needs: with it the error is covered (to rounding),
+    with 1% less it is not, and a pair inside the fixed term needs 0."""
+    rng = np.random.default_rng(0)
+    for e, fixed, lev in zip(rng.normal(0, 0.05, 200), rng.uniform(0, 0.04, 200), rng.uniform(0.05, 5, 200)):
+        q = backtest.needed_spread(e, fixed, lev, how)
+        assert backtest.combine(fixed, q * lev, how) >= abs(e) * (1 - 1e-12)
+        if abs(e) <= fixed:
+            assert q == 0
+        else:
+            assert backtest.combine(fixed, 0.99 * q * lev, how) < abs(e)
+    with pytest.raises(ValueError, match="valid: 'quadrature', 'larger'"):
+        backtest.combine(0.1, 0.1, "sum")
+
+
 def test_weighted_conformal_counts_each_set_once():
     s = np.linspace(0.01, 1.0, 100)
     assert backtest.conformal_multiplier(s, weights=np.ones(100)) == backtest.conformal_multiplier(s)

@@ -282,7 +282,7 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
     min_origin = max(backtest.MIN_BUDGETS, min(FRONTIER_BUDGETS, len(flops_B) - 1))
     out["backtest"] = backtest.summary(bt, min_origin)
     out["backtest"]["approach3_E"] = "refitted per origin" if e3_refits is not None else "from all the points"
-    out["interval"] = {"form": "L̂·exp(±sqrt((1.96·σ_noise)² + (q·x/span)²)), x = ln(C / largest_flops)",
+    out["interval"] = {"form": "L̂·exp(±max(1.96·σ_noise, q·x/span)), x = ln(C / largest_flops)",
                        "largest_flops": float(max(flops_B)), "span": float(np.log(max(flops_B) / min(flops_B))),
                        "spread": backtest.FRONTIER_SPREAD, "spread_from": backtest.SPREAD_FROM}
     if draws2 is not None:

@@ -205,7 +205,7 @@ def _interval_words(p: dict[str, Any]) -> str:
             f"noise ({cal['source']}) ±{100 * cal['noise_half_width_log']:.2f}%")
         return (f"{noise}, extrapolation ±{100 * cal['extrapolation_half_width_log']:.2f}% = q {cal['spread']:g} × "
                 f"x/span {cal['lever']:.3f} (x = {cal['distance']:.2f} e-folds beyond the largest budget, the minima "
-                f"span {cal['span']:.2f}; q calibrated on published sets)")
+                f"span {cal['span']:.2f}; q calibrated on published sets; the larger term sets the width)")
     noise = {"fit_residuals": "the fit's residual RMS as noise"}.get(cal.get("source", ""), f"noise: {cal.get('source')}")
     if cal.get("source") == "none":
         noise = "NO noise term: the extrapolation misfit alone"
