@@ -107,8 +107,9 @@ def lever(distance: float, span: float) -> float:
 
 
 def combine(fixed_half: float, extra_half: float, how: str = QUADRATURE) -> float:
-    """The half-width of two terms: in quadrature, sqrt(fixed² + extra²) (the allocation: independent sources), or
-    the larger, max(fixed, extra) (the frontier: its noise term does not predict its hold-out errors, FRONTIER_COMBINE)."""
+    """The half-width of two terms: in quadrature, sqrt(fixed² + extra²) (the allocation's: on its published pairs the
+    larger gave the same widths), or the larger, max(fixed, extra) (the frontier's, FRONTIER_COMBINE: its noise term
+    does not predict its hold-out errors)."""
     if how == QUADRATURE:
         return float(np.hypot(fixed_half, extra_half))
     if how == LARGER:
