@@ -81,3 +81,32 @@ def test_summary_says_ok_only_once_the_last_checkpoint_is_durable(tmp_path, corp
     monkeypatch.setattr(loop, "write_json", checking)
     assert loop.train(_config(corpus_dir), str(tmp_path / "run"), verbose=False)["status"] == "ok"
     assert seen == {"status": "ok", "pending": [], "marker": True}, seen
+
+
+@pytest.mark.slow  # trains a few steps (~17 s on 2 loaded cores)
+def test_a_summary_that_cannot_be_written_after_the_run_failed_leaves_the_runs_own_error(tmp_path, corpus_dir,
+                                                                                         monkeypatch, capsys):
+    """A disk that fills at a checkpoint has no room for summary.json either: the caller sees the run's own error,
+    and the summary's is a warning (before, the summary's OSError replaced the run's error)."""
+    compile_step = loop.compile_step
+
+    def failing_at_step_2(step_fn, state, batch_spec):
+        compiled, calls = compile_step(step_fn, state, batch_spec), itertools.count(1)
+
+        def step(state, batch):
+            if next(calls) == 2:
+                raise StepFault("the run's own error")
+            return compiled(state, batch)
+        return step
+
+    def full_disk(path, obj):
+        if os.path.basename(path) == "summary.json":
+            raise OSError(28, "No space left on device", path)
+        return write_json(path, obj)
+    write_json = loop.write_json
+    monkeypatch.setattr(loop, "compile_step", failing_at_step_2)
+    monkeypatch.setattr(loop, "write_json", full_disk)
+    with pytest.raises(StepFault, match="the run's own error"):
+        loop.train(_config(corpus_dir), str(tmp_path / "run"), verbose=False)
+    assert "summary.json not written after the run failed: OSError: [Errno 28] No space left" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run" / "summary.json")

@@ -292,8 +292,14 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
             summaries = _summaries(setup, runs, loop, loop.step, time.time() - t_start)
             if runs.primary:
                 for workdir, summary, writer in zip(workdirs, summaries, runs.writers):
-                    write_json(os.path.join(workdir, "summary.json"), summary)
-                    writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
+                    try:
+                        write_json(os.path.join(workdir, "summary.json"), summary)
+                        writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
+                    except Exception as e:  # noqa: BLE001 - with the run's error on its way, that one is reported
+                        if error is None:  # (a disk that filled at a checkpoint has no room for the summary either)
+                            raise
+                        print(f"warning: {workdir}/summary.json not written after the run failed: "
+                              f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
             if error is not None:
                 raise error
         completed = True
@@ -357,7 +363,7 @@ def _close_all(closers: list[Callable[[], Any]], raise_errors: bool) -> None:
         except Exception as e:  # noqa: BLE001 - see the docstring
             first = first or e
             if not raise_errors:
-                print(f"warning: while closing after the run's error: {type(e).__name__}: {e}", file=sys.stderr,
+                print(f"warning: while closing after the run failed: {type(e).__name__}: {e}", file=sys.stderr,
                       flush=True)
     if first is not None and raise_errors:
         raise first
