@@ -235,9 +235,10 @@ def across_families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not cal or not test:
             continue
         q = backtest.conformal_multiplier([r["score"] for r in cal], weights=set_weights(cal))
-        half = {id(r): backtest.combine(r["noise_half"], q * r["lever"], backtest.FRONTIER_COMBINE) for r in test}
-        scored = [{**r, "covered_x": bool(abs(r["error"]) <= half[id(r)]), "width_x": float(2 * np.sinh(half[id(r)]))}
-                  for r in test]
+        scored = []
+        for r in test:
+            half = backtest.combine(r["noise_half"], q * r["lever"], backtest.FRONTIER_COMBINE)
+            scored.append({**r, "covered_x": bool(abs(r["error"]) <= half), "width_x": float(2 * np.sinh(half))})
         name = "Porian et al. (15 settings)" if fam == "Porian" else f"the other {len({r['data'] for r in cal})} sets"
         out.append({"calibrated_on": name, "q": q,
                     **{regime: summary([r for r in scored if in_regime(r)], "covered_x", "width_x")

@@ -105,6 +105,16 @@ def test_the_noise_term_is_a_floor_that_the_extrapolation_term_replaces_not_adds
     assert far.hi == pytest.approx(2.0 * np.exp(t_far["extrapolation_half_width_log"]))
 
 
+def test_the_console_names_the_term_that_sets_the_width():
+    """Just beyond the data the noise floor is the interval and the console says so; far out, the extrapolation term."""
+    words = {}
+    for where, x in (("near", 0.01), ("far", 3.0)):
+        ci, terms = backtest.frontier_interval(2.0, x, 3.0, 0.01, "seeds")
+        words[where] = report._interval_words({"loss_ci95": [ci.lo, ci.hi], "loss_interval": terms})
+    assert "the noise term sets the width" in words["near"], words
+    assert "the extrapolation term sets the width" in words["far"], words
+
+
 @pytest.mark.parametrize("how", [backtest.QUADRATURE, backtest.LARGER])
 def test_the_calibration_score_is_the_least_spread_that_covers(how):
     """needed_spread is the q the interval's own combination needs: with it the error is covered (to rounding),

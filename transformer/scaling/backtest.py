@@ -110,11 +110,13 @@ def combine(fixed_half: float, extra_half: float, how: str = QUADRATURE) -> floa
     """The half-width of two terms: in quadrature, sqrt(fixed² + extra²) (the allocation's: on its published pairs the
     larger gave the same widths), or the larger, max(fixed, extra) (the frontier's, FRONTIER_COMBINE: its noise term
     does not predict its hold-out errors)."""
-    if how == QUADRATURE:
-        return float(np.hypot(fixed_half, extra_half))
-    if how == LARGER:
-        return float(max(fixed_half, extra_half))
-    raise ValueError(f"combine: how={how!r}; valid: {QUADRATURE!r}, {LARGER!r}")
+    _check_how(how)
+    return float(np.hypot(fixed_half, extra_half) if how == QUADRATURE else max(fixed_half, extra_half))
+
+
+def _check_how(how: str) -> None:
+    if how not in (QUADRATURE, LARGER):
+        raise ValueError(f"combine: how={how!r}; valid: {QUADRATURE!r}, {LARGER!r}")
 
 
 def log_interval(value: float, noise_sd: float | None, source: str, extra_half: float,
@@ -144,9 +146,9 @@ def needed_spread(error: float, fixed_half: float, lever: float, how: str = QUAD
     """The hold-out score the calibrations take the conformal quantile of: the least q for which the interval
     `combine`(fixed_half, q·lever, how) covers the log error `error` (`fixed_half`: the terms not calibrated):
     sqrt(max(e² − fixed_half², 0)) / lever in quadrature; 0 where |e| ≤ fixed_half, else |e| / lever, for the larger."""
+    _check_how(how)
     if how == LARGER:
         return 0.0 if abs(error) <= fixed_half else float(abs(error) / lever)
-    combine(0.0, 0.0, how)  # names a wrong `how`
     return float(np.sqrt(max(error**2 - fixed_half**2, 0.0)) / lever)
 
 

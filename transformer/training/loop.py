@@ -18,6 +18,7 @@ Legend: R runs, p a position on the state's run axis, r a run's index in `config
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -290,16 +291,12 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
             error = _await_checkpoints(runs, error)  # before any summary says "ok" (or "preempted")
             loop.skipped_now()
             summaries = _summaries(setup, runs, loop, loop.step, time.time() - t_start)
-            if runs.primary:
-                for workdir, summary, writer in zip(workdirs, summaries, runs.writers):
-                    try:
-                        write_json(os.path.join(workdir, "summary.json"), summary)
-                        writer.set_summary(summary)  # the W&B run's summary (logging.wandb)
-                    except Exception as e:  # noqa: BLE001 - with the run's error on its way, that one is reported
-                        if error is None:  # (a disk that filled at a checkpoint has no room for the summary either)
-                            raise
-                        print(f"warning: {workdir}/summary.json not written after the run failed: "
-                              f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            if runs.primary:  # with the run's error on its way (a disk full at a checkpoint has no room for the
+                # summary either) a summary that cannot be written is a warning, and the run's error is raised
+                _call_all([(f"{workdir}/summary.json not written after the run failed",
+                            functools.partial(_write_summary, workdir, summary, writer))
+                           for workdir, summary, writer in zip(workdirs, summaries, runs.writers)],
+                          raise_errors=error is None)
             if error is not None:
                 raise error
         completed = True
@@ -310,7 +307,7 @@ def train_runs(configs: Sequence[Any], workdirs: Sequence[str], *, verbose: bool
         if nproc > 1:
             closers.append(lambda: multihost_utils.sync_global_devices("train_done"))
         closers.append(runs.claims.release)  # the workdirs' claims last: their files are all closed
-        _close_all(closers, raise_errors=completed)
+        _call_all([("while closing after the run failed", close) for close in closers], raise_errors=completed)
     if verbose and runs.primary and all(s["status"] == "ok" for s in summaries):
         losses = ", ".join("-" if s["eval_loss"] is None else f"{s['eval_loss']:.4f}" for s in summaries)
         print(f"done: eval_loss {losses}, {summaries[0]['wall_seconds'] * R:.0f}s wall, "
@@ -353,18 +350,24 @@ def _await_checkpoints(runs: Runs, error: BaseException | None) -> BaseException
     return error
 
 
-def _close_all(closers: list[Callable[[], Any]], raise_errors: bool) -> None:
-    """Calls every closer. The first error is raised after all ran; when another error is already on its way
-    (`raise_errors` False) it is only printed: the caller must see the run's own error."""
+def _write_summary(workdir: str, summary: dict, writer: MetricsWriter) -> None:
+    """summary.json, and the W&B run's summary (logging.wandb)."""
+    write_json(os.path.join(workdir, "summary.json"), summary)
+    writer.set_summary(summary)
+
+
+def _call_all(calls: list[tuple[str, Callable[[], Any]]], raise_errors: bool) -> None:
+    """Calls every (label, call) in turn (the closers, the summaries' writes). The first error is raised after all
+    ran; when another error is already on its way (`raise_errors` False) each is only printed, `warning: LABEL: …`:
+    the caller must see the run's own error."""
     first = None
-    for close in closers:
+    for label, call in calls:
         try:
-            close()
+            call()
         except Exception as e:  # noqa: BLE001 - see the docstring
             first = first or e
             if not raise_errors:
-                print(f"warning: while closing after the run failed: {type(e).__name__}: {e}", file=sys.stderr,
-                      flush=True)
+                print(f"warning: {label}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     if first is not None and raise_errors:
         raise first
 
