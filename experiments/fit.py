@@ -15,7 +15,6 @@ points: --points=experiments/reference_data/porian2024_isoflop_points.csv --wher
 """
 from __future__ import annotations
 
-import csv
 import os
 import sys
 
@@ -90,13 +89,14 @@ def _predict_points() -> list[tuple[float, float]]:
         if not os.path.isfile(_PREDICT_POINTS_CSV.value):
             raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: no such file (a CSV with params and "
                               "tokens columns)")
-        with open(_PREDICT_POINTS_CSV.value, newline="") as f:
-            for row in csv.DictReader(f):
-                row = {points_lib.CSV_ALIASES.get(k.strip(), k.strip()): (v or "").strip() for k, v in row.items()}
-                if "params" not in row or "tokens" not in row:
-                    raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: the header must name "
-                                      "params (or N) and tokens (or D)")
-                texts.append(f"{row['params']}:{row['tokens']}")
+        raw_header, table = csv_checks.read_table(_PREDICT_POINTS_CSV.value)
+        header = csv_checks.header_names(_PREDICT_POINTS_CSV.value, raw_header, {})
+        if "params" not in header or "tokens" not in header:
+            raise ConfigError(f"--predict_points_csv={_PREDICT_POINTS_CSV.value}: the header must name params (or N) "
+                              f"and tokens (or D); found: {', '.join(raw_header) or 'no header'}")
+        for _, cells in table:
+            row = dict(zip(header, cells))
+            texts.append(f"{row.get('params', '')}:{row.get('tokens', '')}")
     return pairs + at_points.parse(texts, source=f"--predict_points_csv={_PREDICT_POINTS_CSV.value}")
 
 

@@ -197,3 +197,60 @@ def test_points_to_predict_off_the_scale_of_a_count_are_one_error(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"--predict_points_csv={pairs}: '70:1400000000000.0' is off the plausible scale" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _plain_text(n, d, c, loss) -> str:
+    return "params,tokens,flops,loss\n" + "".join(f"{float(a)!r},{float(b)!r},{float(f)!r},{float(l)!r}\n" for a, b, f, l in zip(n, d, c, loss))
+
+
+@pytest.mark.parametrize("variant", [
+    lambda t: "\ufeff" + t,  # Excel's "CSV UTF-8": a byte-order mark before the header
+    lambda t: t.replace(",", "\t"),  # tab-separated
+    lambda t: t.replace(",", ";"),  # a semicolon locale's export
+    lambda t: t.replace("\n", "\r\n") + "\r\n\r\n",  # Windows line ends, trailing blank lines
+    lambda t: t.replace("params,tokens,flops,loss", "Params,Tokens,FLOPs,Loss"),  # the names in another case
+    lambda t: t.replace("\n", ",\n"),  # a trailing comma on every line
+])
+def test_a_spreadsheets_csv_reads_the_same_points(tmp_path, variant):
+    """What a spreadsheet writes reads as the plain file does. Before: a byte-order mark, a tab or a semicolon made
+    the header one unknown column ("column 'params' is missing"), and `Loss` was not `loss`."""
+    n, d, c, loss = grid()
+    (tmp_path / "plain.csv").write_text(_plain_text(n, d, c, loss))
+    (tmp_path / "sheet.csv").write_bytes(variant(_plain_text(n, d, c, loss)).encode("utf-8"))
+    plain, sheet = points_lib.read_csv(str(tmp_path / "plain.csv")), points_lib.read_csv(str(tmp_path / "sheet.csv"))
+    for name in ("params_P", "tokens_P", "flops_P", "loss_P"):
+        np.testing.assert_array_equal(getattr(sheet, name), getattr(plain, name))
+    assert len(sheet) == len(n)
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"params,tokens,loss\n1e6,2e7,3.1\n2e6,1e7,caf\xe9\n", r"line 3 is not UTF-8 text \(byte 0xe9\); save the file as UTF-8"),
+    # an unquoted thousands separator shifts the row: before, the extra cell was dropped and the rest fitted
+    (b"params,tokens,loss\n1e6,2e7,3.1\n2,000,000,1e7,3.0\n", r"row 3 has 5 cells and the header 3 names; quote"),
+    (b"params,tokens,loss,params\n1e6,2e7,3.1,2e6\n", r"'params' \(column 1\) and 'params' \(column 4\) both read as params"),
+    (b"Loss,params,tokens,LOSS\n3.1,1e6,2e7,3.2\n", r"'Loss' \(column 1\) and 'LOSS' \(column 4\) both read as loss"),
+])
+def test_a_file_the_reader_cannot_read_as_meant_is_one_error_naming_where(tmp_path, text, message):
+    """Before: a Latin-1 byte was a UnicodeDecodeError traceback, and a row with more cells than the header or a
+    header naming a column twice was read silently (the last of two columns won)."""
+    (tmp_path / "bad.csv").write_bytes(text)
+    with pytest.raises(ConfigError, match=message):
+        points_lib.read_csv(str(tmp_path / "bad.csv"))
+
+
+def test_predict_points_csv_reads_as_the_points_do(tmp_path):
+    """`--predict_points_csv` goes through the same reader: a tab-separated file with `N`/`D` and a byte-order
+    mark gives its pairs; a Latin-1 byte is one error, exit 2, and nothing written."""
+    n, d, c, loss = grid()
+    points = tmp_path / "points.csv"
+    points.write_text(_plain_text(n, d, c, loss))
+    asked = tmp_path / "asked.tsv"
+    asked.write_bytes("\ufeffN\tD\n1e9\t2e10\n".encode("utf-8"))
+    ok = fit_cli(f"--points={points}", f"--predict_points_csv={asked}", "--bootstrap=0", f"--out={tmp_path / 'ok'}")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    predicted = json.loads((tmp_path / "ok" / "fit.json").read_text())["point_predictions"]["predictions"]
+    assert [(p["params"], p["tokens"]) for p in predicted] == [(1e9, 2e10)]
+    asked.write_bytes(b"params,tokens\n1e9,2e10 \xe9\n")
+    bad = fit_cli(f"--points={points}", f"--predict_points_csv={asked}", f"--out={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not UTF-8" in bad.stderr
+    assert not (tmp_path / "bad").exists()

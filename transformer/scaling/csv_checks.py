@@ -1,5 +1,6 @@
-"""The checks a CSV of points passes before it is fitted, as published sweeps write them: column names mapped
-(`--columns`), numbers parsed, text columns told apart (a setting, a description, an identifier), duplicated rows
+"""The checks a CSV of points passes before it is fitted, as published sweeps write them: the text read (UTF-8, a
+spreadsheet's byte-order mark dropped, the delimiter a comma, a tab or a semicolon), column names mapped (`--columns`,
+a required name in any case: `Loss`, `FLOPs`), numbers parsed, text columns told apart (a setting, a description, an identifier), duplicated rows
 found, and the units checked. `points.read_csv` applies them in this order; nothing here knows `Points`.
 
 Legend: P = rows kept.
@@ -17,6 +18,8 @@ below, and one error names the column instead of a fit with N_opt 2e5 and α = 1
 """
 from __future__ import annotations
 
+import csv
+import io
 import math
 from typing import Sequence
 
@@ -32,6 +35,36 @@ MAX_PARAMS = 1e15
 MAX_TOKENS = 1e16
 FLOPS_FACTOR = 100.0
 MAX_LOSS = 20.0
+DELIMITERS = (",", "\t", ";")  # the first of these that the header line holds separates the columns
+
+
+def read_table(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """The header's names (stripped) and the rows that are not blank, each (its line number, its cells stripped), of a
+    CSV file: UTF-8 (a leading byte-order mark, as a spreadsheet's "CSV UTF-8" writes it, is dropped), the delimiter
+    the first of `DELIMITERS` the header line holds. A row with more cells than the header (an unquoted "1,000", a
+    shifted row) is one ConfigError naming it; empty cells past the header's end (trailing commas) are dropped."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line} is not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as "
+                          "UTF-8 (a spreadsheet's \"CSV UTF-8\")") from None
+    delimiter = next((d for d in DELIMITERS if d in text.split("\n", 1)[0]), ",")
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header = [h.strip() for h in next(reader, [])]
+    rows = []
+    for cells in reader:
+        cells = [c.strip() for c in cells]
+        if not any(cells):
+            continue  # a blank line
+        if any(cells[len(header):]):
+            raise ConfigError(f"{path}: row {reader.line_num} has {len(cells)} cells and the header {len(header)} "
+                              f"names; quote a value with a {delimiter!r} in it (\"1,000\" or 1000) or name every "
+                              "column in the header")
+        rows.append((reader.line_num, cells[:len(header)]))
+    return header, rows
 
 
 def parse_columns(terms: Sequence[str]) -> dict[str, str]:
@@ -51,8 +84,10 @@ def parse_columns(terms: Sequence[str]) -> dict[str, str]:
 
 def header_names(path: str, raw_header: Sequence[str], columns: dict[str, str]) -> list[str]:
     """The names the reader uses for the CSV's columns: a column `columns` maps takes its name (params, ...), `N`
-    and `D` are params and tokens where the header has no params/tokens, and a column a mapping replaces keeps its
-    name with " (replaced by --columns)" (it is then ignored)."""
+    and `D` are params and tokens where the header has no params/tokens, one of params, tokens, flops, loss in
+    another case (`Loss`, `FLOPs`) is that name where the header has no column of exactly that name, and a column a
+    mapping replaces keeps its name with " (replaced by --columns)" (it is then ignored). A name the reader uses
+    that two columns give is one ConfigError."""
     missing = [c for c in columns.values() if c not in raw_header]
     if missing:
         raise ConfigError(f"{path}: --columns names column {missing[0]!r}, which the file does not have; "
@@ -64,7 +99,13 @@ def header_names(path: str, raw_header: Sequence[str], columns: dict[str, str]) 
             names.append(source_of[h])
             continue
         name = ALIASES.get(h, h) if ALIASES.get(h) not in raw_header else h
+        if name not in NUMERIC and name.lower() in NUMERIC and name.lower() not in raw_header:
+            name = name.lower()
         names.append(f"{h} (replaced by --columns)" if name in columns else name)
+    twice = [n for n in NUMERIC if names.count(n) > 1]
+    if twice:
+        given = [f"{h!r} (column {i + 1})" for i, (h, n) in enumerate(zip(raw_header, names)) if n == twice[0]]
+        raise ConfigError(f"{path}: {' and '.join(given)} both read as {twice[0]}; rename or drop one of them")
     return names
 
 

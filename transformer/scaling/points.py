@@ -12,7 +12,6 @@ A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -151,29 +150,24 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
         problem = "is a directory, not a points file" if os.path.isdir(path) else "no such points file"
         raise MissingInputError(f"{path}: {problem} (expected a CSV with columns params,tokens,loss)")
     where, columns = where or {}, columns or {}
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        raw_header = [h.strip() for h in (reader.fieldnames or [])]
-        header = csv_checks.header_names(path, raw_header, columns)
-        missing = [c for c in CSV_REQUIRED if c not in header]
-        if missing:
-            raise ConfigError(
-                f"{path}: column '{missing[0]}' is missing; the header must name params (or N), tokens (or D), loss "
-                f"(optional flops; --columns=params=COLUMN,... maps other names), found: "
-                f"{', '.join(raw_header) or 'no header'}"
-            )
-        unknown = [c for c in where if c not in header]
-        if unknown:
-            raise ConfigError(f"{path}: --where names column '{unknown[0]}', which the file does not have; "
-                             f"columns: {', '.join(raw_header)}")
-        reader.fieldnames = header
-        rows = [(reader.line_num, row) for row in reader]
+    raw_header, table = csv_checks.read_table(path)
+    header = csv_checks.header_names(path, raw_header, columns)
+    missing = [c for c in CSV_REQUIRED if c not in header]
+    if missing:
+        raise ConfigError(
+            f"{path}: column '{missing[0]}' is missing; the header must name params (or N), tokens (or D), loss "
+            f"(optional flops; --columns=params=COLUMN,... maps other names), found: "
+            f"{', '.join(raw_header) or 'no header'}"
+        )
+    unknown = [c for c in where if c not in header]
+    if unknown:
+        raise ConfigError(f"{path}: --where names column '{unknown[0]}', which the file does not have; "
+                         f"columns: {', '.join(raw_header)}")
+    rows = [(line, dict(zip(header, cells))) for line, cells in table]
     has_flops = "flops" in header
     values: dict[str, list[float]] = {c: [] for c in csv_checks.NUMERIC}
     lines, kept = [], []
     for line, row in rows:
-        if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
-            continue  # a blank line
         if any((row.get(c) or "").strip() != v for c, v in where.items()):
             continue
         for c in CSV_REQUIRED + (("flops",) if has_flops else ()):
