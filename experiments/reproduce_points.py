@@ -66,7 +66,8 @@ def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
         rows = []
         for i, p in zip(held, got["predictions"]):
             cal, truth = p["loss_interval"], float(pts.loss_P[i])
-            unit = {d: cal["scales_log"][d] * point_interval.growth(cal["distances"][REGIMES[d]]) for d in REGIMES}
+            unit = {d: cal["scales_log"][d] * point_interval.growth(cal["distances"][REGIMES[d]], d)
+                    for d in REGIMES}
             rows.append({"params": p["params"], "tokens": p["tokens"], "truth": truth, "predicted": p["loss"],
                          "log_error": float(np.log(p["loss"] / truth)), "distances": cal["distances"],
                          "noise": cal["terms_log"]["noise"], "unit": unit})

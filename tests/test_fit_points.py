@@ -114,7 +114,8 @@ def test_interval_is_calibrated_on_published_holdouts():
     points at ≤ 10 and ≤ 40 tokens per parameter, predict every other point (`experiments.reproduce_points`): the
     interval with the shipped multipliers covers ≥ 90% of the held-out points in each regime (each setting and
     hold-out weighted equally), and is not wider than needed: its median log half-width is below the 95% quantile
-    of |ln(L̂/L)| (the shipped multipliers were calibrated on these settings among 21 other sets and the ladder)."""
+    of |ln(L̂/L)| (the shipped multipliers were calibrated on these settings among 21 other sets and the ladder);
+    beyond the fitted tokens per parameter it covers ≥ 90% near the data and far from it."""
     reproduce, reproduce_points = cli_module("reproduce"), cli_module("reproduce_points")
     cases = [c for row, pts in reproduce.porian_settings() if row["dataset"] == "OpenWebText2"
              for c in reproduce_points.holdout(row["experiment"], pts)]
@@ -129,12 +130,21 @@ def test_interval_is_calibrated_on_published_holdouts():
             log_errors += [abs(p["log_error"]) for p in c["points"]]
         assert np.mean(covered) >= 0.9, (regime, covered)
         assert np.median(halves) < np.quantile(log_errors, 0.95), (regime, np.median(halves))
+    # Just beyond the fitted tokens per parameter (≤ 2×) and far beyond it (> 4×) alike: the term's growth per e-fold
+    # (8) is what keeps the far points covered at a multiplier the near ones need (with the growth of size, 1, and
+    # the same multiplier, these settings' points > 4× beyond were covered 64%).
+    tpp = [c for c in cases if c["regime"] == "tokens_per_param"]
+    for lo, hi in ((0.0, np.log(2)), (np.log(4), np.inf)):
+        covered = [np.mean(hits) for c in tpp if (hits := [abs(p["log_error"]) <= reproduce_points.half_width(p, m)
+                                                           for p in c["points"]
+                                                           if lo < p["distances"]["tokens_per_param"] <= hi])]
+        assert len(covered) >= 8 and np.mean(covered) >= 0.9, (lo, hi, covered)
 
 
 def test_interval_grows_beyond_the_data_in_tokens_per_parameter():
     """A model inside the fitted sizes and tokens but trained at 4× the most tokens per parameter fitted (the
     smallest size at 1,280 tokens per parameter: D = 1.3e10 < D_max 1e11) is an extrapolation: its interval has
-    a tokens-per-parameter term, m_M·b_M·(1 + x), is wider than inside the data (here, on the law's own form and
+    a tokens-per-parameter term, m_M·b_M·(1 + G_M·x), is wider than inside the data (here, on the law's own form and
     0.3% noise, 1.3× or more), and covers the truth.
     Before, the distance counted model size and tokens only (0 here): it got the noise-only interval of a point
     inside the data."""
@@ -148,7 +158,8 @@ def test_interval_grows_beyond_the_data_in_tokens_per_parameter():
     assert far["loss_interval"]["distances"]["params"] == 0 and far["loss_interval"]["distances"]["tokens"] == 0
     terms, iv = far["loss_interval"]["terms_log"], out["interval"]
     assert terms["size"] == 0 and terms["tokens_per_param"] == pytest.approx(
-        iv["multipliers"]["tokens_per_param"] * iv["scales_log"]["tokens_per_param"] * (1 + np.log(4)))
+        iv["multipliers"]["tokens_per_param"] * iv["scales_log"]["tokens_per_param"]
+        * (1 + iv["growth_per_efold"]["tokens_per_param"] * np.log(4)))
     assert near["loss_interval"]["driven_by"] == "noise" and near["loss_interval"]["terms_log"]["tokens_per_param"] == 0
     truth = overtrain.loss_at(GADRE, *beyond)
     assert far["loss_ci95"][0] <= truth <= far["loss_ci95"][1]

@@ -8,7 +8,7 @@ points within 3× of each budget's optimum, so a model trained on far fewer toke
 the hold-outs below, 94% of the held-out points are inside the fitted compute range (x_C = 0) and still miss by up
 to 30%, so the distance in compute does not tell the hard predictions from the easy ones. The interval is L̂·exp(±h),
 
-    h = sqrt((t·σ)² + (m_N·b_N·g(x_N))² + (m_M·b_M·g(x_M))²),   g(x) = 1 + GROWTH·x for x > 0, else 0,
+    h = sqrt((t·σ)² + (m_N·b_N·g_N(x_N))² + (m_M·b_M·g_M(x_M))²),   g(x) = 1 + G·x for x > 0, else 0,
 
 - σ: the noise sd in ln L (the chosen form's log residual RMS, "fit_residuals"), t the Student-t 97.5% quantile
   with the form's residual degrees of freedom: the whole width inside the data (x_N = x_M = 0);
@@ -16,9 +16,11 @@ to 30%, so the distance in compute does not tell the hard predictions from the e
   (`point_backtests`): how far this form, on these data, misses one step beyond what it saw. Where one backtest
   has no pair the other's stands in; where neither has, the residual RMS (the interval says it is not calibrated);
 - g: a prediction beyond the data in a direction, by any amount, gets that direction's whole term, which grows by
-  GROWTH per e-fold: in the published hold-outs the error is mostly a shift shared by every held-out point of a
-  fit, as large just beyond the data as further out (a term that ramps in over the first ln 1.5 gave wider
-  intervals at the same coverage: docs/fitting.md);
+  G = GROWTH[direction] per e-fold: G_N = 1 in model size (in the published hold-outs the error is mostly a shift
+  shared by every held-out point of a fit, as large just beyond the data as further out; a term that ramps in over
+  the first ln 1.5 gave wider intervals at the same coverage), G_M = 8 in tokens per parameter (its errors grow
+  with the distance: 1.1% median just beyond the fitted tokens per parameter, 9.7% at 8× beyond). Each G is the
+  one under which the out-of-sample coverage does not depend on the distance (docs/fitting.md);
 - m_N = SIZE_MULTIPLIER, m_M = TPP_MULTIPLIER: calibrated on the hold-outs of published grids and the CPU
   over-training ladder (`experiments.reproduce`, `experiments.reproduce_points`): each set refitted on part of
   its points predicts the rest trained on ≥ 1 token per parameter, by size (sizes ≤ N_max/2, ≤ N_max/4) and by
@@ -37,13 +39,17 @@ from scipy import special
 from transformer.scaling.backtest import COVERAGE  # noqa: F401 (one 95% for every interval; re-exported)
 from transformer.scaling.interval import NO_NOISE, Interval, none
 
-GROWTH = 1.0  # the terms' growth per e-fold of extrapolation (chosen among 0, 0.5, 1, 2: docs/fitting.md)
+# Each term's growth per e-fold of extrapolation: chosen among 0, 0.5, 1, 2, 4 (size) and 0.5–64 (tokens per
+# parameter) on the hold-outs below, the value under which coverage is flat in the distance (docs/fitting.md; both
+# were 1 until 2026-11-27).
+GROWTH = {"size": 1.0, "tokens_per_param": 8.0}
 # The multipliers: the split-conformal 95% quantiles of the hold-out scores (`experiments.reproduce_points.multipliers`,
-# `backtest.conformal_multiplier` with each (set, hold-out) weighted equally), 2.118 and 1.242 over 43 hold-outs by size
+# `backtest.conformal_multiplier` with each (set, hold-out) weighted equally), 2.182 and 0.248 over 43 hold-outs by size
 # and 44 by tokens per parameter of the 21 published IsoFLOP sets and the CPU ladder, rounded up. Out of sample (each
-# source's from the other sources'): by size 2.02–2.15, by tokens per parameter 1.13–1.32.
-SIZE_MULTIPLIER = 2.12
-TPP_MULTIPLIER = 1.25
+# source's from the other sources'): by size 2.06–2.24, by tokens per parameter 0.218–0.258. (With both growths 1,
+# until 2026-11-27: 2.12 and 1.25.)
+SIZE_MULTIPLIER = 2.19
+TPP_MULTIPLIER = 0.25
 CALIBRATION = {
     "size": ("95% quantile of the scores of hold-outs by model size (refit on the sizes ≤ N_max/2 and ≤ N_max/4, "
              "predict the larger ones at ≥ 1 token per parameter): Porian et al. 2024's 15 settings "
@@ -76,9 +82,9 @@ def fitted_range(params_P: np.ndarray, tokens_P: np.ndarray) -> dict[str, float]
     return {f"{k}_{end}": float(f(v)) for k, v in values.items() for end, f in (("min", np.min), ("max", np.max))}
 
 
-def growth(x: float) -> float:
-    """g(x) of the module docstring: 0 inside the data, 1 + GROWTH·x beyond it."""
-    return 0.0 if x <= 0 else 1.0 + GROWTH * x
+def growth(x: float, direction: str) -> float:
+    """g(x) of the module docstring for `direction` (one of DIRECTIONS): 0 inside the data, 1 + G·x beyond it."""
+    return 0.0 if x <= 0 else 1.0 + GROWTH[direction] * x
 
 
 def scales(b_size: float | None, b_tpp: float | None, fallback: float | None) -> dict[str, Any]:
@@ -106,8 +112,9 @@ def interval(loss: float, x: dict[str, float], noise_sd: float | None, dof: int,
     source = source if noise_sd > 0 else "none"
     t = float(special.stdtrit(max(dof, 1), (1 + COVERAGE) / 2))
     terms = {"noise": t * noise_sd,
-             "size": SIZE_MULTIPLIER * scale["size"] * growth(x["params"]),
-             "tokens_per_param": TPP_MULTIPLIER * scale["tokens_per_param"] * growth(x["tokens_per_param"])}
+             "size": SIZE_MULTIPLIER * scale["size"] * growth(x["params"], "size"),
+             "tokens_per_param": TPP_MULTIPLIER * scale["tokens_per_param"] * growth(x["tokens_per_param"],
+                                                                                  "tokens_per_param")}
     half = float(np.sqrt(sum(v * v for v in terms.values())))
     calibrated = scale["calibrated"] and (x["params"] > 0 or x["tokens_per_param"] > 0)
     if half <= 0:
@@ -122,9 +129,10 @@ def interval(loss: float, x: dict[str, float], noise_sd: float | None, dof: int,
               "terms_log": terms, "driven_by": max(terms, key=terms.get) if half > 0 else None,
               "noise_sd_log": noise_sd, "sigma_log": half / t if t > 0 else None, "t": t,
               "multipliers": {"size": SIZE_MULTIPLIER, "tokens_per_param": TPP_MULTIPLIER},
-              "scales_log": {d: scale[d] for d in DIRECTIONS}, "growth_per_efold": GROWTH,
+              "scales_log": {d: scale[d] for d in DIRECTIONS}, "growth_per_efold": dict(GROWTH),
               "calibrated": bool(calibrated and ci.exists), "source": source,
-              "method": "ln L ± sqrt((t·σ)² + (m_N·b_N·g(x_N))² + (m_M·b_M·g(x_M))²), g(x) = 1 + "
-                        f"{GROWTH:g}·x beyond the data; b: the form's backtest median |error| per direction; m: "
+              "method": "ln L ± sqrt((t·σ)² + (m_N·b_N·g_N(x_N))² + (m_M·b_M·g_M(x_M))²), g_N(x) = 1 + "
+                        f"{GROWTH['size']:g}·x, g_M(x) = 1 + {GROWTH['tokens_per_param']:g}·x beyond the data; b: "
+                        "the form's backtest median |error| per direction; m: "
                         "calibrated out of sample on published hold-outs (point_interval.CALIBRATION)"}
     return ci, record

@@ -176,11 +176,12 @@ def points_lines(at: dict[str, Any]) -> list[str]:
                  f"{name} {pct(c['backtest_size']['median_abs_error'])} / "
                  f"{pct(c['backtest_tokens_per_param']['median_abs_error'])}" for name, c in cand.items()) + ")"]
     iv = at["interval"]
+    g = iv["growth_per_efold"]
     lines.append(f"interval: noise {pct(iv['noise_sd_log'])} (the fit's residual RMS); beyond the data "
-                 f"{iv['multipliers']['size']:g} × {pct(iv['scales_log']['size'])} in model size and "
-                 f"{iv['multipliers']['tokens_per_param']:g} × {pct(iv['scales_log']['tokens_per_param'])} in tokens "
-                 f"per parameter, × (1 + {iv['growth_per_efold']:g}·x) per e-fold x (multipliers calibrated out of "
-                 "sample on published hold-outs)")
+                 f"{iv['multipliers']['size']:g} × {pct(iv['scales_log']['size'])} × (1 + {g['size']:g}·x) in "
+                 f"model size and {iv['multipliers']['tokens_per_param']:g} × "
+                 f"{pct(iv['scales_log']['tokens_per_param'])} × (1 + {g['tokens_per_param']:g}·x) in tokens per "
+                 "parameter, x the e-folds beyond the data (calibrated out of sample on published hold-outs)")
     if at.get("warning"):
         lines.append(f"{at['chosen']} WARNING (applies to these losses): {at['warning']}")
     if at.get("note"):
