@@ -68,9 +68,11 @@ def test_calibrated_interval_covers_the_truth_over_simulated_sweeps():
     assert got["covered"] >= 0.9, got
     assert got["noise_covered"] < got["covered"]  # the noise draws alone miss the frontier's misfit
     assert got["median_error"] < 0.015
-    # Not wider than needed: 1.69× the 95% quantile of |e| over these 12 sweeps (1.72× with the terms in quadrature;
-    # 2.67× with m = 1, the old interval).
-    assert got["half_over_q95"] < 2.0, got
+    # Not wider than needed: 2.11× the 95% quantile of |e| over these 12 sweeps (1.69× with the lever x/span, 1.72×
+    # with the terms in quadrature; 2.67× with m = 1, the old interval). These 10 budgets over 512× are smoother than
+    # published sweeps: there, fits on six or more minima were covered only 86% with the lever x/span (90% with
+    # x/span^0.75, docs/fitting.md), so the published pairs, not this law, set the width.
+    assert got["half_over_q95"] < 2.5, got
 
 
 @pytest.mark.slow
@@ -81,8 +83,9 @@ def test_calibrated_interval_coverage_many_sweeps():
     # With m = 1 (the old interval): 1.77 over 30 sweeps. 1.01 under the hard χ² test; 1.42 since the soft test
     # (2026-11-27), whose averaged forecasts shrink the tail of |e| (its 95% quantile by ~30%, median 0.34% → 0.37%)
     # while q stays calibrated on published pairs: covered 97% → 100%. 1.37 (covered 99%) since the interval is the
-    # larger of its noise and extrapolation terms, not the two in quadrature (2026-11-27).
-    assert got["half_over_q95"] < 1.5, got
+    # larger of its noise and extrapolation terms, not the two in quadrature (2026-11-27). 1.71 (covered 100%) with the
+    # lever x/span^0.75 (2026-11-27): see the default test.
+    assert got["half_over_q95"] < 1.9, got
 
 
 def test_conformal_multiplier_and_leave_group_out():
@@ -104,10 +107,10 @@ def test_interval_widens_with_distance_in_units_of_the_fitted_span():
     near, _ = backtest.frontier_interval(2.0, np.log(2), np.log(16), 0.001, "seeds")
     far, terms = backtest.frontier_interval(2.0, np.log(8), np.log(16), 0.001, "seeds")
     assert far.hi - far.lo > 2.5 * (near.hi - near.lo) and far.source == "seeds"
-    assert terms["lever"] == pytest.approx(0.75) and terms["spread_from"]
+    assert terms["lever"] == pytest.approx(np.log(8) / np.log(16) ** backtest.SPAN_POWER) and terms["spread_from"]
     narrow_data, _ = backtest.frontier_interval(2.0, np.log(8), np.log(4), 0.001, "seeds")
-    assert narrow_data.hi - narrow_data.lo > 1.8 * (far.hi - far.lo)  # the same distance is twice as far for a
-    # quarter of the span (lever 1.5 against 0.75)
+    assert narrow_data.hi - narrow_data.lo > 1.5 * (far.hi - far.lo)  # the same distance is further for a quarter of
+    # the span (half the span in e-folds: a lever 2^0.75 = 1.68× as long)
 
 
 def test_backtest_pairs_every_origin_with_three_budgets_and_exact_law_has_no_error():

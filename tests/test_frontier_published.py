@@ -84,20 +84,24 @@ def test_interval_grows_with_the_distance_in_units_of_the_fitted_range():
     wide, t_wide = backtest.frontier_interval(2.0, np.log(2), 1.5, 0.001, "seeds")
     inside, t_in = backtest.frontier_interval(2.0, -0.5, 3.0, 0.001, "seeds")
     assert t_far["extrapolation_half_width_log"] == pytest.approx(2 * t_near["extrapolation_half_width_log"])
-    assert t_wide["lever"] == pytest.approx(2 * t_near["lever"])  # half the fitted range: twice the lever
-    assert t_near["extrapolation_half_width_log"] == pytest.approx(backtest.FRONTIER_SPREAD * np.log(2) / 3.0)
+    # half the fitted range: a lever 2^p as long (p = SPAN_POWER, 0.75: wider data extrapolate better, less than in
+    # proportion to their span)
+    assert t_wide["lever"] == pytest.approx(2**backtest.SPAN_POWER * t_near["lever"])
+    assert 1 < 2**backtest.SPAN_POWER < 2
+    assert t_near["extrapolation_half_width_log"] == pytest.approx(
+        backtest.FRONTIER_SPREAD * np.log(2) / 3.0**backtest.SPAN_POWER)
     assert t_in["extrapolation_half_width_log"] == 0 and inside.hi == pytest.approx(2.0 * np.exp(backtest.Z * 0.001))
     assert far.hi - far.lo > near.hi - near.lo > inside.hi - inside.lo
     assert "published" in t_near["spread_from"] and t_near["spread"] == backtest.FRONTIER_SPREAD
 
 
 def test_the_noise_term_is_a_floor_that_the_extrapolation_term_replaces_not_adds_to():
-    """The frontier's half-width is the larger of 1.96·σ_noise and q·x/span (backtest.FRONTIER_COMBINE): a step
+    """The frontier's half-width is the larger of 1.96·σ_noise and q·x/span^p (backtest.FRONTIER_COMBINE): a step
     beyond the data whose extrapolation term is below the noise term keeps the in-range interval, and one above it
     has exactly the extrapolation term (in quadrature both would be wider)."""
     sd = 0.01  # noise half-width 1.96 %
     inside, _ = backtest.frontier_interval(2.0, -0.5, 3.0, sd, "seeds")
-    small_x = 0.5 * backtest.Z * sd * 3.0 / backtest.FRONTIER_SPREAD  # q·x/span = half the noise term
+    small_x = 0.5 * backtest.Z * sd * 3.0**backtest.SPAN_POWER / backtest.FRONTIER_SPREAD  # q·lever = half the noise
     near, t_near = backtest.frontier_interval(2.0, small_x, 3.0, sd, "seeds")
     assert (near.lo, near.hi) == pytest.approx((inside.lo, inside.hi), rel=1e-12)
     far, t_far = backtest.frontier_interval(2.0, 4 * small_x, 3.0, sd, "seeds")

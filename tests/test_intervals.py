@@ -68,7 +68,7 @@ def test_with_no_noise_at_all_an_interval_is_null_or_says_it_is_the_extrapolatio
     assert not terms["calibrated"]
     beyond, terms = backtest.frontier_interval(2.0, np.log(4), np.log(16), 0.0, "residuals", spread=0.1)
     assert beyond.lo < 2.0 < beyond.hi and beyond.source == "none" and "extrapolation term alone" in beyond.note
-    assert beyond.hi / 2.0 == pytest.approx(math.exp(0.1 * 0.5))  # q · x / span
+    assert beyond.hi / 2.0 == pytest.approx(math.exp(0.1 * np.log(4) / np.log(16) ** backtest.SPAN_POWER))  # q·lever
     with_noise, terms = backtest.frontier_interval(2.0, 0.0, np.log(16), 0.01, "seeds")
     assert with_noise.source == "seeds" and terms["calibrated"]
     assert with_noise.hi / 2.0 == pytest.approx(math.exp(1.959964 * 0.01), rel=1e-5)

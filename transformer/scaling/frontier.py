@@ -282,8 +282,9 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
     min_origin = max(backtest.MIN_BUDGETS, min(FRONTIER_BUDGETS, len(flops_B) - 1))
     out["backtest"] = backtest.summary(bt, min_origin)
     out["backtest"]["approach3_E"] = "refitted per origin" if e3_refits is not None else "from all the points"
-    out["interval"] = {"form": "L̂·exp(±max(1.96·σ_noise, q·x/span)), x = ln(C / largest_flops)",
+    out["interval"] = {"form": f"L̂·exp(±max(1.96·σ_noise, q·x/span^{backtest.SPAN_POWER:g})), x = ln(C / largest_flops)",
                        "largest_flops": float(max(flops_B)), "span": float(np.log(max(flops_B) / min(flops_B))),
+                       "span_power": backtest.SPAN_POWER,
                        "spread": backtest.FRONTIER_SPREAD, "spread_from": backtest.SPREAD_FROM}
     if draws2 is not None:
         fits_K, held_K = _drawn_laws(draws2, approach3, noise_sd)

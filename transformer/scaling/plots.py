@@ -340,7 +340,7 @@ def plot_contours(fit: dict[str, Any], path: str) -> str | None:
 
 def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
     """The frontier's backtest: each refit's relative error at the later budgets against the extrapolation
-    factor C_j / C_k, with the prediction interval's extrapolation term ±q·x/span at the fit's own span (None: no
+    factor C_j / C_k, with the prediction interval's extrapolation term ±q·x/span^p at the fit's own span (None: no
     backtest)."""
     bt = fit.get("frontier", {}).get("backtest") or {}
     terms = fit.get("frontier", {}).get("interval") or {}
@@ -355,9 +355,10 @@ def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
                 color=f"C{i % 10}", ms=4, lw=1, label=f"fit to the first {k} budgets (≤ {sel[0]['fit_flops']:.2g})")
     if terms.get("span"):
         x_G = np.linspace(0, max(p["distance"] for p in bt["pairs"]) * 1.1, 50)
-        half_G = 100 * (np.exp(terms["spread"] * x_G / terms["span"]) - 1)
+        power = terms.get("span_power", 1.0)  # a fit.json written before 2026-11-27: x/span
+        half_G = 100 * (np.exp(terms["spread"] * x_G / terms["span"] ** power) - 1)
         ax.fill_between(np.exp(x_G), -half_G, half_G, color="0.5", alpha=0.2, lw=0,
-                        label=f"95% interval's extrapolation term ±q·x/span (q = {terms['spread']:g}, the fit's span "
+                        label=f"95% interval's extrapolation term ±q·x/span^{power:g} (q = {terms['spread']:g}, the fit's span "
                               f"{terms['span']:.2f}; without the noise term)")
     ax.axhline(0, color="k", lw=0.6)
     ax.set(xscale="log", xlabel="extrapolation factor C / C_largest fitted",

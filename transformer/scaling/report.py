@@ -208,7 +208,8 @@ def _interval_words(p: dict[str, Any]) -> str:
         larger = max(terms, key=terms.get)
         sets = f"; the {larger} term sets the width" if cal.get("half_width_log") == terms[larger] else ""
         return (f"{noise}, extrapolation ±{100 * cal['extrapolation_half_width_log']:.2f}% = q {cal['spread']:g} × "
-                f"x/span {cal['lever']:.3f} (x = {cal['distance']:.2f} e-folds beyond the largest budget, the minima "
+                f"x/span^{cal.get('span_power', 1):g} {cal['lever']:.3f} (x = {cal['distance']:.2f} e-folds beyond the "
+                f"largest budget, the minima "
                 f"span {cal['span']:.2f}; q calibrated on published sets{sets})")
     noise = {"fit_residuals": "the fit's residual RMS as noise"}.get(cal.get("source", ""), f"noise: {cal.get('source')}")
     if cal.get("source") == "none":
