@@ -61,7 +61,8 @@ def _interval(rec: dict[str, Any], b: dict[str, Any], a2: dict[str, Any], draws2
     approach 2's minima and their draws `draws2`, σ_noise from the rule's own draws `law_draws`) and the
     candidates need, per
     quantity (prefix "" for N_opt, "tokens_" for D_opt): "noise_half" (1.96·σ_noise at C), "obs_half" (1.96 × the
-    observed minimum's own sd), "lever" (σ_scatter·lev), "lever_span" (x/span), "half" (h), "covered" (shipped q,
+    observed minimum's own sd), "lever" (σ_scatter·lev), "lever_span" (x/span: the loss frontier's lever until
+    2026-11-27), "half" (h), "covered" (shipped q,
     the observation's noise in quadrature), "width" (2·sinh h); "covered_before" / "covered_before_fair" and
     "width_before": the interval before (percentiles of the draws), strictly and with the observation's noise."""
     shared = shipped.shared_terms(a2, draws2)
@@ -79,7 +80,7 @@ def _interval(rec: dict[str, Any], b: dict[str, Any], a2: dict[str, Any], draws2
         half = terms["half_width_log"]
         rec.update({f"{p}noise_half": terms["noise_half_width_log"], f"{p}obs_half": obs_half,
                     f"{p}lever": terms["scatter_sd_log"] * terms["leverage"],
-                    f"{p}lever_span": backtest.lever(np.log(b["C_opt"]) - log_c.max(), np.ptp(log_c)),
+                    f"{p}lever_span": backtest.lever(np.log(b["C_opt"]) - log_c.max(), np.ptp(log_c), 1.0),
                     f"{p}half": half, f"{p}covered": bool(abs(err) <= np.hypot(half, obs_half)),
                     f"{p}width": float(2 * np.sinh(half))})
         ends = interval.percentile_ends(v_K) if v_K is not None else None
