@@ -12,7 +12,7 @@ each budget's optimum) does not describe; below the fitted range the interval ha
 calibrated there (docs/fitting.md).
 A held-out point of a hold-out by size has the score m_N its size term needs to reach its error e = ln(L̂/L) beside
 the noise term and the tokens-per-parameter term at the current m_M: sqrt(max(e² − (t·σ)² − (m_M·u_M)², 0)) / u_N,
-u = b·g(x) (`point_interval`); a point of a hold-out by tokens per parameter likewise gives m_M. The points of one
+u = s(b)·g(x) (`point_interval.unit`); a point of a hold-out by tokens per parameter likewise gives m_M. The points of one
 hold-out share one fit and their errors move together, so each (set, hold-out) weighs the same: a multiplier is the
 `point_interval.COVERAGE` split-conformal quantile (`backtest.conformal_multiplier`) of its regime's scores with
 each point weighted 1 / (its hold-out's points), the two found in turn until they settle (`multipliers`). Out of sample (`calibrate`), each data source's hold-outs
@@ -66,8 +66,7 @@ def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
         rows = []
         for i, p in zip(held, got["predictions"]):
             cal, truth = p["loss_interval"], float(pts.loss_P[i])
-            unit = {d: cal["scales_log"][d] * point_interval.growth(cal["distances"][REGIMES[d]], d)
-                    for d in REGIMES}
+            unit = {d: point_interval.unit(cal["scales_log"][d], cal["distances"][REGIMES[d]], d) for d in REGIMES}
             rows.append({"params": p["params"], "tokens": p["tokens"], "truth": truth, "predicted": p["loss"],
                          "log_error": float(np.log(p["loss"] / truth)), "distances": cal["distances"],
                          "noise": cal["terms_log"]["noise"], "unit": unit})

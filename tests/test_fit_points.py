@@ -265,3 +265,21 @@ def test_multipliers_weigh_each_holdout_equally_and_leave_a_source_out():
     both = {"log_error": 0.05, "noise": 0.03, "unit": {"size": 0.01, "tokens_per_param": 0.045}}
     assert reproduce_points.score(both, "size", {"size": 0.0, "tokens_per_param": 1.0}) == 0.0
     assert reproduce_points.score(both, "size", {"size": 0.0, "tokens_per_param": 0.0}) == pytest.approx(4.0)  # √(5² − 3²)/1
+
+
+def test_the_size_term_grows_less_than_in_proportion_to_the_backtest_error():
+    """s = 1%·(b / 1%)^0.7 in model size (a fit whose backtest misses 4× more gets a term 4^0.7 = 2.6× wider: with
+    s = b, published hold-outs with the smallest third of b were covered 87% and the largest 99%), b itself in tokens
+    per parameter; the console names both s and the backtest's b it came from."""
+    s = lambda b, d: point_interval.effective_scale(b, d)
+    assert s(0.01, "size") == pytest.approx(0.01) and s(0.0, "size") == 0.0
+    assert s(0.04, "size") / s(0.01, "size") == pytest.approx(4 ** point_interval.SCALE_POWER["size"])
+    assert 1.5 < s(0.04, "size") / s(0.01, "size") < 4
+    assert s(0.04, "tokens_per_param") / s(0.01, "tokens_per_param") == pytest.approx(4)
+    out = fits.fit_all(gadre_grid(1), approach3_near=0, predict_points=[(1e9, 5e11)])["point_predictions"]
+    far, iv = out["predictions"][0], out["interval"]
+    b = iv["scales_log"]["size"]
+    assert far["loss_interval"]["terms_log"]["size"] == pytest.approx(
+        point_interval.SIZE_MULTIPLIER * s(b, "size") * (1 + far["loss_interval"]["distances"]["params"]))
+    line = next(ln for ln in report.points_lines(out) if ln.startswith("interval:"))
+    assert f"(from the backtest's {100 * b:.2f}%)" in line and "in tokens per parameter" in line

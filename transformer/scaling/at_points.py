@@ -133,7 +133,10 @@ def predict(points: Points, asked_Q: Sequence[tuple[float, float]], sigma: float
         "interval": {"noise_sd_log": noise_sd, "noise_source": "fit_residuals", "scales_log": scale,
                      "multipliers": {"size": point_interval.SIZE_MULTIPLIER,
                                      "tokens_per_param": point_interval.TPP_MULTIPLIER},
-                     "growth_per_efold": dict(point_interval.GROWTH), "calibrated_on": point_interval.CALIBRATION},
+                     "growth_per_efold": dict(point_interval.GROWTH),
+                     "effective_scales_log": {d: point_interval.effective_scale(scale[d], d)
+                                              for d in point_interval.DIRECTIONS},
+                     "scale_power": dict(point_interval.SCALE_POWER), "calibrated_on": point_interval.CALIBRATION},
         "predictions": preds}
     if sigma and form["rms"] > MISFIT_FLAG * sigma:
         out["warning"] = (f"residual RMS {form['rms']:.4f} is {form['rms'] / sigma:.1f}x the loss noise σ {sigma:.4f}: "

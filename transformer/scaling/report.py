@@ -13,6 +13,8 @@ from transformer import environment, files
 from transformer.scaling import fits, plots
 from transformer.scaling import points as points_lib
 
+DIRECTION_WORDS = {"size": "model size", "tokens_per_param": "tokens per parameter"}
+
 
 def run_fit(
     points_source: str | points_lib.Points,
@@ -176,12 +178,14 @@ def points_lines(at: dict[str, Any]) -> list[str]:
                  f"{name} {pct(c['backtest_size']['median_abs_error'])} / "
                  f"{pct(c['backtest_tokens_per_param']['median_abs_error'])}" for name, c in cand.items()) + ")"]
     iv = at["interval"]
-    g = iv["growth_per_efold"]
+    g = iv["growth_per_efold"]  # per direction
     lines.append(f"interval: noise {pct(iv['noise_sd_log'])} (the fit's residual RMS); beyond the data "
-                 f"{iv['multipliers']['size']:g} × {pct(iv['scales_log']['size'])} × (1 + {g['size']:g}·x) in "
-                 f"model size and {iv['multipliers']['tokens_per_param']:g} × "
-                 f"{pct(iv['scales_log']['tokens_per_param'])} × (1 + {g['tokens_per_param']:g}·x) in tokens per "
-                 "parameter, x the e-folds beyond the data (calibrated out of sample on published hold-outs)")
+                 + " and ".join(f"{iv['multipliers'][d]:g} × {pct(iv['effective_scales_log'][d])}"
+                                + (f" (from the backtest's {pct(iv['scales_log'][d])})"
+                                   if iv["scale_power"][d] != 1 else "")
+                                + f" × (1 + {g[d]:g}·x) in {DIRECTION_WORDS[d]}"
+                                for d in ("size", "tokens_per_param"))
+                 + ", x the e-folds beyond the data (calibrated out of sample on published hold-outs)")
     if at.get("warning"):
         lines.append(f"{at['chosen']} WARNING (applies to these losses): {at['warning']}")
     if at.get("note"):
