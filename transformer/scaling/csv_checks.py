@@ -46,7 +46,8 @@ def read_table(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
     with open(path, "rb") as f:
         data = f.read()
     try:
-        text = data.decode("utf-8-sig")
+        text = data.decode("utf-8").removeprefix("\ufeff")  # not "utf-8-sig": that codec
+        # is imported on first use, which fails where the standard library cannot be read (run as another user)
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise ConfigError(f"{path}: line {line} is not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as "
