@@ -129,8 +129,10 @@ def main(argv: list[str]) -> None:
         + [{**c, "group": "all"} for c in cases])
     result["points_regimes"] = reproduce_points.regime_table(cases)
     result["points_family_split"] = reproduce_points.family_split(cases)
+    result["points_conditional"] = reproduce_points.conditional_table(cases)
     print("\nLoss at (N, D), hold-outs by size and by tokens per parameter:\n" + "\n".join(result["points_table"])
-          + "\n\n" + "\n".join(result["points_regimes"]) + "\n\n" + "\n".join(result["points_family_split"]))
+          + "\n\n" + "\n".join(result["points_regimes"]) + "\n\n" + "\n".join(result["points_family_split"])
+          + "\n\nBy distance beyond the data and by the backtest's error:\n" + "\n".join(result["points_conditional"]))
     for direction, m in result["points_multipliers"].items():
         m_out = [c["m_out"][direction] for c in cases if "m_out" in c]
         print(f"multiplier by {direction.replace('_', ' ')} over these hold-outs: {m:.3f} (shipped "

@@ -197,6 +197,11 @@ def stability(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples
     return out
 
 
+# The pairs grouped by the number of minima their refit saw: the lever's span power evens out their coverage
+# (docs/fitting.md, "Why span^0.75").
+MINIMA: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("2–3 minima", lambda r: r["minima"] <= 3), ("4–5 minima", lambda r: 4 <= r["minima"] <= 5),
+    ("≥ 6 minima", lambda r: r["minima"] >= 6))
 CASES: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("2x", lambda r: r.get("case") == "2x"), ("4x", lambda r: r.get("case") == "4x"))
 
@@ -259,6 +264,7 @@ def run(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int)
                          ("other (Chinchilla, Open-Athena)", [r for r in rs if r["family"] != "Porian"]), ("all", rs)]
     lines = ["Leave-future-out pairs (every origin, every later minimum):"] + table(groups(rows), cols)
     lines += ["", "The two cases per set of the older table:"] + table(groups(cases), cols, CASES)
+    lines += ["", "Leave-future-out pairs by the minima their refit saw:"] + table([("all", rows)], cols, MINIMA)
     lines += ["", f"q over every pair: {q:.4f} (shipped backtest.FRONTIER_SPREAD {backtest.FRONTIER_SPREAD}); out of "
                   f"sample, each source's from the others: {min(r['q_out'] for r in rows if 'q_out' in r):.4f}–"
                   f"{max(r['q_out'] for r in rows if 'q_out' in r):.4f}"]

@@ -43,8 +43,8 @@ def train_mask(pts: points_lib.Points, regime: str, value: float) -> np.ndarray:
 
 def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
     """One record per case of `name`: {"data", "case", "regime", "chosen", "points": [{"params", "tokens", "truth",
-    "predicted", "log_error", "distances", "noise", "unit": {direction: b·g(x)}}]} or {"data", "case", "regime",
-    "note"}."""
+    "predicted", "log_error", "distances", "noise", "unit": {direction: s(b)·g(x)}, "scale": {direction: b}}]} or
+    {"data", "case", "regime", "note"}."""
     out = []
     for label, regime, value in CASES:
         train_P = train_mask(pts, regime, value)
@@ -69,7 +69,7 @@ def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
             unit = {d: point_interval.unit(cal["scales_log"][d], cal["distances"][REGIMES[d]], d) for d in REGIMES}
             rows.append({"params": p["params"], "tokens": p["tokens"], "truth": truth, "predicted": p["loss"],
                          "log_error": float(np.log(p["loss"] / truth)), "distances": cal["distances"],
-                         "noise": cal["terms_log"]["noise"], "unit": unit})
+                         "noise": cal["terms_log"]["noise"], "unit": unit, "scale": cal["scales_log"]})
         out.append({**rec, "points": rows, "chosen": got["chosen"], "held_sizes": len(np.unique(pts.params_P[held]))})
     return out
 
@@ -189,4 +189,35 @@ def family_split(cases: list[dict[str, Any]]) -> list[str]:
             error = np.median(np.abs([np.expm1(p["log_error"]) for p in pts]))
             lines.append(f"| {family} | by {regime.replace('_', ' ')} | {m[regime]:.2f} | {cover:.1f}% | "
                          f"{100 * width:.2f}% | {100 * error:.2f}% |")
+    return lines
+
+
+# What each direction's term is tested against (docs/fitting.md): the distance beyond the data in e-folds, and in
+# model size the backtest's error b (by tertile of the hold-outs).
+DISTANCE_BINS = {"size": (0.0, 0.5, 1.0, 1.5, np.inf), "tokens_per_param": (0.0, np.log(2), np.log(4), np.log(8), np.inf)}
+
+
+def conditional_table(cases: list[dict[str, Any]]) -> list[str]:
+    """Out-of-sample coverage (each hold-out weighted equally) and median width per bin of each direction's distance
+    and, by size, per tertile of b (Markdown; after `calibrate`): a calibrated term covers about the same everywhere."""
+    lines = ["| regime | bin | points | 95% covers out of sample | median width |", "|---|---|---|---|---|"]
+
+    def row(regime: str, label: str, groups: list[list[dict[str, Any]]]) -> None:
+        groups = [g for g in groups if g]
+        pts = [p for g in groups for p in g]
+        if pts:
+            cover = 100 * np.mean([np.mean([p["covered_out"] for p in g]) for g in groups])
+            lines.append(f"| by {regime.replace('_', ' ')} | {label} | {len(pts)} | {cover:.1f}% | "
+                         f"{100 * np.median([p['width_out'] for p in pts]):.2f}% |")
+    for regime, edges in DISTANCE_BINS.items():
+        sel = [c for c in cases if c["regime"] == regime and "points" in c]
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            row(regime, f"x in ({lo:.2f}, {hi:.2f}]", [[p for p in c["points"] if lo < p["distances"][REGIMES[regime]] <= hi]
+                                                    for c in sel])
+    sel = [c for c in cases if c["regime"] == "size" and "points" in c]
+    b_C = np.array([c["points"][0]["scale"]["size"] for c in sel])
+    for third in np.array_split(np.argsort(b_C, kind="stable"), 3):
+        if len(third):
+            row("size", f"b in [{100 * b_C[third].min():.2f}%, {100 * b_C[third].max():.2f}%]",
+                [sel[i]["points"] for i in third])
     return lines

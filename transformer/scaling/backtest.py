@@ -45,7 +45,7 @@ QUADRATURE, LARGER = "quadrature", "larger"
 FRONTIER_COMBINE = LARGER
 # p, the power of the span in the lever x/span^p: on the published pairs a fit over a wider compute range (more minima)
 # extrapolates better, but less than in proportion to its span. With p = 1 (until 2026-11-27) pairs refitted on 2–3
-# minima were covered 100% and those on ≥ 6 minima 86%; with 0.75 96% and 90%, at the same coverage per regime and a
+# minima were covered 99.5% and those on ≥ 6 minima 88%; with 0.75 95% and 92.5%, at the same coverage per regime and a
 # narrower ≥4x interval. Chosen among 0–1 (and x^0.75–x^1.5) out of sample, 0.75 for every data source (docs/fitting.md).
 SPAN_POWER = 0.75
 # q is the split-conformal 95% quantile of the hold-out score (`needed_spread`: 0 where |e| ≤ Z·σ_noise, else
