@@ -17,7 +17,7 @@ to 30%, so the distance in compute does not tell the hard predictions from the e
   has no pair the other's stands in; where neither has, the residual RMS (the interval says it is not calibrated);
 - s = b_ref·(b / b_ref)^w (`effective_scale`, b_ref = 1%, w = SCALE_POWER[direction]): w_N = 0.7 in model size,
   where the hold-outs' errors grow less than in proportion to their backtests' (with s = b, the hold-outs with the
-  smallest third of b were covered 87% and the largest third 99%; with w_N = 0.7, 93% and 97%), w_M = 1;
+  smallest third of b were covered 87% and the largest third 99%; with w_N = 0.7, 93.5% and 96.4%), w_M = 1;
 - g: a prediction beyond the data in a direction, by any amount, gets that direction's whole term, which grows by
   G = GROWTH[direction] per e-fold: G_N = 1 in model size (in the published hold-outs the error is mostly a shift
   shared by every held-out point of a fit, as large just beyond the data as further out; a term that ramps in over
