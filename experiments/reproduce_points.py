@@ -43,8 +43,8 @@ def train_mask(pts: points_lib.Points, regime: str, value: float) -> np.ndarray:
 
 def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
     """One record per case of `name`: {"data", "case", "regime", "chosen", "points": [{"params", "tokens", "truth",
-    "predicted", "log_error", "distances", "noise", "unit": {direction: s(b)·g(x)}, "scale": {direction: b}}]} or
-    {"data", "case", "regime", "note"}."""
+    "predicted", "log_error", "distances", "noise", "unit": {direction: s(b)·g(x)}}], "scales_log": the fit's b per
+    direction} or {"data", "case", "regime", "note"}."""
     out = []
     for label, regime, value in CASES:
         train_P = train_mask(pts, regime, value)
@@ -69,8 +69,9 @@ def holdout(name: str, pts: points_lib.Points) -> list[dict[str, Any]]:
             unit = {d: point_interval.unit(cal["scales_log"][d], cal["distances"][REGIMES[d]], d) for d in REGIMES}
             rows.append({"params": p["params"], "tokens": p["tokens"], "truth": truth, "predicted": p["loss"],
                          "log_error": float(np.log(p["loss"] / truth)), "distances": cal["distances"],
-                         "noise": cal["terms_log"]["noise"], "unit": unit, "scale": cal["scales_log"]})
-        out.append({**rec, "points": rows, "chosen": got["chosen"], "held_sizes": len(np.unique(pts.params_P[held]))})
+                         "noise": cal["terms_log"]["noise"], "unit": unit})
+        out.append({**rec, "points": rows, "chosen": got["chosen"], "held_sizes": len(np.unique(pts.params_P[held])),
+                    "scales_log": got["interval"]["scales_log"]})
     return out
 
 
@@ -215,7 +216,7 @@ def conditional_table(cases: list[dict[str, Any]]) -> list[str]:
             row(regime, f"x in ({lo:.2f}, {hi:.2f}]", [[p for p in c["points"] if lo < p["distances"][REGIMES[regime]] <= hi]
                                                     for c in sel])
     sel = [c for c in cases if c["regime"] == "size" and "points" in c]
-    b_C = np.array([c["points"][0]["scale"]["size"] for c in sel])
+    b_C = np.array([c["scales_log"]["size"] for c in sel])
     for third in np.array_split(np.argsort(b_C, kind="stable"), 3):
         if len(third):
             row("size", f"b in [{100 * b_C[third].min():.2f}%, {100 * b_C[third].max():.2f}%]",

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib import colors, figure
 from matplotlib.cm import ScalarMappable
 
-from transformer.scaling import frontier, interval, parametric
+from transformer.scaling import backtest, frontier, interval, parametric
 
 LABEL_C = "compute C (FLOPs)"
 LABEL_N = "parameters N"
@@ -356,7 +356,8 @@ def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
     if terms.get("span"):
         x_G = np.linspace(0, max(p["distance"] for p in bt["pairs"]) * 1.1, 50)
         power = terms.get("span_power", 1.0)  # a fit.json written before 2026-11-27: x/span
-        half_G = 100 * (np.exp(terms["spread"] * x_G / terms["span"] ** power) - 1)
+        lever_G = np.array([backtest.lever(x, terms["span"], power) for x in x_G])  # the interval's own lever
+        half_G = 100 * (np.exp(terms["spread"] * lever_G) - 1)
         ax.fill_between(np.exp(x_G), -half_G, half_G, color="0.5", alpha=0.2, lw=0,
                         label=f"95% interval's extrapolation term ±q·x/span^{power:g} (q = {terms['spread']:g}, the fit's span "
                               f"{terms['span']:.2f}; without the noise term)")

@@ -149,7 +149,6 @@ def interval(loss: float, x: dict[str, float], noise_sd: float | None, dof: int,
               "noise_sd_log": noise_sd, "sigma_log": half / t if t > 0 else None, "t": t,
               "multipliers": {"size": SIZE_MULTIPLIER, "tokens_per_param": TPP_MULTIPLIER},
               "scales_log": {d: scale[d] for d in DIRECTIONS}, "growth_per_efold": dict(GROWTH),
-              "scale_power": dict(SCALE_POWER), "scale_ref": SCALE_REF,
               "calibrated": bool(calibrated and ci.exists), "source": source,
               "method": "ln L ± sqrt((t·σ)² + (m_N·s_N·g_N(x_N))² + (m_M·s_M·g_M(x_M))²), g_N(x) = 1 + "
                         f"{GROWTH['size']:g}·x, g_M(x) = 1 + {GROWTH['tokens_per_param']:g}·x beyond the data; "
