@@ -26,7 +26,7 @@ import numpy as np
 from experiments import allocation_rules as allocation
 from experiments import reproduce_frontier as rf
 from transformer.scaling import allocation as shipped
-from transformer.scaling import backtest, fits, interval, noise
+from transformer.scaling import backtest, fits, interval, noise, refits
 from transformer.scaling import points as points_lib
 
 Sets = list[tuple[str, points_lib.Points, dict[str, str]]]
@@ -122,16 +122,18 @@ def lfo(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]
     return rows
 
 
-def stability(name: str, pts: points_lib.Points, samples: int, factor: float = 4.0) -> list[dict[str, Any]]:
-    """Per rule: N_opt at `factor` × the largest budget, max and mean |change| with any one budget dropped."""
+def stability(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]:
+    """Per rule: N_opt where a fit without `--predict_flops` asks (`refits.REFERENCE_FACTOR` × the largest budget's
+    C_opt, as fit.json's "sensitivity"), max and mean |change| with any one budget dropped."""
     pts = pts.canonical()
     a2, draws2, a3, chosen = _fit(pts, samples)
     if len(a2.get("budgets", [])) < 3 or a2.get("a") is None:
         return []
     noise_sd = backtest.median_log_sd(draws2["N_opt"]) if draws2 is not None else None
-    moves = allocation.moves(chosen, a2, a3, noise_sd, [factor * float(pts.flops_P.max())], allocation.RULES)
-    return [{"data": name, "rule": rule, "max": float(np.abs(m).max()), "mean": float(np.abs(m).mean())}
-            for rule, m in moves.items()]
+    at = refits.REFERENCE_FACTOR * max(b["C_opt"] for b in a2["budgets"])
+    moves = allocation.moves(chosen, a2, a3, noise_sd, [at], allocation.RULES)
+    return [{"data": name, "rule": rule, "at_flops": at, "max": float(np.abs(m).max()),
+             "mean": float(np.abs(m).mean())} for rule, m in moves.items()]
 
 
 def coverage(rows: list[dict[str, Any]]) -> str:

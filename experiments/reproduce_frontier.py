@@ -179,19 +179,19 @@ def nested_choice(by_rule: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return {"picked": picked, "rows": rows}
 
 
-def stability(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int,
-              factor: float = 4.0) -> list[dict[str, Any]]:
-    """Per set, under each rule for E: the frontier fitted on every budget and its forecast at `factor` × the
-    largest budget, and how much that forecast (loss and N_opt) moves when any one budget is dropped
-    (`refits.leave_one_budget_out`, fit.json's frontier "sensitivity")."""
+def stability(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int) -> list[dict[str, Any]]:
+    """Per set, under each rule for E: the frontier fitted on every budget and its forecast where a fit without
+    `--predict_flops` makes it (`refits.REFERENCE_FACTOR` × the largest budget's C_opt), and how much that forecast
+    (loss and N_opt) moves when any one budget is dropped (`refits.leave_one_budget_out`, fit.json's frontier
+    "sensitivity"). Until 2026-11-27 it was 4 × the largest point's compute, which on Epoch AI's Chinchilla
+    extraction (one point at 1.3e22, its largest budget's minimum at 9.7e20) asked 53× out, not 4×."""
     out = []
     for name, pts, tags in sets:
-        c = factor * float(pts.flops_P.max())
         for rule_name in RULES:
             with rule(rule_name):
-                sens = predict.frontier_predictions(pts, [c], samples)["frontier"].get("sensitivity")
+                sens = predict.frontier_predictions(pts, [], samples)["frontier"].get("sensitivity")
             if sens:
-                out.append({"data": name, **tags, "rule": rule_name, "at_flops": c,
+                out.append({"data": name, **tags, "rule": rule_name, "at_flops": sens["at_flops"][0],
                             **{k: sens[k][0] for k in ("loss_max_abs_change", "loss_mean_abs_change",
                                                       "params_max_abs_change", "params_mean_abs_change") if k in sens}})
     return out

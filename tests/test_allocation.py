@@ -163,7 +163,9 @@ def test_allocation_draws_pair_approach_2_and_3_draw_by_draw():
 
 def test_reproduce_allocation_table_on_chinchilla():
     """The harness `experiments.reproduce` runs for the allocation table: leave-future-out pairs under every rule,
-    the rules' intervals, and the stability row (approach 2 57.8% max; the held exponent 7.4%)."""
+    the rules' intervals, and the stability row at the forecast fit.json's sensitivity makes (4x the largest budget's
+    C_opt, not the largest point's compute: Epoch AI's extraction has one point at 1.3e22, its minima end at 9.7e20),
+    approach 2 36.8% max, the held exponent 6.1%."""
     pts = points_lib.read_csv(os.path.join(REFERENCE, "chinchilla_hoffmann2022.csv"))
     tags = {"family": "Chinchilla", "source": "Chinchilla"}
     result, lines = reproduce_allocation.run([("Chinchilla", pts, tags)], 10)
@@ -174,7 +176,8 @@ def test_reproduce_allocation_table_on_chinchilla():
     assert not any("covered_draws" in r for r in result["pairs"] if r["rule"] == "approach 3")
     assert any("covered_draws" in r for r in result["pairs"] if r["rule"] == allocation.SHIPPED)
     stab = {s["rule"]: s for s in result["stability"]}
-    assert stab["approach 2"]["max"] == pytest.approx(0.578, abs=0.001)
-    assert stab[allocation.SHIPPED]["max"] == pytest.approx(0.223, abs=0.002)
-    assert stab["held always"]["max"] == pytest.approx(0.074, abs=0.002)
+    assert {s["at_flops"] for s in stab.values()} == set(fits.fit_all(pts)["frontier"]["sensitivity"]["at_flops"])
+    assert stab["approach 2"]["max"] == pytest.approx(0.368, abs=0.001)
+    assert stab[allocation.SHIPPED]["max"] == pytest.approx(0.149, abs=0.002)
+    assert stab["held always"]["max"] == pytest.approx(0.061, abs=0.002)
     assert any(line.startswith("| Chinchilla |") for line in lines)
