@@ -45,6 +45,25 @@ def test_few_minima_hold_approach3_e_and_predict_chinchilla_4x_within_1_5_percen
     assert abs(out["predictions"][0]["loss"] / held["loss_opt"] - 1) < 0.015
 
 
+def test_beyond_the_data_the_noise_term_is_taken_where_the_data_end():
+    """The interval's noise floor beyond the largest fitted budget is the draws' spread at that budget, not at C (the
+    spread at C is the noise's effect on the extrapolation, which the calibrated term covers: docs/fitting.md, "The
+    noise term beyond the data"); inside the data it is the spread at C; the noise-only interval still widens with C,
+    and the console says where the noise was taken."""
+    pts, _ = four_x(chinchilla())
+    top = predict.frontier_predictions(pts, [], samples=20)["frontier"]["interval"]["largest_flops"]
+    fit = fits.fit_all(pts, bootstrap=20, predict_flops=[top / 4, top, 4 * top, 64 * top])
+    inside, edge, far4, far64 = fit["predictions"]
+    assert inside["loss_interval"]["noise_at_flops"] == pytest.approx(top / 4)
+    for p in (edge, far4, far64):
+        assert p["loss_interval"]["noise_at_flops"] == pytest.approx(top)
+        assert p["loss_interval"]["noise_half_width_log"] == pytest.approx(edge["loss_interval"]["noise_half_width_log"])
+    width = [(p["loss_noise_ci95"][1] - p["loss_noise_ci95"][0]) / p["loss"] for p in (edge, far4, far64)]
+    assert width[0] < width[1] < width[2] and width[2] > 4 * width[0]  # the draws' spread at C grows far out
+    assert far64["loss_interval"]["extrapolation_half_width_log"] > far64["loss_interval"]["noise_half_width_log"]
+    assert "at the largest budget" in report.summary(fit)
+
+
 def test_many_minima_that_reject_approach3_e_free_it():
     """Porian et al.'s RefinedWeb cosine-decay setting: ten minima that approach 3's E (2.75, fitted where the
     small budgets pay an extra loss) cannot follow; the test frees E, and the 4x forecast stays within 0.5% (held:

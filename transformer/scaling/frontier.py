@@ -284,7 +284,7 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
     out["backtest"]["approach3_E"] = "refitted per origin" if e3_refits is not None else "from all the points"
     out["interval"] = {"form": f"L̂·exp(±max(1.96·σ_noise, q·x/span^{backtest.SPAN_POWER:g})), x = ln(C / largest_flops)",
                        "largest_flops": float(max(flops_B)), "span": float(np.log(max(flops_B) / min(flops_B))),
-                       "span_power": backtest.SPAN_POWER,
+                       "span_power": backtest.SPAN_POWER, "noise_at": backtest.NOISE_AT,
                        "spread": backtest.FRONTIER_SPREAD, "spread_from": backtest.SPREAD_FROM}
     if draws2 is not None:
         fits_K, held_K = _drawn_laws(draws2, approach3, noise_sd)
@@ -311,8 +311,9 @@ def predictions(
     """One object per budget asked for: flops, params (N_opt), tokens (D_opt) from `allocation_law`
     (`allocation.law`; None: approach 2 has no power law), loss (L_opt) from the frontier `law`, and their 95%
     intervals (`interval.Interval.fields`; `draws`: the allocation's a, b, N_coef, D_coef and the frontier's E, k,
-    gamma (and mixture), each (K,), from the loss noise `source`). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread (without
-    draws, the frontier's own log residual RMS where it has residual degrees of freedom: "fit_residuals") and the
+    gamma (and mixture), each (K,), from the loss noise `source`). The loss interval is `backtest.frontier_interval`'s: the noise draws' spread at C,
+    or beyond the largest fitted budget at that budget (without draws, the frontier's own log residual RMS where it
+    has residual degrees of freedom: "fit_residuals"), and the
     extrapolation term, which grows with the distance beyond the largest fitted budget in units of the compute range
     of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only
     one is `loss_noise_ci95`, the terms `loss_interval`. The params and tokens intervals are
@@ -344,11 +345,16 @@ def predictions(
                     noise_ci = interval.from_draws(loss_K, source)
                     pred.update(noise_ci.fields("loss_noise") if noise_ci else {"loss_noise_ci95": None})
         if law and calibration is not None:
-            noise_sd, noise_source = (backtest.log_sd(loss_K), source) if loss_K is not None else (
-                interval.residual_sd(law.get("rms_log_residual"), law.get("dof", 0)), "fit_residuals")
+            edge = min(float(c), float(calibration["largest_flops"]))  # beyond the data: the noise where they end
+            if loss_K is not None:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    noise_sd, noise_source = backtest.log_sd(loss_K if edge == c else loss_at(draws, edge)), source
+            else:
+                noise_sd, noise_source = (interval.residual_sd(law.get("rms_log_residual"), law.get("dof", 0)),
+                                          "fit_residuals")
             ci, pred["loss_interval"] = backtest.frontier_interval(
                 pred["loss"], float(np.log(c / calibration["largest_flops"])), calibration["span"], noise_sd,
-                noise_source, calibration["spread"])
+                noise_source, calibration["spread"], noise_flops=edge)
             pred.update(ci.fields("loss"))
         elif law:
             pred.update((noise_ci or interval.none("no noise draws and no backtest calibration")).fields("loss"))

@@ -206,8 +206,9 @@ def _interval_words(p: dict[str, Any]) -> str:
         return f"no interval: {p.get('loss_ci95_note', 'no noise estimate')}"
     cal = p["loss_interval"]
     if "spread" in cal:  # the frontier's: a noise term and an extrapolation term
+        edge = " at the largest budget" if cal["distance"] > 0 and cal.get("noise_at_flops") else ""
         noise = "NO noise term" if cal["source"] == "none" else (
-            f"noise ({cal['source']}) ±{100 * cal['noise_half_width_log']:.2f}%")
+            f"noise ({cal['source']}){edge} ±{100 * cal['noise_half_width_log']:.2f}%")
         terms = {"noise": cal["noise_half_width_log"], "extrapolation": cal["extrapolation_half_width_log"]}
         larger = max(terms, key=terms.get)
         sets = f"; the {larger} term sets the width" if cal.get("half_width_log") == terms[larger] else ""
