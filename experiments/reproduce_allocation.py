@@ -80,7 +80,7 @@ def _interval(rec: dict[str, Any], b: dict[str, Any], a2: dict[str, Any], draws2
         half = terms["half_width_log"]
         rec.update({f"{p}noise_half": terms["noise_half_width_log"], f"{p}obs_half": obs_half,
                     f"{p}lever": terms["scatter_sd_log"] * terms["leverage"],
-                    f"{p}lever_span": backtest.lever(np.log(b["C_opt"]) - log_c.max(), np.ptp(log_c), 1.0),
+                    f"{p}lever_span": backtest.lever(np.log(b["C_opt"]) - log_c.max(), np.ptp(log_c), span_power=1.0),
                     f"{p}half": half, f"{p}covered": bool(abs(err) <= np.hypot(half, obs_half)),
                     f"{p}width": float(2 * np.sinh(half))})
         ends = interval.percentile_ends(v_K) if v_K is not None else None

@@ -95,7 +95,7 @@ def lfo(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]
             if cal.get("lever"):
                 noise = cal["noise_half_width_log"]
                 rec.update(noise_half=noise, lever=cal["lever"], distance=cal["distance"], span=cal["span"],
-                           score=backtest.needed_spread(rec["error"], noise, cal["lever"], backtest.FRONTIER_COMBINE))
+                           gamma=cal.get("gamma"), score=backtest.needed_spread(rec["error"], noise, cal["lever"], backtest.FRONTIER_COMBINE))
             rows.append(rec)
     return rows
 
@@ -202,6 +202,11 @@ def stability(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples
 MINIMA: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("2–3 minima", lambda r: r["minima"] <= 3), ("4–5 minima", lambda r: 4 <= r["minima"] <= 5),
     ("≥ 6 minima", lambda r: r["minima"] >= 6))
+# The pairs ≥ 4x out grouped by their refit's γ (at least backtest.GAMMA_FLOOR): the lever's γ^a evens out their
+# coverage (docs/fitting.md, "Why γ in the lever").
+GAMMAS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("γ < 0.15", lambda r: (r.get("gamma") or 0) < 0.15), ("γ 0.15–0.3", lambda r: 0.15 <= (r.get("gamma") or 0) < 0.3),
+    ("γ 0.3–0.5", lambda r: 0.3 <= (r.get("gamma") or 0) < 0.5), ("γ ≥ 0.5", lambda r: (r.get("gamma") or 0) >= 0.5))
 CASES: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("2x", lambda r: r.get("case") == "2x"), ("4x", lambda r: r.get("case") == "4x"))
 
@@ -265,6 +270,8 @@ def run(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int)
     lines = ["Leave-future-out pairs (every origin, every later minimum):"] + table(groups(rows), cols)
     lines += ["", "The two cases per set of the older table:"] + table(groups(cases), cols, CASES)
     lines += ["", "Leave-future-out pairs by the minima their refit saw:"] + table([("all", rows)], cols, MINIMA)
+    lines += ["", "Leave-future-out pairs ≥ 4x out by their refit's γ:"] + table(
+        [("≥ 4x", [r for r in rows if REGIMES[1][1](r)])], cols, GAMMAS)
     lines += ["", f"q over every pair: {q:.4f} (shipped backtest.FRONTIER_SPREAD {backtest.FRONTIER_SPREAD}); out of "
                   f"sample, each source's from the others: {min(r['q_out'] for r in rows if 'q_out' in r):.4f}–"
                   f"{max(r['q_out'] for r in rows if 'q_out' in r):.4f}"]

@@ -103,7 +103,7 @@ def test_interval_grows_with_the_distance_in_units_of_the_fitted_range():
     wide, t_wide = backtest.frontier_interval(2.0, np.log(2), 1.5, 0.001, "seeds")
     inside, t_in = backtest.frontier_interval(2.0, -0.5, 3.0, 0.001, "seeds")
     assert t_far["extrapolation_half_width_log"] == pytest.approx(2 * t_near["extrapolation_half_width_log"])
-    # half the fitted range: a lever 2^p as long (p = SPAN_POWER, 0.75: wider data extrapolate better, less than in
+    # half the fitted range: a lever 2^p as long (p = SPAN_POWER, 0.625: wider data extrapolate better, less than in
     # proportion to their span)
     assert t_wide["lever"] == pytest.approx(2**backtest.SPAN_POWER * t_near["lever"])
     assert 1 < 2**backtest.SPAN_POWER < 2
@@ -114,8 +114,24 @@ def test_interval_grows_with_the_distance_in_units_of_the_fitted_range():
     assert "published" in t_near["spread_from"] and t_near["spread"] == backtest.FRONTIER_SPREAD
 
 
+def test_a_steeper_law_gets_a_wider_extrapolation_term_and_a_flat_one_keeps_the_floor():
+    """The lever x·γ^a/span^p: at the same distance and span, the steeper the fitted law (γ), the wider the
+    extrapolation term (the reducible loss is predicted to fall γ·x e-folds: docs/fitting.md, "Why γ in the lever");
+    a γ below backtest.GAMMA_FLOOR counts as the floor, so a flat (mis)fit never gets a vanishing interval; and a fit
+    passes its own law's γ to every prediction's interval."""
+    terms = {g: backtest.frontier_interval(2.0, np.log(4), 3.0, 0.001, "seeds", gamma=g)[1] for g in (0.0, 0.01, 0.1, 0.4)}
+    half = {g: t["extrapolation_half_width_log"] for g, t in terms.items()}
+    assert half[0.4] > half[0.1] > half[0.01] > 0 and half[0.0] == half[0.01]
+    assert terms[0.0]["gamma"] == backtest.GAMMA_FLOOR and terms[0.4]["gamma"] == 0.4
+    fit = fits.fit_all(porian("Cosine decay"), bootstrap=10, predict_flops=[4e20])
+    (pred,) = fit["predictions"]
+    assert pred["loss_interval"]["gamma"] == pytest.approx(max(fit["frontier"]["law"]["gamma"], backtest.GAMMA_FLOOR))
+    assert fit["frontier"]["interval"]["gamma"] == pred["loss_interval"]["gamma"]
+    assert "the law's γ" in report.summary(fit)
+
+
 def test_the_noise_term_is_a_floor_that_the_extrapolation_term_replaces_not_adds_to():
-    """The frontier's half-width is the larger of 1.96·σ_noise and q·x/span^p (backtest.FRONTIER_COMBINE): a step
+    """The frontier's half-width is the larger of 1.96·σ_noise and q·x·γ^a/span^p (backtest.FRONTIER_COMBINE): a step
     beyond the data whose extrapolation term is below the noise term keeps the in-range interval, and one above it
     has exactly the extrapolation term (in quadrature both would be wider)."""
     sd = 0.01  # noise half-width 1.96 %

@@ -7,11 +7,12 @@ as the fit: `frontier.choose`) on the first k budget minima and predicts the opt
 Each pair records e = ln(L̂_j / L_j) and the distance x = ln(C_j / C_k) beyond the largest budget the refit saw;
 fit.json and the console show them, with their RMS per e-fold (`misfit_scale`, `summary`).
 
-The frontier's interval (`frontier_interval`): L̂·exp(±h), h = max(Z·σ_noise, q·x/span^p), σ_noise the sd of
+The frontier's interval (`frontier_interval`): L̂·exp(±h), h = max(Z·σ_noise, q·x·γ^a/span^p), σ_noise the sd of
 ln L̂ over the loss-noise draws (at C inside the fitted range, at the largest fitted budget beyond it),
-x = ln(C / C_largest fitted) and span = ln(C_largest / C_smallest) of the fitted
-minima, p = SPAN_POWER: the extrapolation term grows with the distance and shrinks, less than in proportion, with
-the compute range the data cover. q =
+x = ln(C / C_largest fitted), γ the frontier's exponent (at least GAMMA_FLOOR), a = GAMMA_POWER, span =
+ln(C_largest / C_smallest) of the fitted minima, p = SPAN_POWER: the extrapolation term grows with the distance and
+with how steeply the law says the loss still falls, and shrinks, less than in proportion, with the compute range the
+data cover. q =
 FRONTIER_SPREAD is one constant, calibrated on the leave-future-out pairs of published IsoFLOP sets
 (`experiments.reproduce_frontier`: the split-conformal 95% quantile of the score each pair needs,
 `conformal_multiplier` with each set weighted equally; `leave_group_out` measures the coverage on a data source q
@@ -38,7 +39,7 @@ PRIOR_ORIGINS = 2
 PRIOR_PER_EFOLD = 0.005
 # How the two terms of an interval combine (`combine`): in quadrature, or the larger of them.
 QUADRATURE, LARGER = "quadrature", "larger"
-# The frontier's interval (`frontier_interval`): h = max(Z·σ_noise, q·x/span^p), the noise term a floor inside the fitted
+# The frontier's interval (`frontier_interval`): h = max(Z·σ_noise, q·x·γ^a/span^p), the noise term a floor inside the fitted
 # range. On the published leave-future-out pairs its noise draws do not predict its errors (an interval of q·Z·σ_noise
 # alone needs q = 29.5 for 95%, and most pairs fall inside Z·σ_noise), so adding it in quadrature to the extrapolation
 # term widened every interval for no coverage: out of sample the larger of the two gives the same coverage (95%)
@@ -51,16 +52,25 @@ FRONTIER_COMBINE = LARGER
 # sample the same coverage (95% below 4x, at ≥ 4x, at 4–16x) at a median width 8% narrower at ≥ 4x (19.0% → 17.5%)
 # (docs/fitting.md, "The noise term beyond the data").
 NOISE_AT = "the asked budget inside the fitted range, the largest fitted budget beyond it"
-# p, the power of the span in the lever x/span^p: on the published pairs a fit over a wider compute range (more minima)
-# extrapolates better, but less than in proportion to its span. With p = 1 (until 2026-11-27) pairs refitted on 2–3
-# minima were covered 99.5% and those on ≥ 6 minima 88%; with 0.75 95% and 92.5%, at the same coverage per regime and a
-# narrower ≥4x interval. Chosen among 0–1 (and x^0.75–x^1.5) out of sample, 0.75 for every data source (docs/fitting.md).
-SPAN_POWER = 0.75
+# p, the power of the span in the lever x·γ^a/span^p: on the published pairs a fit over a wider compute range (more
+# minima) extrapolates better, but less than in proportion to its span. With p = 1 and no γ (until 2026-11-27) pairs
+# refitted on 2–3 minima were covered 99.5% and those on ≥ 6 minima 88%; with 0.75, 95% and 92.5%. With γ^a in the
+# lever, (p, a) chosen among p 0.5–1 and a 0–0.75 on the other sources' pairs: (0.625, 0.5) for 17 of 18 sources.
+SPAN_POWER = 0.625
+# a, the power of the frontier's γ in the lever: an extrapolation's error grows with how steeply the fitted law says the
+# loss still falls (the reducible loss falls γ·x e-folds over x). On the published pairs the median |error| at ≥ 4x is
+# 0.8% where the refit's γ < 0.15 and 11% where γ > 0.5; x/span^0.75 alone covered the pairs in the lowest third of γ
+# 100% and those in the highest 90% at ≥ 4x. With √γ, out of sample: half-width / median |error| 3.48 → 2.96 at ≥ 4x,
+# 3.53 → 2.97 at 4–16x, 2.93 → 2.51 below 4x, each covered ≥ 94% (docs/fitting.md, "Why γ in the lever").
+GAMMA_POWER = 0.5
+# γ below this counts as this: the published refits' γ reach down to 0.053; a flatter law has no calibration data, and an
+# interval that shrank to nothing with γ → 0 would trust a flat misfit most.
+GAMMA_FLOOR = 0.05
 # q is the split-conformal 95% quantile of the hold-out score (`needed_spread`: 0 where |e| ≤ Z·σ_noise, else
 # |e| / lever) over the leave-future-out pairs of the published IsoFLOP sets (each set weighted equally;
 # experiments.reproduce_frontier), rounded up; each source's q calibrated on the other sources alone covers its
 # pairs out of sample (docs/fitting.md).
-FRONTIER_SPREAD = 0.052  # 0.0520 (with the lever x/span: 0.0659, shipped 0.066; in quadrature 0.0618, shipped 0.062)
+FRONTIER_SPREAD = 0.077  # 0.0763 (x/span^0.75: 0.0520, shipped 0.052; x/span: 0.0659; in quadrature 0.0618)
 SPREAD_FROM = ("95% quantile of |error| / lever over the leave-future-out pairs of 21 published IsoFLOP sets "
                "(Porian et al. 2024's 15 settings, Chinchilla (Epoch AI's extraction), Open-Athena's ml_scalefit, "
                "epochai_chinchilla, misfitting and Llama 3 raw/exp); docs/fitting.md")
@@ -113,11 +123,14 @@ def summary(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS) -> dict
     return out
 
 
-def lever(distance: float, span: float, span_power: float = SPAN_POWER) -> float:
-    """The frontier's extrapolation lever x / span^p: x = ln(C / C_largest fitted) (0 inside the fitted range), span =
-    ln(C_largest / C_smallest) of the fitted minima, p = `span_power` (SPAN_POWER): how far beyond the data, against
-    the compute range they cover."""
-    return max(float(distance), 0.0) / float(span) ** span_power
+def lever(distance: float, span: float, gamma: float | None = None, span_power: float = SPAN_POWER,
+          gamma_power: float = GAMMA_POWER) -> float:
+    """The frontier's extrapolation lever x·γ^a / span^p: x = ln(C / C_largest fitted) (0 inside the fitted range),
+    γ = `gamma` the frontier's exponent (at least GAMMA_FLOOR; None: no such factor, as in the allocation's comparison
+    forms), span = ln(C_largest / C_smallest) of the fitted minima, p = `span_power`, a = `gamma_power`: how far
+    beyond the data, how steeply the law falls there, against the compute range the data cover."""
+    steep = 1.0 if gamma is None else max(float(gamma), GAMMA_FLOOR) ** gamma_power
+    return max(float(distance), 0.0) * steep / float(span) ** span_power
 
 
 def combine(fixed_half: float, extra_half: float, how: str = QUADRATURE) -> float:
@@ -167,23 +180,28 @@ def needed_spread(error: float, fixed_half: float, lever: float, how: str = QUAD
 
 
 def frontier_interval(loss: float, distance: float, span: float, noise_sd: float | None, source: str,
-                      spread: float | None = None, noise_flops: float | None = None) -> tuple[Interval, dict[str, Any]]:
+                      spread: float | None = None, noise_flops: float | None = None,
+                      gamma: float | None = None) -> tuple[Interval, dict[str, Any]]:
     """The 95% interval of the frontier's predicted loss `loss` at `distance` = ln(C / C_largest fitted):
-    L̂·exp(±h), h = max(Z·σ_noise, q·x/span^p) (`log_interval`, FRONTIER_COMBINE), σ_noise the sd of ln L̂ over the
+    L̂·exp(±h), h = max(Z·σ_noise, q·x·γ^a/span^p) (`log_interval`, FRONTIER_COMBINE), σ_noise the sd of ln L̂ over the
     noise draws at `noise_flops` (the asked C inside the fitted range, the largest fitted budget beyond it: NOISE_AT;
-    `source`; None or 0: no noise term, "none"), x/span^p = `lever(distance, span)`, q = `spread` (None:
+    `source`; None or 0: no noise term, "none"), x·γ^a/span^p = `lever(distance, span, gamma)` (`gamma`: the law's
+    exponent), q = `spread` (None:
     FRONTIER_SPREAD, calibrated on the published hold-outs). Returns it and its terms, fit.json's `loss_interval`:
     what drives the width (each term's half-width in ln L), the inputs, and where the constant came from."""
     spread = FRONTIER_SPREAD if spread is None else float(spread)
-    lev = lever(distance, span)
+    lev = lever(distance, span, gamma)
     extrap_half = spread * lev
     ci, noise_sd, source, noise_half, half = log_interval(loss, noise_sd, source, extrap_half, how=FRONTIER_COMBINE)
     if not ci.exists and half <= 0:
         ci = none(f"{NO_NOISE}, and the prediction is inside the fitted range: no interval")
-    terms = {"method": f"ln L ± max(1.96·σ_noise, q·x/span^{SPAN_POWER:g})", "half_width_log": half if ci.exists else None,
+    terms = {"method": f"ln L ± max(1.96·σ_noise, q·x·γ^{GAMMA_POWER:g}/span^{SPAN_POWER:g})",
+             "half_width_log": half if ci.exists else None,
              "noise_half_width_log": noise_half, "extrapolation_half_width_log": extrap_half,
-             "noise_sd_log": noise_sd, "noise_at_flops": noise_flops, "source": source, "distance": max(float(distance), 0.0), "span": float(span),
-             "span_power": SPAN_POWER, "lever": lev, "spread": spread, "spread_from": SPREAD_FROM, "calibrated": ci.exists}
+             "noise_sd_log": noise_sd, "noise_at_flops": noise_flops, "source": source,
+             "distance": max(float(distance), 0.0), "span": float(span), "span_power": SPAN_POWER,
+             "gamma": None if gamma is None else max(float(gamma), GAMMA_FLOOR), "gamma_power": GAMMA_POWER,
+             "lever": lev, "spread": spread, "spread_from": SPREAD_FROM, "calibrated": ci.exists}
     return ci, terms
 
 

@@ -282,9 +282,12 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
     min_origin = max(backtest.MIN_BUDGETS, min(FRONTIER_BUDGETS, len(flops_B) - 1))
     out["backtest"] = backtest.summary(bt, min_origin)
     out["backtest"]["approach3_E"] = "refitted per origin" if e3_refits is not None else "from all the points"
-    out["interval"] = {"form": f"L̂·exp(±max(1.96·σ_noise, q·x/span^{backtest.SPAN_POWER:g})), x = ln(C / largest_flops)",
+    out["interval"] = {"form": f"L̂·exp(±max(1.96·σ_noise, q·x·γ^{backtest.GAMMA_POWER:g}/span^{backtest.SPAN_POWER:g})),"
+                               " x = ln(C / largest_flops), γ the law's exponent (at least gamma_floor)",
                        "largest_flops": float(max(flops_B)), "span": float(np.log(max(flops_B) / min(flops_B))),
-                       "span_power": backtest.SPAN_POWER, "noise_at": backtest.NOISE_AT,
+                       "span_power": backtest.SPAN_POWER, "gamma": max(float(law["gamma"]), backtest.GAMMA_FLOOR),
+                       "gamma_power": backtest.GAMMA_POWER, "gamma_floor": backtest.GAMMA_FLOOR,
+                       "noise_at": backtest.NOISE_AT,
                        "spread": backtest.FRONTIER_SPREAD, "spread_from": backtest.SPREAD_FROM}
     if draws2 is not None:
         fits_K, held_K = _drawn_laws(draws2, approach3, noise_sd)
@@ -315,7 +318,8 @@ def predictions(
     or beyond the largest fitted budget at that budget (without draws, the frontier's own log residual RMS where it
     has residual degrees of freedom: "fit_residuals"), and the
     extrapolation term, which grows with the distance beyond the largest fitted budget in units of the compute range
-    of the minima (`calibration`: the frontier's "interval", {"largest_flops", "span", "spread"}); the noise-only
+    of the minima and with the law's γ (`calibration`: the frontier's "interval", {"largest_flops", "span", "gamma",
+    "spread"}); the noise-only
     one is `loss_noise_ci95`, the terms `loss_interval`. The params and tokens intervals are
     `allocation.interval_at`'s (`allocation_terms`: `allocation.shared_terms`; None: none), their terms
     `params_interval`, `tokens_interval`."""
@@ -354,7 +358,7 @@ def predictions(
                                           "fit_residuals")
             ci, pred["loss_interval"] = backtest.frontier_interval(
                 pred["loss"], float(np.log(c / calibration["largest_flops"])), calibration["span"], noise_sd,
-                noise_source, calibration["spread"], noise_flops=edge)
+                noise_source, calibration["spread"], noise_flops=edge, gamma=calibration.get("gamma"))
             pred.update(ci.fields("loss"))
         elif law:
             pred.update((noise_ci or interval.none("no noise draws and no backtest calibration")).fields("loss"))

@@ -355,12 +355,16 @@ def plot_backtest(fit: dict[str, Any], path: str) -> str | None:
                 color=f"C{i % 10}", ms=4, lw=1, label=f"fit to the first {k} budgets (≤ {sel[0]['fit_flops']:.2g})")
     if terms.get("span"):
         x_G = np.linspace(0, max(p["distance"] for p in bt["pairs"]) * 1.1, 50)
-        power = terms.get("span_power", 1.0)  # a fit.json written before 2026-11-27: x/span
-        lever_G = np.array([backtest.lever(x, terms["span"], power) for x in x_G])  # the interval's own lever
+        power = terms.get("span_power", 1.0)  # a fit.json written before 2026-11-27: x/span, no γ
+        gamma, a = terms.get("gamma"), terms.get("gamma_power", 0.0)
+        lever_G = np.array([backtest.lever(x, terms["span"], gamma, span_power=power, gamma_power=a)
+                            for x in x_G])  # the interval's own lever
         half_G = 100 * (np.exp(terms["spread"] * lever_G) - 1)
+        steep = f"·γ^{a:g}" if gamma is not None else ""
         ax.fill_between(np.exp(x_G), -half_G, half_G, color="0.5", alpha=0.2, lw=0,
-                        label=f"95% interval's extrapolation term ±q·x/span^{power:g} (q = {terms['spread']:g}, the fit's span "
-                              f"{terms['span']:.2f}; without the noise term)")
+                        label=f"95% interval's extrapolation term ±q·x{steep}/span^{power:g} (q = {terms['spread']:g}, "
+                              f"the fit's span {terms['span']:.2f}" + (f", γ {gamma:.3f}" if gamma is not None else "")
+                              + "; without the noise term)")
     ax.axhline(0, color="k", lw=0.6)
     ax.set(xscale="log", xlabel="extrapolation factor C / C_largest fitted",
            ylabel="predicted / measured optimal loss − 1 (%)", title="frontier backtest")

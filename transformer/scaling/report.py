@@ -212,10 +212,12 @@ def _interval_words(p: dict[str, Any]) -> str:
         terms = {"noise": cal["noise_half_width_log"], "extrapolation": cal["extrapolation_half_width_log"]}
         larger = max(terms, key=terms.get)
         sets = f"; the {larger} term sets the width" if cal.get("half_width_log") == terms[larger] else ""
+        gamma = cal.get("gamma")
+        steep = f"·γ^{cal['gamma_power']:g}" if gamma is not None else ""
         return (f"{noise}, extrapolation ±{100 * cal['extrapolation_half_width_log']:.2f}% = q {cal['spread']:g} × "
-                f"x/span^{cal.get('span_power', 1):g} {cal['lever']:.3f} (x = {cal['distance']:.2f} e-folds beyond the "
-                f"largest budget, the minima "
-                f"span {cal['span']:.2f}; q calibrated on published sets{sets})")
+                f"x{steep}/span^{cal.get('span_power', 1):g} {cal['lever']:.3f} (x = {cal['distance']:.2f} e-folds "
+                f"beyond the largest budget, " + (f"the law's γ {gamma:.3f}, " if gamma is not None else "")
+                + f"the minima span {cal['span']:.2f}; q calibrated on published sets{sets})")
     noise = {"fit_residuals": "the fit's residual RMS as noise"}.get(cal.get("source", ""), f"noise: {cal.get('source')}")
     if cal.get("source") == "none":
         noise = "NO noise term: the extrapolation misfit alone"
