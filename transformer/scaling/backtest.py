@@ -123,13 +123,18 @@ def summary(bt_J: list[dict[str, float]], min_origin: int = MIN_BUDGETS) -> dict
     return out
 
 
+def lever_gamma(gamma: float | None) -> float | None:
+    """The γ the lever uses: the law's, at least GAMMA_FLOOR (None: none)."""
+    return None if gamma is None else max(float(gamma), GAMMA_FLOOR)
+
+
 def lever(distance: float, span: float, gamma: float | None = None, span_power: float = SPAN_POWER,
           gamma_power: float = GAMMA_POWER) -> float:
     """The frontier's extrapolation lever x·γ^a / span^p: x = ln(C / C_largest fitted) (0 inside the fitted range),
     γ = `gamma` the frontier's exponent (at least GAMMA_FLOOR; None: no such factor, as in the allocation's comparison
     forms), span = ln(C_largest / C_smallest) of the fitted minima, p = `span_power`, a = `gamma_power`: how far
     beyond the data, how steeply the law falls there, against the compute range the data cover."""
-    steep = 1.0 if gamma is None else max(float(gamma), GAMMA_FLOOR) ** gamma_power
+    steep = 1.0 if gamma is None else lever_gamma(gamma) ** gamma_power
     return max(float(distance), 0.0) * steep / float(span) ** span_power
 
 
@@ -200,7 +205,7 @@ def frontier_interval(loss: float, distance: float, span: float, noise_sd: float
              "noise_half_width_log": noise_half, "extrapolation_half_width_log": extrap_half,
              "noise_sd_log": noise_sd, "noise_at_flops": noise_flops, "source": source,
              "distance": max(float(distance), 0.0), "span": float(span), "span_power": SPAN_POWER,
-             "gamma": None if gamma is None else max(float(gamma), GAMMA_FLOOR), "gamma_power": GAMMA_POWER,
+             "gamma": lever_gamma(gamma), "gamma_power": GAMMA_POWER,
              "lever": lev, "spread": spread, "spread_from": SPREAD_FROM, "calibrated": ci.exists}
     return ci, terms
 

@@ -285,7 +285,7 @@ def fit_frontier(approach2: dict[str, Any], draws2: dict[str, np.ndarray] | None
     out["interval"] = {"form": f"L̂·exp(±max(1.96·σ_noise, q·x·γ^{backtest.GAMMA_POWER:g}/span^{backtest.SPAN_POWER:g})),"
                                " x = ln(C / largest_flops), γ the law's exponent (at least gamma_floor)",
                        "largest_flops": float(max(flops_B)), "span": float(np.log(max(flops_B) / min(flops_B))),
-                       "span_power": backtest.SPAN_POWER, "gamma": max(float(law["gamma"]), backtest.GAMMA_FLOOR),
+                       "span_power": backtest.SPAN_POWER, "gamma": backtest.lever_gamma(law["gamma"]),
                        "gamma_power": backtest.GAMMA_POWER, "gamma_floor": backtest.GAMMA_FLOOR,
                        "noise_at": backtest.NOISE_AT,
                        "spread": backtest.FRONTIER_SPREAD, "spread_from": backtest.SPREAD_FROM}
