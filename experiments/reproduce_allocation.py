@@ -123,14 +123,14 @@ def lfo(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]
 
 
 def stability(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]:
-    """Per rule: N_opt where a fit without `--predict_flops` asks (`refits.REFERENCE_FACTOR` × the largest budget's
-    C_opt, as fit.json's "sensitivity"), max and mean |change| with any one budget dropped."""
+    """Per rule: N_opt where a fit without `--predict_flops` asks (`refits.reference_flops`, as fit.json's
+    "sensitivity"), max and mean |change| with any one budget dropped."""
     pts = pts.canonical()
     a2, draws2, a3, chosen = _fit(pts, samples)
     if len(a2.get("budgets", [])) < 3 or a2.get("a") is None:
         return []
     noise_sd = backtest.median_log_sd(draws2["N_opt"]) if draws2 is not None else None
-    at = refits.REFERENCE_FACTOR * max(b["C_opt"] for b in a2["budgets"])
+    at = refits.reference_flops(a2)
     moves = allocation.moves(chosen, a2, a3, noise_sd, [at], allocation.RULES)
     return [{"data": name, "rule": rule, "at_flops": at, "max": float(np.abs(m).max()),
              "mean": float(np.abs(m).mean())} for rule, m in moves.items()]

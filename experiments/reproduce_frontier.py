@@ -95,7 +95,8 @@ def lfo(name: str, pts: points_lib.Points, samples: int) -> list[dict[str, Any]]
             if cal.get("lever"):
                 noise = cal["noise_half_width_log"]
                 rec.update(noise_half=noise, lever=cal["lever"], distance=cal["distance"], span=cal["span"],
-                           gamma=cal.get("gamma"), score=backtest.needed_spread(rec["error"], noise, cal["lever"], backtest.FRONTIER_COMBINE))
+                           gamma=cal.get("gamma"),
+                           score=backtest.needed_spread(rec["error"], noise, cal["lever"], backtest.FRONTIER_COMBINE))
             rows.append(rec)
     return rows
 
@@ -181,7 +182,7 @@ def nested_choice(by_rule: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def stability(sets: list[tuple[str, points_lib.Points, dict[str, str]]], samples: int) -> list[dict[str, Any]]:
     """Per set, under each rule for E: the frontier fitted on every budget and its forecast where a fit without
-    `--predict_flops` makes it (`refits.REFERENCE_FACTOR` × the largest budget's C_opt), and how much that forecast
+    `--predict_flops` makes it (`refits.reference_flops`: 4 × the largest budget's C_opt), and how much that forecast
     (loss and N_opt) moves when any one budget is dropped (`refits.leave_one_budget_out`, fit.json's frontier
     "sensitivity"). Until 2026-11-27 it was 4 × the largest point's compute, which on Epoch AI's Chinchilla
     extraction (one point at 1.3e22, its largest budget's minimum at 9.7e20) asked 53× out, not 4×."""
@@ -204,9 +205,10 @@ MINIMA: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("≥ 6 minima", lambda r: r["minima"] >= 6))
 # The pairs ≥ 4x out grouped by their refit's γ (at least backtest.GAMMA_FLOOR): the lever's γ^a evens out their
 # coverage (docs/fitting.md, "Why γ in the lever").
-GAMMAS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
-    ("γ < 0.15", lambda r: (r.get("gamma") or 0) < 0.15), ("γ 0.15–0.3", lambda r: 0.15 <= (r.get("gamma") or 0) < 0.3),
-    ("γ 0.3–0.5", lambda r: 0.3 <= (r.get("gamma") or 0) < 0.5), ("γ ≥ 0.5", lambda r: (r.get("gamma") or 0) >= 0.5))
+GAMMAS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = tuple(
+    (label, lambda r, lo=lo, hi=hi: lo <= (r.get("gamma") or 0.0) < hi)
+    for label, lo, hi in (("γ < 0.15", 0.0, 0.15), ("γ 0.15–0.3", 0.15, 0.3), ("γ 0.3–0.5", 0.3, 0.5),
+                          ("γ ≥ 0.5", 0.5, np.inf)))
 CASES: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     ("2x", lambda r: r.get("case") == "2x"), ("4x", lambda r: r.get("case") == "4x"))
 

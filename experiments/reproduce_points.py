@@ -195,7 +195,8 @@ def family_split(cases: list[dict[str, Any]]) -> list[str]:
 
 # What each direction's term is tested against (docs/fitting.md): the distance beyond the data in e-folds, and in
 # model size the backtest's error b (by tertile of the hold-outs).
-DISTANCE_BINS = {"size": (0.0, 0.5, 1.0, 1.5, np.inf), "tokens_per_param": (0.0, np.log(2), np.log(4), np.log(8), np.inf)}
+DISTANCE_BINS = {"size": (0.0, 0.5, 1.0, 1.5, np.inf),
+                 "tokens_per_param": (0.0, np.log(2), np.log(4), np.log(8), np.inf)}
 
 
 def conditional_table(cases: list[dict[str, Any]]) -> list[str]:
@@ -213,8 +214,8 @@ def conditional_table(cases: list[dict[str, Any]]) -> list[str]:
     for regime, edges in DISTANCE_BINS.items():
         sel = [c for c in cases if c["regime"] == regime and "points" in c]
         for lo, hi in zip(edges[:-1], edges[1:]):
-            row(regime, f"x in ({lo:.2f}, {hi:.2f}]", [[p for p in c["points"] if lo < p["distances"][REGIMES[regime]] <= hi]
-                                                    for c in sel])
+            row(regime, f"x in ({lo:.2f}, {hi:.2f}]",
+                [[p for p in c["points"] if lo < p["distances"][REGIMES[regime]] <= hi] for c in sel])
     sel = [c for c in cases if c["regime"] == "size" and "points" in c]
     b_C = np.array([c["scales_log"]["size"] for c in sel])
     for third in np.array_split(np.argsort(b_C, kind="stable"), 3):

@@ -61,7 +61,7 @@ SPAN_POWER = 0.625
 # loss still falls (the reducible loss falls γ·x e-folds over x). On the published pairs the median |error| at ≥ 4x is
 # 0.8% where the refit's γ < 0.15 and 11% where γ > 0.5; x/span^0.75 alone covered the pairs in the lowest third of γ
 # 100% and those in the highest 90% at ≥ 4x. With √γ, out of sample: half-width / median |error| 3.48 → 2.96 at ≥ 4x,
-# 3.53 → 2.97 at 4–16x, 2.93 → 2.51 below 4x, each covered ≥ 94% (docs/fitting.md, "Why γ in the lever").
+# 3.53 → 2.96 at 4–16x, 2.93 → 2.46 below 4x, each covered ≥ 94% (docs/fitting.md, "Why γ in the lever").
 GAMMA_POWER = 0.5
 # γ below this counts as this: the published refits' γ reach down to 0.053; a flatter law has no calibration data, and an
 # interval that shrank to nothing with γ → 0 would trust a flat misfit most.

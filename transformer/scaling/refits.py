@@ -72,6 +72,12 @@ def backtest_e(points: Points, approach2: dict[str, Any], approach3: dict[str, A
     return {float(b["C_opt"]): e for b, e in zip(budgets, approach3_e(points, approach3, keep_KP))}
 
 
+def reference_flops(approach2: dict[str, Any]) -> float:
+    """Where the stability is measured without prediction budgets: REFERENCE_FACTOR × the largest budget's C_opt
+    (not the largest point's compute, which a digitised grid's jitter can put far beyond its last minimum)."""
+    return REFERENCE_FACTOR * max(float(b["C_opt"]) for b in approach2["budgets"])
+
+
 def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: dict[str, Any],
                          front: dict[str, Any], flops_Q: Sequence[float]) -> dict[str, Any] | None:
     """How much the forecast at each of `flops_Q` (none: REFERENCE_FACTOR × the largest budget) moves when any one
@@ -83,7 +89,7 @@ def leave_one_budget_out(points: Points, approach2: dict[str, Any], approach3: d
         return None
     flops_B = np.array([b["C_opt"] for b in budgets])
     loss_B = np.array([b["loss_opt"] for b in budgets])
-    asked = [float(c) for c in flops_Q] or [REFERENCE_FACTOR * float(flops_B.max())]
+    asked = [float(c) for c in flops_Q] or [reference_flops(approach2)]
     refit_K = [allocation_of(f) for f in approach3_fits(points, approach3, drop_each(points, approach2), warm=True)]
     e_K = [r["E"] for r in refit_K]
     full_loss = frontier.loss_at(law, np.array(asked))
