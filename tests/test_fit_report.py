@@ -169,3 +169,15 @@ def test_cli_points_where_predict(tmp_path):
                          timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "no rows match" in bad.stderr and "experiment=Cosine decay" in bad.stderr
+
+
+def test_console_says_why_the_noise_only_interval_can_be_wider():
+    """Beyond the data the interval's noise term is taken where the data end, so the noise-only interval at C can
+    be wider than the 95% interval: the console says why there, and only there."""
+    pred = {"loss_ci95": [1.466, 1.636], "loss_noise_ci95": [1.431, 1.660], "loss_interval": {"distance": 1.39}}
+    assert "wider than the interval" in report._noise_only_words(pred)
+    assert "[1.4310, 1.6600]" in report._noise_only_words(pred)
+    inside = {**pred, "loss_interval": {"distance": 0.0}}
+    narrower = {**pred, "loss_noise_ci95": [1.50, 1.60]}
+    assert "wider" not in report._noise_only_words(inside)
+    assert "wider" not in report._noise_only_words(narrower)

@@ -134,8 +134,7 @@ def summary(fit: dict[str, Any]) -> str:
                      f"{_ci(p, 'params', '.4g')}  D_opt {p.get('tokens', float('nan')):.4g}"
                      f"{_ci(p, 'tokens', '.4g')}  loss "
                      + (f"{p['loss']:.4f}{_ci(p, 'loss', '.4f')}" if p.get("loss") is not None else "n/a")
-                     + (f" (noise only {_ci(p, 'loss_noise', '.4f').strip() or 'n/a'}; " + _interval_words(p) + ")"
-                        if p.get("loss_interval") else ""))
+                     + (f" ({_noise_only_words(p)}; " + _interval_words(p) + ")" if p.get("loss_interval") else ""))
         if (p.get("params_interval") or {}).get("half_width_log"):
             lines.append("  N_opt, D_opt intervals: " + allocation_words(p["params_interval"]))
     at = fit.get("point_predictions")
@@ -198,6 +197,20 @@ def points_lines(at: dict[str, Any]) -> list[str]:
         lines.append(f"loss at N = {p['params']:.4g}, D = {p['tokens']:.4g}: {p['loss']:.4f}{_ci(p, 'loss', '.4f')}"
                      f" ({where + '; ' if where else ''}{_interval_words(p)})")
     return lines
+
+
+def _noise_only_words(p: dict[str, Any]) -> str:
+    """The noise-only loss interval at C; beyond the data, where it is wider than the 95% interval, why (the
+    interval's noise term is taken where the data end: the noise's effect on the extrapolation is part of the
+    calibrated term, docs/fitting.md)."""
+    text = f"noise only {_ci(p, 'loss_noise', '.4f').strip() or 'n/a'}"
+    lo, hi = p.get("loss_ci95") or (None, None)
+    nlo, nhi = p.get("loss_noise_ci95") or (None, None)
+    beyond = (p.get("loss_interval") or {}).get("distance", 0) > 0
+    if beyond and None not in (lo, hi, nlo, nhi) and nhi - nlo > hi - lo:
+        text += (", at C: wider than the interval, whose noise term is the noise where the data end (beyond them the "
+                 "noise's effect on the extrapolation is part of the calibrated term)")
+    return text
 
 
 def _interval_words(p: dict[str, Any]) -> str:
