@@ -113,9 +113,19 @@ def finished_sweep(tmp_path_factory, corpus_dir) -> str:
 def test_a_sweep_killed_between_stages_records_each_run_once(finished_sweep):
     rows, design = _rows(finished_sweep), json.load(open(os.path.join(finished_sweep, "sweep.json")))
     assert sorted(r["run_id"] for r in rows) == sorted(r["run_id"] for r in design["runs"])
-    assert len(design["runs"]) == 10 and all(r["status"] == "ok" for r in rows)
-    assert any(r.get("role") == "validate" for r in design["runs"])  # the last stage was designed after the kill
+    assert all(r["status"] == "ok" for r in rows)
+    grid = [r for r in design["runs"] if r.get("role") != "validate"]
+    assert len(grid) == 9 and len({r["budget"] for r in grid}) == 3  # three stages of three, two designed after the kill
     assert os.path.exists(os.path.join(finished_sweep, "fit", "fit.json"))
+    # The prediction's run, designed last, exists exactly when the grid's fit can predict: which it can depends on the
+    # losses, i.e. on the machine's float rounding (on an AMD EPYC, 2026-11-27, two budgets had their minimum at an
+    # edge of three sizes, and the sweep said "no validation run" instead).
+    fit = json.load(open(os.path.join(finished_sweep, "fit", "fit.json")))
+    predicts = any(p.get("loss") is not None for p in fit.get("predictions", []))
+    validate = [r for r in design["runs"] if r.get("role") == "validate"]
+    assert len(validate) == int(predicts), (predicts, design["notes"])
+    if not predicts:
+        assert any("no validation run" in note for note in design["notes"])
 
 
 def test_the_rerun_of_a_finished_sweep_writes_nothing(finished_sweep, corpus_dir):

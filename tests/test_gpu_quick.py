@@ -245,7 +245,7 @@ def test_the_stage_script_runs_the_cpu_variant_to_the_checked_prediction(tmp_pat
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["gpu_quick.log", "gpu_quick.tgz", "gpu_quick_summary.txt"]
     summary = (out / "gpu_quick_summary.txt").read_text()
-    assert "13 of 13 runs ok" in summary and re.search(r"^fit approach2 \(\w+\): a = [\d.]+", summary, re.M), summary
+    assert "13 of 13 runs ok" in summary and re.search(r"^fit approach2 \(\w+\): a = -?[\d.]+", summary, re.M), summary
     assert re.search(r"^prediction check at [\d.e+]+ FLOPs \(d\d+-L3-[^)]*-validate-\w+\): predicted [\d.]+", summary,
                      re.M), summary
     assert "measured rates (13 runs" in summary
