@@ -180,10 +180,24 @@ def test_an_approach_whose_exponent_is_not_credible_says_so():
            "approach3": {"a": 0.48}, "points_excluded": []}
     warnings = outcome.credibility(fit)
     assert len(warnings) == 1 and warnings[0].startswith("approach1's a = 0.058 is not credible")
-    assert "outside the 0.2–0.9" in warnings[0] and "from the approaches' median 0.480" in warnings[0]
+    assert "outside the 0.2–0.9" in warnings[0] and "from the plausible approaches' median 0.504" in warnings[0]
+    assert warnings[0].endswith("read approach2 and approach3")
     assert outcome.summary_lines(fit) == [f"warning: {warnings[0]}"]
     # a far estimate whose own interval covers the others' median is uncertain, not wrong
     fit["approach1"] = {"a": 0.30, "a_ci95": [0.1, 0.6]}
     assert outcome.credibility(fit) == []
     fit["approach1"] = {"a": 0.30, "a_ci95": [0.25, 0.35]}
     assert [w.split(" (")[0] for w in outcome.credibility(fit)] == ["approach1's a = 0.300 is not credible"]
+
+
+def test_the_plausible_approach_is_not_judged_by_two_wild_ones():
+    """The gpu_quick :cpu sweep on an AMD EPYC (2026-11-27): approaches 1 and 2 from three budgets at -0.213 and
+    -0.172, approach 3 at 0.622. Before, the median of all three (-0.172) flagged approach 3 too, and every warning
+    said "read the other approaches"."""
+    fit = {"approach1": {"a": -0.213}, "approach2": {"a": -0.172, "a_ci95": [-0.664, 2.505]},
+           "approach3": {"a": 0.622, "a_ci95": [0.303, 0.854]}, "points_excluded": []}
+    warnings = outcome.credibility(fit)
+    assert [w.split("'s a")[0] for w in warnings] == ["approach1", "approach2"]
+    assert all(w.endswith("read approach3") for w in warnings)
+    fit["approach3"] = {"a": 1.2}
+    assert all("no approach holds up" in w for w in outcome.credibility(fit))
