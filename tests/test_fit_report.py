@@ -109,6 +109,11 @@ def test_predictions_with_intervals(tmp_path):
     assert p["params_ci95"][0] < p["params"] < p["params_ci95"][1]
     assert "N_opt, D_opt intervals: noise (" in report.summary(fit)  # what sets them (allocation.interval_at)
     assert p["loss_ci95"][1] - p["loss_ci95"][0] > p_in["loss_ci95"][1] - p_in["loss_ci95"][0]  # wider out
+    # the console's prediction line carries the noise-only interval, and says why where it is the wider one
+    assert report._noise_only_words(p) in report.summary(fit)
+    lo, hi = p["loss_ci95"]
+    p["loss_noise_ci95"] = [lo - 0.1, hi + 0.1]
+    assert "wider than the interval" in report.summary(fit).split(f"prediction at C = {c4:.3g}")[1].splitlines()[0]
     law_fit = fit["frontier"]["law"]
     assert 0 < law_fit["E"] < E + 0.3  # the irreducible term is kept
     json.dumps(fit, allow_nan=False)

@@ -239,13 +239,14 @@ def credibility(fit: dict[str, Any]) -> list[str]:
     -0.21 and -0.17) would otherwise make the one plausible estimate the odd one out."""
     found = {name: fit[name] for name in ("approach1", "approach2", "approach3")
              if isinstance(fit.get(name), dict) and fit[name].get("a") is not None}
-    plausible = sorted(float(r["a"]) for r in found.values() if PLAUSIBLE_A[0] <= float(r["a"]) <= PLAUSIBLE_A[1])
+    inside = {name: PLAUSIBLE_A[0] <= float(r["a"]) <= PLAUSIBLE_A[1] for name, r in found.items()}
+    plausible = [float(r["a"]) for name, r in found.items() if inside[name]]
     median = float(np.median(plausible)) if len(found) >= 3 and len(plausible) >= 2 else None
     reasons = {}
     for name, r in found.items():
         a, ci = float(r["a"]), r.get("a_ci95")
         why = []
-        if not PLAUSIBLE_A[0] <= a <= PLAUSIBLE_A[1]:
+        if not inside[name]:
             why.append(f"outside the {PLAUSIBLE_A[0]}–{PLAUSIBLE_A[1]} that published fits span")
         if median is not None and abs(a - median) > CREDIBLE_GAP and not (ci and ci[0] <= median <= ci[1]):
             why.append(f"{abs(a - median):.2f} from the plausible approaches' median {median:.3f}, beyond its own "
