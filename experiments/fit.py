@@ -30,7 +30,8 @@ from transformer.scaling import points as points_lib
 
 _SWEEP = DEFINE_path("sweep", None, "Sweep directory holding results.jsonl (and runs/*/metrics.jsonl).")
 _POINTS = DEFINE_path("points", None, "CSV with a header naming params (or N), tokens (or D), loss "
-                              "(optional flops: each run's budget; without it C = 6·N·D).")
+                              "(optional flops: each run's budget; without it C = 6·N·D; with it, one of params "
+                              "and tokens may be absent: C / (6·the other)).")
 _COLUMNS = flags.DEFINE_list("columns", [], "NAME=COLUMN[,...]: the CSV columns that hold params, tokens, flops "
                              "and loss where the header names them otherwise, e.g. params=parameter_count,"
                              "tokens=train_tokens.")

@@ -117,6 +117,46 @@ def test_a_column_unique_per_row_is_an_identifier_ignored_with_a_note(tmp_path):
         points_lib.read_csv(mixed)
 
 
+def test_a_csv_with_flops_may_leave_out_tokens_or_params(tmp_path):
+    """Published sweeps give model size and compute (Chinchilla's figure extracted: `Model Size`, `Training FLOP`):
+    before, 'column tokens is missing'. With flops, the absent one of params and tokens is C / (6·the other), said in
+    a note; its scale is checked and the error then names the flops and the other column."""
+    n, d, c, loss = grid(jitter=0.05)
+    full = points_lib.read_csv(write_csv(tmp_path / "full.csv", ["params", "tokens", "flops", "loss"],
+                                         zip(n, c / (6 * n), c, loss)))
+    sizes = points_lib.read_csv(write_csv(tmp_path / "sizes.csv", ["Model Size", "Training FLOP", "loss"],
+                                          zip(n, c, loss)), columns={"params": "Model Size", "flops": "Training FLOP"})
+    np.testing.assert_allclose(sizes.tokens_P, full.tokens_P, rtol=1e-12)
+    np.testing.assert_array_equal(sizes.flops_P, full.flops_P)
+    assert sizes.notes == ("column 'tokens' absent: tokens = flops / (6·params) on every row (C = 6·N·D)",)
+    tokens_only = points_lib.read_csv(write_csv(tmp_path / "tokens.csv", ["D", "flops", "loss"], zip(d, c, loss)))
+    np.testing.assert_allclose(tokens_only.params_P, c / (6 * d), rtol=1e-12)
+    assert fits.fit_all(sizes, approach3_near=0, bootstrap=0)["approach3"]["alpha"] == pytest.approx(
+        fits.fit_all(full, approach3_near=0, bootstrap=0)["approach3"]["alpha"], rel=1e-6)
+    with pytest.raises(ConfigError, match=r"column 'tokens' \(not in the file: flops / \(6·params\)\) = .* give flops "
+                                          r"as FLOPs \(not GFLOPs"):
+        points_lib.read_csv(write_csv(tmp_path / "gflops.csv", ["params", "flops", "loss"], zip(n, c / 1e9, loss)))
+    with pytest.raises(ConfigError, match="column 'tokens' is missing"):  # without flops nothing gives it
+        points_lib.read_csv(write_csv(tmp_path / "none.csv", ["params", "loss"], zip(n, loss)))
+
+
+def test_a_text_column_with_most_values_on_one_or_two_rows_describes_points(tmp_path):
+    """Chinchilla's extracted points carry each marker's colour (99 values over 245 rows, a model size under several):
+    before, 'the rows kept mix 99 settings'. A column most of whose values hold fewer rows than a fit needs describes
+    the points and is ignored with a note; a setting column (many rows per value) is still one."""
+    n, d, c, loss = grid()
+    rows = [*zip(n, d, c, loss), *zip(n, d, c, 1.003 * loss)]  # two seeds: each size on two rows
+    colours = [f"#{i // 2:06x}" for i in range(len(rows))]  # pairs of rows share a colour, each size under two
+    pts = points_lib.read_csv(write_csv(tmp_path / "colours.csv", ["color", "params", "tokens", "flops", "loss"],
+                                        [(k, *row) for k, row in zip(colours, rows)]))
+    assert len(pts) == len(rows)
+    assert pts.notes == (f"column 'color' has {len(rows) // 2} values over {len(rows)} rows, most on fewer than 3: "
+                         "it describes points, not a setting to pick; ignored",)
+    three = [(f"s{k}", *row) for k in range(3) for row in zip(n, d, c, (1 + 0.1 * k) * loss)]  # each the whole grid
+    with pytest.raises(ConfigError, match="mix 3 settings"):
+        points_lib.read_csv(write_csv(tmp_path / "three.csv", ["setting", "params", "tokens", "flops", "loss"], three))
+
+
 def test_columns_maps_other_names(tmp_path):
     """`--columns params=parameter_count,...` reads a header with other names (a column it replaces is ignored);
     a name that is not one of the four, or a column the file does not have, is one error."""

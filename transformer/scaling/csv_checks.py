@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -35,6 +36,8 @@ MAX_PARAMS = 1e15
 MAX_TOKENS = 1e16
 FLOPS_FACTOR = 100.0
 MAX_LOSS = 20.0
+MIN_SETTING_ROWS = 3  # a setting (one fit's rows) holds at least this many; a column whose values mostly hold fewer
+# describes points
 DELIMITERS = (",", "\t", ";")  # the first of these that the header line holds separates the columns
 
 
@@ -165,17 +168,26 @@ def _names_a_setting(rows: list[dict[str, str]], column: str) -> bool:
     return any(seen.setdefault(_cell(r, "params"), _cell(r, column)) != _cell(r, column) for r in rows)
 
 
+def _per_point(rows: list[dict[str, str]], column: str) -> bool:
+    """Whether most of `column`'s values hold fewer than MIN_SETTING_ROWS of `rows`: it describes points (a plot
+    colour extracted with each point, a timestamp), since picking one of its values would leave nothing to fit."""
+    counts = Counter(_cell(r, column) for r in rows)
+    return len(rows) > 1 and float(np.median(list(counts.values()))) < MIN_SETTING_ROWS
+
+
 def text_columns(header: Sequence[str], rows: list[dict[str, str]], kept: list[dict[str, str]],
-                 where: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(the setting columns, the identifier columns) among the text columns of the file's `rows`. A column whose
-    values differ on every row `kept` (a run's name) is an identifier; one where some model size of the file appears
-    under two of its values names a setting (dataset, experiment: one per fit); any other (a model's name, a
-    comment) is ignored. A column `where` selects on is a setting."""
+                 where: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """(the setting columns, the identifier columns, the per-point columns) among the text columns of the file's
+    `rows`. A column whose values differ on every row `kept` (a run's name) is an identifier; one where most values
+    hold fewer than MIN_SETTING_ROWS rows kept describes points (`_per_point`); one where some model size of the
+    file appears under two of its values names a setting (dataset, experiment: one per fit); any other (a model's
+    name, a comment) is ignored. A column `where` selects on is a setting."""
     texts = [c for c in header if c not in NUMERIC and any(not _is_number(_cell(r, c)) for r in rows)]
     identifiers = [c for c in texts if c not in where and len(kept) > 1
                    and len({_cell(r, c) for r in kept}) == len(kept)]
-    setting = [c for c in texts if c not in identifiers and (c in where or _names_a_setting(rows, c))]
-    return setting, identifiers
+    per_point = [c for c in texts if c not in where and c not in identifiers and _per_point(kept, c)]
+    setting = [c for c in texts if c not in identifiers + per_point and (c in where or _names_a_setting(rows, c))]
+    return setting, identifiers, per_point
 
 
 def duplicates(values_VP: np.ndarray) -> list[tuple[int, int]]:
@@ -197,19 +209,26 @@ def _rows(where_P: np.ndarray, lines: Sequence[int]) -> str:
 
 
 def check_units(path: str, lines: Sequence[int], arrays: dict[str, np.ndarray], flops_given: bool,
-                columns: dict[str, str]) -> None:
+                columns: dict[str, str], derived: str | None = None) -> None:
     """One ConfigError naming the first column off its plausible scale (module docstring); `arrays` (P,) each,
-    `lines` the rows' line numbers."""
+    `lines` the rows' line numbers; `derived`: params or tokens where the file has no such column and it is
+    flops / (6·the other) (its scale then checks the flops and the other column, and C ≈ 6·N·D holds by
+    construction)."""
     ranges = {"params": (MIN_COUNT, MAX_PARAMS, "parameter counts (not millions, not log10)"),
               "tokens": (MIN_COUNT, MAX_TOKENS, "token counts (not billions, not log10)")}
     for name, (lo, hi, what) in ranges.items():
         off_P = (arrays[name] < lo) | (arrays[name] > hi)
         if off_P.any():
             i = int(np.argmax(off_P))
-            raise ConfigError(f"{path}: column {label(name, columns)} = {arrays[name][i]:g} at row {lines[i]} "
+            other = "tokens" if name == "params" else "params"
+            named = (f"'{name}' (not in the file: flops / (6·{other}))" if name == derived
+                     else label(name, columns))
+            if name == derived:
+                what = f"flops as FLOPs (not GFLOPs, PF-days or log10) and {other} as counts"
+            raise ConfigError(f"{path}: column {named} = {arrays[name][i]:g} at row {lines[i]} "
                               f"(rows {_rows(off_P, lines)}) is off the plausible scale [{lo:g}, {hi:g}]: give "
                               f"{what}")
-    if flops_given:
+    if flops_given and derived is None:
         ratio_P = arrays["flops"] / (6.0 * arrays["params"] * arrays["tokens"])
         off_P = (ratio_P > FLOPS_FACTOR) | (ratio_P < 1.0 / FLOPS_FACTOR)
         if off_P.any():

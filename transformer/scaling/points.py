@@ -3,9 +3,11 @@
 Legend: P = number of points (finished runs), S = number of logged evaluations in one run's curve.
 
 A CSV names at least `params`, `tokens`, `loss` in its header (`N` and `D` are accepted for params and
-tokens, `--columns` maps other names; optional `flops`; when absent, C = 6·N·D); `where={"column": "value"}` keeps
-the rows of one setting of a multi-setting file (e.g. Porian et al.'s `experiment`); `csv_checks` holds what the
-rows must pass (text columns: a setting, a description or an identifier; units; duplicates are merged).
+tokens, `--columns` maps other names; optional `flops`; when absent, C = 6·N·D; with flops, one of params and
+tokens may be absent and is C / (6·the other), as published sweeps that give model size and compute have it);
+`where={"column": "value"}` keeps the rows of one setting of a multi-setting file (e.g. Porian et al.'s
+`experiment`); `csv_checks` holds what the rows must pass (text columns: a setting, a description, an identifier
+or a per-point attribute; units; duplicates are merged).
 
 A sweep directory follows the Sweep contract: `DIR/results.jsonl` holds one JSON object per finished run and
 `DIR/runs/RUN_ID/metrics.jsonl` its logged metrics; the loss is `eval_loss`.
@@ -27,6 +29,7 @@ from transformer.spec import ConfigError, MissingInputError, metric_keys
 N_KINDS = ("params", "params_non_embedding")
 CSV_REQUIRED = csv_checks.REQUIRED
 CSV_ALIASES = csv_checks.ALIASES
+DERIVABLE = {"tokens": "params", "params": "tokens"}  # a column a CSV with flops may leave out: from which other
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +156,13 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
     raw_header, table = csv_checks.read_table(path)
     header = csv_checks.header_names(path, raw_header, columns)
     missing = [c for c in CSV_REQUIRED if c not in header]
-    if missing:
+    # One of params and tokens may be absent where flops is given: it is C / (6·the other), the 6·N·D convention.
+    derived = missing[0] if len(missing) == 1 and missing[0] in DERIVABLE and "flops" in header else None
+    if missing and derived is None:
         raise ConfigError(
             f"{path}: column '{missing[0]}' is missing; the header must name params (or N), tokens (or D), loss "
-            f"(optional flops; --columns=params=COLUMN,... maps other names), found: "
-            f"{', '.join(raw_header) or 'no header'}"
+            f"(optional flops; with flops, one of params and tokens may be absent: C = 6·N·D gives it; "
+            f"--columns=params=COLUMN,... maps other names), found: {', '.join(raw_header) or 'no header'}"
         )
     unknown = [c for c in where if c not in header]
     if unknown:
@@ -170,7 +175,7 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
     for line, row in rows:
         if any((row.get(c) or "").strip() != v for c, v in where.items()):
             continue
-        for c in CSV_REQUIRED + (("flops",) if has_flops else ()):
+        for c in [c for c in CSV_REQUIRED if c != derived] + (["flops"] if has_flops else []):
             values[c].append(csv_checks.positive_number(path, line, csv_checks.label(c, columns),
                                                         (row.get(c) or "").strip()))
         lines.append(line)
@@ -183,20 +188,28 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
                          f"the file holds {len(listed)} setting(s): " + "; ".join(listed))
     if not lines:
         raise ConfigError(f"{path}: no data rows after the header")
-    setting, identifiers = csv_checks.text_columns(header, all_rows, kept, where)
+    setting, identifiers, per_point = csv_checks.text_columns(header, all_rows, kept, where)
     mixed = csv_checks.settings(kept, setting) if setting else []
     if len(mixed) > 1:
         raise ConfigError(f"{path}: the rows kept mix {len(mixed)} settings; pick one with --where COLUMN=VALUE "
                          f"(repeatable), one of: " + "; ".join(mixed))
-    arrays = {c: np.array(v, float) for c, v in values.items()}
+    arrays = {c: np.array(v, float) for c, v in values.items() if c != derived}
+    notes = []
+    if derived is not None:
+        other = DERIVABLE[derived]
+        arrays[derived] = arrays["flops"] / (6.0 * arrays[other])
+        notes.append(f"column '{derived}' absent: {derived} = flops / (6·{other}) on every row (C = 6·N·D)")
     if not has_flops:
         arrays["flops"] = 6.0 * arrays["params"] * arrays["tokens"]
-    csv_checks.check_units(path, lines, arrays, has_flops, columns)
+    csv_checks.check_units(path, lines, arrays, has_flops, columns, derived=derived)
     source = path + (f" [{', '.join(f'{c}={v}' for c, v in where.items())}]" if where else "")
     points = from_arrays(arrays["params"], arrays["tokens"], arrays["loss"],
                          flops=arrays["flops"] if has_flops else None, ids=[f"row{n}" for n in lines], source=source)
-    notes = tuple(f"column '{c}' differs on every row: an identifier of the run, ignored" for c in identifiers)
-    return merge_duplicates(dataclasses.replace(points, notes=notes), "row")
+    notes += [f"column '{c}' differs on every row: an identifier of the run, ignored" for c in identifiers]
+    notes += [f"column '{c}' has {len({(r.get(c) or '').strip() for r in kept})} values over {len(kept)} rows, most "
+              f"on fewer than {csv_checks.MIN_SETTING_ROWS}: it describes points, not a setting to pick; ignored"
+              for c in per_point]
+    return merge_duplicates(dataclasses.replace(points, notes=tuple(notes)), "row")
 
 
 def merge_duplicates(points: Points, what: str = "run") -> Points:
