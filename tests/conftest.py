@@ -1,11 +1,13 @@
-"""Test-session setup: 8 simulated CPU devices, so sharding tests see a real mesh.
+"""Test-session setup: 8 simulated CPU devices, so sharding tests see a real mesh (tests/xla_env.py).
 
 Command lines started by tests inherit TRANSFORMER_HUGE_PAGES=0: the huge-page re-exec (a second
 interpreter start per CLI call) is tested on its own in tests/test_huge_pages.py, which clears it.
 """
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from xla_env import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))  # and LLVM at its lowest optimisation level (tests/xla_env.py)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TRANSFORMER_HUGE_PAGES", "0")
 # Every compilation into the persistent cache (experiments/jax_setup.py; by default only those of 1 s or more): the
@@ -15,10 +17,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest
 
-# Test files whose module fixture alone takes about a minute on 2 cores (the two-process resume, the fault trial's
-# commands): handed out first, so that no xdist worker ends the run alone on one of them. pyproject's
-# --no-loadscope-reorder keeps this order (xdist's own puts the files with most tests first, these last).
-SLOWEST_FIRST = ("test_multihost.py", "test_fault_trial.py")
+# Test files of one or two tests that take about a minute or more on 2 cores (the staged sweep through SLURM, where a
+# cluster runs; the fault trial's commands; the two-process resume): handed out first, so that no xdist worker ends
+# the run alone on one of them. pyproject's --no-loadscope-reorder keeps this order (xdist's own puts the files with
+# most tests first, these last).
+SLOWEST_FIRST = ("test_slurm_sweep.py", "test_fault_trial.py", "test_multihost.py")
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the counts are of the tests that run

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from xla_env import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRELOAD = ("jax", "flax.linen", "optax", "orbax.checkpoint", "grain", "scipy.stats", "tensorflow_datasets",
            "ml_collections", "absl.app", "matplotlib.pyplot")
@@ -123,10 +125,10 @@ json.dump(results, open(spec["results"], "w"))
 
 def environment(data_dir: str | None = None) -> dict[str, str]:
     """The environment of the commands: this checkout first on the path, CPU JAX with one device (nothing here
-    needs a mesh), no huge-page re-exec, no traceback of user errors."""
-    env = {**os.environ, "PYTHONPATH": REPO, "TRANSFORMER_HUGE_PAGES": "0", "JAX_PLATFORMS": "cpu"}
-    for name in ("TRANSFORMER_TRACEBACK", "XLA_FLAGS"):
-        env.pop(name, None)
+    needs a mesh; tests/xla_env.py), no huge-page re-exec, no traceback of user errors."""
+    env = {**os.environ, "PYTHONPATH": REPO, "TRANSFORMER_HUGE_PAGES": "0", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": xla_flags(1)}
+    env.pop("TRANSFORMER_TRACEBACK", None)
     if data_dir:
         env["TFDS_DATA_DIR"] = data_dir
     return env

@@ -15,6 +15,7 @@ from transformer.spec import ModelConfig
 from transformer.models.decoder import DecoderLM
 from transformer.models.encoder import EncoderModel
 from transformer.models.encoder_decoder import EncoderDecoderModel
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(vocab_size=97, d_model=32, num_layers=3, num_heads=4, d_ff=64, max_len=32)
@@ -88,7 +89,7 @@ def test_plot_writes_a_png_and_checks_heads(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1))
     return subprocess.run([sys.executable, "-m", "experiments.attention", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 

@@ -13,6 +13,7 @@ import pytest
 
 from transformer.training import hardware
 from cli_modules import cli_module
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTRACT_KEYS = ("tokens_per_second", "step_seconds", "compile_seconds", "flops_per_token", "mfu", "peak_flops",
@@ -35,7 +36,7 @@ def _bench(*extra: str, devices: int = 1) -> dict:
     cmd = [sys.executable, "-m", "experiments.bench", "--config=configs/lm.py:gpt2_tiny",
            f"--config.data.seq_len={T}", f"--config.train.batch_size={B}", "--steps=2", "--json", *extra]
     env = {**os.environ, "TRANSFORMER_HUGE_PAGES": "0",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+           "XLA_FLAGS": xla_flags(devices)}
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [line for line in out.stdout.splitlines() if line.strip()]

@@ -22,6 +22,7 @@ import pytest
 
 from fault_runner import REPO, environment
 from test_data_files import train_hf_tokenizer
+from xla_env import xla_flags
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ def _command(module: str, *args: str) -> list[str]:
 def _run(module: str, *args: str, timeout: float = 600, devices: int = 1) -> subprocess.CompletedProcess:
     env = environment()
     if devices > 1:  # simulated CPU devices: a mesh
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = xla_flags(devices)
     return subprocess.run(_command(module, *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 

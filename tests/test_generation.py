@@ -15,6 +15,7 @@ from transformer.inference.sampling import SamplingConfig, sample_tokens, top_k_
 from transformer.spec import ConfigError, ModelConfig
 from transformer.models.decoder import DecoderLM
 from transformer.models.encoder_decoder import EncoderDecoderModel
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT2 = dict(positional="learned", norm="layernorm", activation="gelu_tanh", tie_embeddings=True, use_bias=True)
@@ -198,7 +199,7 @@ def test_seq2seq_cached_generation_equals_full_forward(shape):
 # ---------------------------------------------------------------- experiments.sample
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1))
     return subprocess.run([sys.executable, "-m", "experiments.sample", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 

@@ -15,6 +15,7 @@ from transformer.layers import head_pruning
 from transformer.spec import pruning
 from transformer.training.loop import train
 from transformer.training.restore import load_run
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ def _config(corpus_dir: str, steps: int):
 
 
 def _heads(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1))
     return subprocess.run([sys.executable, "-m", "experiments.heads", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = {"data.seq_len": 32, "train.steps": 8, "train.batch_size": 8, "train.warmup_steps": 1,
@@ -26,7 +27,7 @@ COMPARED = ("train_loss", "eval_loss", "eval_bits_per_byte", "grad_norm")
 
 
 def _env(devices: int) -> dict:
-    return {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": xla_flags(devices)}
 
 
 def _distributed(pid: int, count: int, port: int) -> list[str]:

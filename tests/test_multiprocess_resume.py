@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = {"data.seq_len": 32, "train.steps": 2, "train.batch_size": 8, "train.warmup_steps": 1,
@@ -25,7 +26,7 @@ def _free_port() -> int:
 
 def _two_processes(workdir: str, data_dir: str) -> list[subprocess.Popen]:
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": xla_flags(2)}
     return [subprocess.Popen(
         [sys.executable, "-m", "experiments.train", "--config=configs/lm.py:gpt2_tiny", f"--workdir={workdir}",
          f"--config.data.data_dir={data_dir}", *(f"--config.{k}={v}" for k, v in SETTINGS.items()),

@@ -15,6 +15,7 @@ from transformer.spec import ConfigError
 from transformer.sweeps import packing, progress, results, runner
 from transformer.training.resolve import plain_config
 from cli_modules import cli_module
+from xla_env import xla_flags
 
 GiB = 2**30
 H100 = packing.Gpu("0", 80 * GiB)
@@ -315,7 +316,7 @@ def test_the_bench_on_the_cpu_packs_runs_whose_losses_equal_the_runs_alone(tmp_p
     import sys
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
                TFDS_DATA_DIR=corpus_dir, CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, "-m", "experiments.bench_pack", "--scale=cpu", "--modes=one,groups",
                           "--workers=2", f"--out={tmp_path}"], cwd=repo, env=env, capture_output=True, text=True,

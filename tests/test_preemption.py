@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 100_000  # far more than the test waits for: the run must stop early
@@ -33,7 +34,7 @@ def _free_port() -> int:
 @pytest.mark.slow  # two 2-process start-ups: minutes on 2 shared cores
 def test_sigterm_to_one_process_stops_both_at_one_checkpointed_step(tmp_path, corpus_dir):
     workdir, port = str(tmp_path / "run"), _free_port()
-    env = {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": xla_flags(2)}
     ready = [str(tmp_path / f"ready_{i}") for i in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), workdir, corpus_dir, str(i), str(port),
                                ready[i]], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

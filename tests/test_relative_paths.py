@@ -13,6 +13,7 @@ import pytest
 
 from test_compare import write_sweep_dir
 from test_data_files import train_hf_tokenizer
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = [f"def function_{i}(x):\n    return x * {i} + {i % 7}\n" * 8 for i in range(24)]
@@ -34,7 +35,7 @@ def home(tmp_path_factory) -> str:
 
 def _run(home: str, module: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu", "TRANSFORMER_HUGE_PAGES": "0",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+           "XLA_FLAGS": xla_flags(1)}
     proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], cwd=home, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"experiments.{module} {' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -11,6 +11,7 @@ from cli_modules import cli_module
 _with_sentinels = cli_module("sample")._with_sentinels
 from transformer.data import get_tokenizer
 from transformer.training.loop import train
+from xla_env import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +29,7 @@ def test_sample_cli_fills_spans_with_a_seq2seq_run(tmp_path, corpus_dir):
     c.train.update(dict(steps=2, batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_steps=1,
                         checkpoint_every=2))
     assert train(c, str(tmp_path / "t5"), verbose=False)["status"] == "ok"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", TFDS_DATA_DIR=corpus_dir)
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), TFDS_DATA_DIR=corpus_dir)
     out = subprocess.run([sys.executable, "-m", "experiments.sample", f"--workdir={tmp_path / 't5'}",
                           "--prompt=def f(x):\n    return <X>\n", "--max_new_tokens=8", "--temperature=0"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

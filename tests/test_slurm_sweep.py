@@ -17,6 +17,7 @@ import pytest
 from slurm_cluster import skip_without_cluster
 
 from transformer.sweeps import results
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +32,7 @@ TINY = ["--config.sweep.budgets=1e9", "--config.sweep.sizes_per_budget=3", "--co
 
 
 def _env(corpus_dir: str) -> dict[str, str]:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
                TFDS_DATA_DIR=corpus_dir)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     for k in [k for k in env if k.startswith("SLURM_")]:  # a test run inside a SLURM job is not a task

@@ -24,6 +24,7 @@ from transformer.spec import ConfigError
 from transformer.scaling import lr_scan
 from transformer.design import grid, plan
 from transformer.sweeps import results
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +36,7 @@ TINY = ["--config.sweep.budgets=1e9,3e9", "--config.sweep.sizes_per_budget=3", "
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

@@ -19,6 +19,7 @@ from transformer.design.spec import SweepSpec
 from transformer.scaling import plots
 from transformer.spec import ConfigError
 from transformer.sweeps import execute, outcome, runner
+from xla_env import xla_flags
 
 TASK, SET = "tasks/toy/bits_per_byte", "eval/own/bits_per_byte"
 
@@ -175,7 +176,7 @@ def test_the_command_predicts_the_metrics_then_trains_the_validation_run_and_che
                                       "tasks": {"toy": {"bits_per_byte": _task_bpb(loss)}},
                                       "eval_sets": {"own": {"bits_per_byte": loss / math.log(2)}}}, "isoflop")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
                PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "experiments.sweep", f"--config={path}", f"--workdir={workdir}"],
                          cwd=repo, env=env, capture_output=True, text=True, timeout=900)
