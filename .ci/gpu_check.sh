@@ -26,9 +26,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 # Every module a run imports, before any stage: a missing one is one line here, not a failure per run.
 python3 -c "import jax, flax, optax, orbax.checkpoint, grain, ml_collections, tensorflow_datasets, array_record, tensorboardX, sentencepiece, tokenizers, scipy, matplotlib, pyarrow; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" 2>&1 | tee -a "$OUT/device.txt"
 [[ ${PIPESTATUS[0]} == 0 ]] || { echo "error: a module the runs need does not import (above); add its wheel to .ci/gpu_wheels.sh"; exit 1; }
-# XLA_FLAGS as tests/conftest.py would set them, less its lowest LLVM optimisation level (for the CPU's compile
-# time): on the GPU the tests run what users run
-PYTEST="env XLA_FLAGS=--xla_force_host_platform_device_count=8 python3 -m pytest -q -p no:cacheprovider --timeout=150"
+PYTEST="python3 -m pytest -q -p no:cacheprovider --timeout=150"
 
 if [[ $STAGES == *quick* ]]; then
   log "quick: the gpu_quick sweep (gpu_stages/gpu_quick.sh)"

@@ -8,7 +8,8 @@ from typing import Any
 
 def setup_jax(config: Any | None = None) -> None:
     """Compilation cache under $JAX_COMPILATION_CACHE_DIR (default ~/.cache/transformer/jax, entries for
-    compiles >= $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, default 1 s), then `jax.distributed` when the config's `distributed` section or the cluster asks."""
+    compiles >= $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, default 1 s), then `jax.distributed` when the
+    config's `distributed` section or the cluster asks."""
     import jax
 
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU/GPU backend" notices

@@ -31,6 +31,7 @@ from transformer.spec import ConfigError
 REQUIRED = ("params", "tokens", "loss")
 NUMERIC = (*REQUIRED, "flops")
 ALIASES = {"N": "params", "D": "tokens"}
+DERIVABLE = {"tokens": "params", "params": "tokens"}  # may be absent where flops is given: C / (6·the other)
 MIN_COUNT = 1e3
 MAX_PARAMS = 1e15
 MAX_TOKENS = 1e16
@@ -220,11 +221,10 @@ def check_units(path: str, lines: Sequence[int], arrays: dict[str, np.ndarray], 
         off_P = (arrays[name] < lo) | (arrays[name] > hi)
         if off_P.any():
             i = int(np.argmax(off_P))
-            other = "tokens" if name == "params" else "params"
-            named = (f"'{name}' (not in the file: flops / (6·{other}))" if name == derived
-                     else label(name, columns))
+            named = label(name, columns)
             if name == derived:
-                what = f"flops as FLOPs (not GFLOPs, PF-days or log10) and {other} as counts"
+                named = f"'{name}' (not in the file: flops / (6·{DERIVABLE[name]}))"
+                what = f"flops as FLOPs (not GFLOPs, PF-days or log10) and {DERIVABLE[name]} as counts"
             raise ConfigError(f"{path}: column {named} = {arrays[name][i]:g} at row {lines[i]} "
                               f"(rows {_rows(off_P, lines)}) is off the plausible scale [{lo:g}, {hi:g}]: give "
                               f"{what}")

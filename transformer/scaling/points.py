@@ -29,7 +29,6 @@ from transformer.spec import ConfigError, MissingInputError, metric_keys
 N_KINDS = ("params", "params_non_embedding")
 CSV_REQUIRED = csv_checks.REQUIRED
 CSV_ALIASES = csv_checks.ALIASES
-DERIVABLE = {"tokens": "params", "params": "tokens"}  # a column a CSV with flops may leave out: from which other
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +156,7 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
     header = csv_checks.header_names(path, raw_header, columns)
     missing = [c for c in CSV_REQUIRED if c not in header]
     # One of params and tokens may be absent where flops is given: it is C / (6·the other), the 6·N·D convention.
-    derived = missing[0] if len(missing) == 1 and missing[0] in DERIVABLE and "flops" in header else None
+    derived = missing[0] if len(missing) == 1 and missing[0] in csv_checks.DERIVABLE and "flops" in header else None
     if missing and derived is None:
         raise ConfigError(
             f"{path}: column '{missing[0]}' is missing; the header must name params (or N), tokens (or D), loss "
@@ -196,7 +195,7 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
     arrays = {c: np.array(v, float) for c, v in values.items() if c != derived}
     notes = []
     if derived is not None:
-        other = DERIVABLE[derived]
+        other = csv_checks.DERIVABLE[derived]
         arrays[derived] = arrays["flops"] / (6.0 * arrays[other])
         notes.append(f"column '{derived}' absent: {derived} = flops / (6·{other}) on every row (C = 6·N·D)")
     if not has_flops:
@@ -206,7 +205,7 @@ def read_csv(path: str, where: dict[str, str] | None = None, columns: dict[str, 
     points = from_arrays(arrays["params"], arrays["tokens"], arrays["loss"],
                          flops=arrays["flops"] if has_flops else None, ids=[f"row{n}" for n in lines], source=source)
     notes += [f"column '{c}' differs on every row: an identifier of the run, ignored" for c in identifiers]
-    notes += [f"column '{c}' has {len({(r.get(c) or '').strip() for r in kept})} values over {len(kept)} rows, most "
+    notes += [f"column '{c}' has {len(csv_checks.settings(kept, [c]))} values over {len(kept)} rows, most "
               f"on fewer than {csv_checks.MIN_SETTING_ROWS}: it describes points, not a setting to pick; ignored"
               for c in per_point]
     return merge_duplicates(dataclasses.replace(points, notes=tuple(notes)), "row")
