@@ -212,7 +212,8 @@ class _EnvironmentErrorLogs(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exception = record.exc_info[1] if record.exc_info else None
-        return exception is None or environment_error(exception, sys.argv) is None
+        # sys.argv is None once the interpreter shuts down, where asyncio may still log a checkpoint's callbacks
+        return exception is None or sys.argv is None or environment_error(exception, sys.argv) is None
 
 
 def parse_flags(argv: list[str]) -> list[str]:

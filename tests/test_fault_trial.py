@@ -544,3 +544,18 @@ def test_a_librarys_log_of_an_environment_error_is_left_to_the_one_line(monkeypa
     assert not keep(record(OSError(errno.ENOSPC, "No space left on device", "/data/runs/r1/checkpoints/10")))
     assert keep(record(ValueError("a bug in a handler")))
     assert keep(record(None))
+
+
+def test_a_log_record_while_the_interpreter_shuts_down_is_kept_not_a_traceback(monkeypatch):
+    """asyncio may log a checkpoint's failed callbacks while the interpreter shuts down, when sys.argv is None: the
+    filter kept the records then by raising TypeError in the logging call, each a traceback of its own (seen on a
+    disk that filled at a checkpoint, 2026-11-28); it keeps them quietly."""
+    import logging
+    import sys
+
+    from experiments.cli import _EnvironmentErrorLogs
+
+    monkeypatch.setattr(sys, "argv", None)
+    error = OSError(errno.ENOSPC, "No space left on device", "/data/runs/r1/checkpoints/10")
+    assert _EnvironmentErrorLogs().filter(logging.LogRecord("asyncio", logging.ERROR, "base_events.py", 1804,
+                                                            "Exception in callback", (), (OSError, error, None)))

@@ -93,3 +93,47 @@ def test_tensorboard_cli_serves_a_resumed_runs_scalars_once(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _points_at_dev_full(path: str) -> None:
+    """Makes this process's open descriptor of `path` write to /dev/full: every write to it fails with ENOSPC,
+    as on a disk that has just filled (the other files of the run still write)."""
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")
+               if os.path.realpath(os.path.join("/proc/self/fd", fd)) == os.path.realpath(path)]
+        assert fds, f"no open descriptor of {path}"
+        for fd in fds:
+            os.dup2(full, fd)
+    finally:
+        os.close(full)
+
+
+def test_a_failed_write_of_the_events_file_is_raised_naming_it_not_a_hang(tmp_path):
+    """tensorboardX writes the events file from a thread; when a write there failed (a disk that fills), the thread
+    ended, its queue filled and the next row blocked forever: a run hung instead of stopping. The training's thread
+    now gets the OSError, naming the events file (the command line then prints it as one error line)."""
+    import errno
+    import threading
+
+    w = MetricsWriter(str(tmp_path))
+    w.write(1, {"train_loss": 1.0})
+    events, = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path) if "tfevents" in f]
+    _points_at_dev_full(events)
+    outcome: dict = {}
+
+    def rows() -> None:  # enough events to overflow the file's 8 KB buffer in the writer's thread, many times
+        try:
+            for step in range(2, 2000):
+                w.write(step, {f"metric_{i}": float(step) for i in range(10)})
+            w.close()
+        except OSError as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=rows, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the writer blocked after the events file's write failed"
+    e = outcome.get("error")
+    assert e is not None and e.errno == errno.ENOSPC and e.filename == events, e
+    assert read_metrics(str(tmp_path))[0]["step"] == 1  # metrics.jsonl, a file of its own, kept its rows

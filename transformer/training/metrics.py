@@ -11,9 +11,41 @@ import json
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from transformer.training import wandb_run
+
+
+def _keep_write_errors(writer: Any) -> Callable[[], None]:
+    """A check that raises the error of the events file's last failed write, naming the file; none raised so far.
+
+    tensorboardX writes the events file from a thread. A write there that fails (a full disk, a quota) ended that
+    thread, its bounded queue filled, and the training's next `add_scalar` blocked forever: a run whose disk filled
+    hung instead of stopping (seen 2026-11-28: main thread in `multiprocessing.Queue.put`). Here the writes of the
+    file (`EventsWriter.write_event`, `flush`, `close`) keep their OSError instead, the thread lives on and drains
+    its queue, nothing more is written after the first failure (no torn record), and the training's thread raises
+    the error at its next row or at close."""
+    events = writer._get_file_writer().event_writer._ev_writer  # tensorboardX's EventsWriter: the file itself
+    failed: list[OSError] = []
+
+    def keeping(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if failed:
+                return None
+            try:
+                return method(*args)
+            except OSError as e:
+                failed.append(OSError(e.errno, e.strerror, events._file_name))
+                return None
+        return call
+
+    for name in ("write_event", "flush", "close"):
+        setattr(events, name, keeping(getattr(events, name)))
+
+    def check() -> None:
+        if failed:
+            raise failed[0]
+    return check
 
 
 def _clean(v: Any) -> Any:
@@ -29,6 +61,7 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._tb = self._wandb = self._summary = None
+        self._tb_check: Callable[[], None] = lambda: None
         if not enabled:
             return
         kept, logged_through = self._truncate_after(resume_step)
@@ -41,6 +74,7 @@ class MetricsWriter:
         # second as the previous one would overwrite its file; TensorBoard reads a run's files in name order.
         self._tb = SummaryWriter(logdir=workdir, flush_secs=30, purge_step=resume_step + 1,
                                  filename_suffix=f".{time.time_ns()}")
+        self._tb_check = _keep_write_errors(self._tb)
         self._file = open(self.path, "a", buffering=1)
         if config is not None and wandb_run.enabled(config):
             self._wandb = wandb_run.WandbRun(workdir, config, kept, logged_through)
@@ -72,6 +106,7 @@ class MetricsWriter:
             return
         row = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
+        self._tb_check()
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
                 self._tb.add_scalar(k, v, step)
@@ -86,6 +121,7 @@ class MetricsWriter:
         if self.enabled:
             self._file.close()
             self._tb.close()
+            self._tb_check()
             if self._wandb is not None:
                 self._wandb.finish(self._summary)
 
