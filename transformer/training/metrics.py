@@ -121,9 +121,9 @@ class MetricsWriter:
         if self.enabled:
             self._file.close()
             self._tb.close()
-            self._tb_check()
             if self._wandb is not None:
                 self._wandb.finish(self._summary)
+            self._tb_check()  # the W&B run finished first
 
 
 def read_metrics(workdir: str) -> list[dict]:
