@@ -6,12 +6,14 @@ The event files are read with TensorBoard's own loader (the plugin event multipl
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -113,9 +115,6 @@ def test_a_failed_write_of_the_events_file_is_raised_naming_it_not_a_hang(tmp_pa
     """tensorboardX writes the events file from a thread; when a write there failed (a disk that fills), the thread
     ended, its queue filled and the next row blocked forever: a run hung instead of stopping. The training's thread
     now gets the OSError, naming the events file (the command line then prints it as one error line)."""
-    import errno
-    import threading
-
     w = MetricsWriter(str(tmp_path))
     w.write(1, {"train_loss": 1.0})
     events, = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path) if "tfevents" in f]

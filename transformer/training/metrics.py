@@ -17,7 +17,7 @@ from transformer.training import wandb_run
 
 
 def _keep_write_errors(writer: Any) -> Callable[[], None]:
-    """A check that raises the error of the events file's last failed write, naming the file; none raised so far.
+    """A check that raises the error of the events file's first failed write, naming the file; a no-op until one.
 
     tensorboardX writes the events file from a thread. A write there that fails (a full disk, a quota) ended that
     thread, its bounded queue filled, and the training's next `add_scalar` blocked forever: a run whose disk filled
